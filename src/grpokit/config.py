@@ -1,0 +1,301 @@
+"""GRPOConfig: every knob of a GRPO run in one typed dataclass, validated at construction, YAML in and out.
+
+Field names follow TRL's ``GRPOConfig`` where TRL has the concept, so a TRL config migrates unchanged.
+Defaults follow the DeepSeekMath paper (loss_type "grpo", beta 0.04, epsilon 0.2, scale_rewards "group",
+num_iterations 1, learning_rate 1e-6) with G = 8; TRL's defaults differ (see docs/migrating-from-trl.md).
+
+Batch sizing, in one place (see ``GRPOConfig.batch_plan``). One *step* (the unit of ``max_steps``,
+``logging_steps`` and ``save_steps``) is one round of: sample ``generation_batch_size / num_generations``
+prompts, generate ``num_generations`` completions for each, score them, compute advantages, then train
+``num_iterations`` (mu) epochs over those completions. Each epoch is ``steps_per_generation`` optimizer
+steps; each optimizer step accumulates gradients over ``gradient_accumulation_steps`` micro-batches of
+``per_device_train_batch_size`` completions per process:
+
+    generation_batch_size = per_device_train_batch_size x gradient_accumulation_steps
+                            x steps_per_generation x num_processes
+    optimizer steps per step = num_iterations x steps_per_generation
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
+ScaleRewards = Literal["group", "batch", "none"]
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """What one GRPO step does, in counts (all per step, across all processes)."""
+
+    prompts: int
+    completions: int
+    optimizer_steps: int
+    micro_batches_per_optimizer_step: int
+    completions_per_micro_batch: int
+    num_processes: int
+
+    def describe(self) -> str:
+        return (
+            f"each step: {self.prompts} prompts x G -> {self.completions} completions; "
+            f"{self.optimizer_steps} optimizer step(s), each accumulating "
+            f"{self.micro_batches_per_optimizer_step} micro-batch(es) of {self.completions_per_micro_batch} "
+            f"completions on each of {self.num_processes} process(es)"
+        )
+
+
+@dataclass
+class GRPOConfig:
+    """Configuration of a GRPO run. Invalid combinations raise ``ValueError`` saying why."""
+
+    # ---- output and schedule -------------------------------------------------------------------
+    output_dir: str = "runs/grpo"
+    """Directory for metrics.jsonl, checkpoints and the final model."""
+    max_steps: int = -1
+    """Number of GRPO steps (generation rounds) to run; -1 derives it from ``num_train_epochs``."""
+    num_train_epochs: float = 1.0
+    """Passes over the training prompts, used when ``max_steps`` is -1."""
+    logging_steps: int = 1
+    """Write metrics every this many steps."""
+    save_steps: int = 0
+    """Save a resumable checkpoint every this many steps; 0 saves none until the end."""
+    save_total_limit: int | None = None
+    """Keep at most this many checkpoints (oldest deleted first); None keeps all."""
+    seed: int = 42
+    """Seed for model init, data order and sampling."""
+    resume_from_checkpoint: str | None = None
+    """Path of a checkpoint-<step> directory (or "latest" in output_dir) to continue a run from."""
+    report_to: list[str] = field(default_factory=list)
+    """Extra metric sinks besides metrics.jsonl: "tensorboard" and/or "wandb" (optional extras)."""
+    disable_tqdm: bool = False
+    """Hide the progress bar."""
+
+    # ---- batch sizing -----------------------------------------------------------------------------
+    num_generations: int = 8
+    """G: completions sampled per prompt (the group). At least 2."""
+    per_device_train_batch_size: int = 8
+    """Completions per micro-batch (one forward/backward) on each process."""
+    gradient_accumulation_steps: int = 1
+    """Micro-batches accumulated into one optimizer step."""
+    steps_per_generation: int | None = None
+    """Optimizer steps per epoch over one generation batch. None: derived from ``generation_batch_size``,
+    or 1 (the paper's one update per exploration) if that is unset too."""
+    generation_batch_size: int | None = None
+    """Completions generated per step (all processes). Must be a multiple of ``num_generations``. None:
+    per_device_train_batch_size x gradient_accumulation_steps x steps_per_generation x num_processes."""
+    shuffle_dataset: bool = True
+    """Shuffle the training prompts each epoch."""
+
+    # ---- GRPO objective -----------------------------------------------------------------------------
+    beta: float = 0.04
+    """KL coefficient (k3 estimator, added to the loss). 0 means no reference model is loaded or run."""
+    epsilon: float = 0.2
+    """Lower clip range: the ratio is clipped to [1 - epsilon, 1 + epsilon_high]."""
+    epsilon_high: float | None = None
+    """Upper clip range (DAPO clip-higher uses 0.28). None: equal to ``epsilon``."""
+    delta: float | None = None
+    """Optional upper cap on the unclipped ratio (two-sided clipping); must exceed 1 + epsilon_high."""
+    loss_type: LossType = "grpo"
+    """grpo: per-sequence token mean, then mean over sequences (paper). bnpo: token mean over the local
+    batch. dr_grpo: token sum / (sequences x max_completion_length). dapo: token sum / completion tokens in
+    the whole global batch. cispo: clipped, stop-gradient IS weight (MiniMax-M1). sapo: soft gate (Qwen)."""
+    importance_sampling_level: Literal["token", "sequence"] = "token"
+    """token: one ratio per token. sequence: GSPO, one length-normalised ratio per sequence."""
+    scale_rewards: ScaleRewards = "group"
+    """Divide centred rewards by the group std (paper), the batch std, or not at all (Dr. GRPO)."""
+    num_iterations: int = 1
+    """mu: policy-update epochs per generation batch. Old log-probs are computed only when mu > 1."""
+    mask_truncated_completions: bool = False
+    """Exclude completions that hit max_completion_length without EOS from the loss (DAPO)."""
+    top_entropy_quantile: float = 1.0
+    """Train only on the highest-entropy fraction of tokens (1.0 = all tokens)."""
+    sapo_temperature_pos: float = 1.0
+    """SAPO gate temperature for positive advantages."""
+    sapo_temperature_neg: float = 1.05
+    """SAPO gate temperature for negative advantages."""
+    reward_weights: list[float] | None = None
+    """One weight per reward function (default all 1.0)."""
+    multi_objective_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = "sum_then_normalize"
+    """How several reward functions become one advantage: weighted sum then group-normalise (default), or
+    normalise each reward within its group, then weighted sum (GDPO)."""
+    reward_failure: Literal["raise", "none"] = "raise"
+    """A reward function that raises or returns NaN/inf: stop with an error ("raise"), or count and log
+    it as rewards/<name>/failures and treat the value as None ("none")."""
+    advantage_epsilon: float = 1e-4
+    """Added to the std before dividing."""
+
+    # ---- reference model ---------------------------------------------------------------------------------
+    sync_ref_model: bool = False
+    """Periodically reset (or mix) the reference model towards the current policy."""
+    ref_model_sync_steps: int = 400
+    """Steps between reference syncs (R1-Zero replaced the reference every 400 steps)."""
+    ref_model_mixup_alpha: float = 1.0
+    """ref <- alpha * policy + (1 - alpha) * ref at each sync; 1.0 is a hard reset."""
+
+    # ---- generation --------------------------------------------------------------------------------------
+    max_prompt_length: int | None = 512
+    """Prompts longer than this many tokens are cut from the left; None keeps them whole."""
+    max_completion_length: int = 256
+    """Completion limit in tokens."""
+    temperature: float = 1.0
+    """Sampling temperature (also applied to the logits when computing training log-probs)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    top_k: int = 0
+    """Top-k filter; 0 disables."""
+    min_p: float = 0.0
+    """Min-p filter; 0 disables."""
+    repetition_penalty: float = 1.0
+    """Repetition penalty (1.0 disables)."""
+    generation_backend: Literal["transformers", "fast"] = "transformers"
+    """transformers: ``model.generate``. fast: grpokit's sampler (shared prompt prefill, KV cache)."""
+    generation_micro_batch_size: int | None = None
+    """Prompts per generation call (None: all prompts of the step at once)."""
+
+    # ---- optimisation ------------------------------------------------------------------------------------
+    learning_rate: float = 1e-6
+    """AdamW peak learning rate (DeepSeekMath-RL: 1e-6; R1-Zero: 3e-6)."""
+    lr_scheduler_type: Literal["constant", "constant_with_warmup", "linear", "cosine"] = "constant"
+    """Learning-rate schedule over the optimizer steps of the run."""
+    warmup_ratio: float = 0.0
+    """Fraction of optimizer steps spent warming up linearly from 0."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_beta1: float = 0.9
+    """AdamW beta1."""
+    adam_beta2: float = 0.999
+    """AdamW beta2."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm; 0 disables."""
+    mixed_precision: Literal["no", "fp16", "bf16"] = "no"
+    """accelerate mixed precision."""
+    gradient_checkpointing: bool = False
+    """Trade compute for memory in the policy's backward."""
+
+    # ---- evaluation ----------------------------------------------------------------------------------------
+    eval_steps: int = 0
+    """Evaluate on eval_dataset every this many steps (mean reward, greedy); 0 disables."""
+
+    def __post_init__(self) -> None:
+        self._validate()
+
+    @property
+    def clip_high(self) -> float:
+        """The upper clip range actually used: epsilon_high, or epsilon when that is None."""
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+    # -- validation ------------------------------------------------------------------------------------------
+    def _validate(self) -> None:
+        _require(self.num_generations >= 2, "num_generations", "must be >= 2: a group of one has no baseline")
+        _require(self.per_device_train_batch_size >= 1, "per_device_train_batch_size", "must be >= 1")
+        _require(self.gradient_accumulation_steps >= 1, "gradient_accumulation_steps", "must be >= 1")
+        _require(self.num_iterations >= 1, "num_iterations", "must be >= 1")
+        _require(self.beta >= 0, "beta", "must be >= 0")
+        _require(0 <= self.epsilon < 1, "epsilon", "must be in [0, 1)")
+        _require(
+            self.clip_high >= self.epsilon or self.loss_type == "cispo",
+            "epsilon_high",
+            f"({self.epsilon_high}) must be >= epsilon ({self.epsilon})",
+        )
+        if self.delta is not None:
+            _require(self.delta > 1 + self.clip_high, "delta", "must exceed 1 + epsilon_high")
+        _require(0 < self.top_entropy_quantile <= 1, "top_entropy_quantile", "must be in (0, 1]")
+        _require(self.temperature > 0, "temperature", "must be > 0 (use greedy evaluation instead)")
+        _require(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+        _require(self.top_k >= 0, "top_k", "must be >= 0")
+        _require(0 <= self.min_p < 1, "min_p", "must be in [0, 1)")
+        _require(self.repetition_penalty > 0, "repetition_penalty", "must be > 0")
+        _require(self.max_completion_length >= 1, "max_completion_length", "must be >= 1")
+        _require(self.learning_rate >= 0, "learning_rate", "must be >= 0")
+        _require(0 <= self.warmup_ratio < 1, "warmup_ratio", "must be in [0, 1)")
+        _require(self.max_steps != 0, "max_steps", "must be positive, or -1 to use num_train_epochs")
+        _require(self.max_steps > 0 or self.num_train_epochs > 0, "num_train_epochs", "must be > 0")
+        _require(0 < self.ref_model_mixup_alpha <= 1, "ref_model_mixup_alpha", "must be in (0, 1]")
+        _require(self.ref_model_sync_steps >= 1, "ref_model_sync_steps", "must be >= 1")
+        if self.sync_ref_model:
+            _require(self.beta > 0, "sync_ref_model", "needs beta > 0: with beta 0 there is no reference")
+        if self.reward_weights is not None:
+            _require(len(self.reward_weights) > 0, "reward_weights", "must not be empty")
+        if self.generation_batch_size is not None:
+            _require(
+                self.generation_batch_size % self.num_generations == 0,
+                "generation_batch_size",
+                f"({self.generation_batch_size}) must be a multiple of num_generations "
+                f"({self.num_generations}) so that every group of G completions stays whole",
+            )
+        self.batch_plan(num_processes=1)  # checks the sizes fit together
+
+    def batch_plan(self, num_processes: int = 1) -> BatchPlan:
+        """The counts of one step. Raises ValueError when the batch sizes do not fit together."""
+        per_optimizer_step = self.per_device_train_batch_size * self.gradient_accumulation_steps * num_processes
+        if self.generation_batch_size is not None:
+            _require(
+                self.generation_batch_size % per_optimizer_step == 0,
+                "generation_batch_size",
+                f"({self.generation_batch_size}) must be a multiple of per_device_train_batch_size x "
+                f"gradient_accumulation_steps x num_processes ({per_optimizer_step})",
+            )
+            steps = self.generation_batch_size // per_optimizer_step
+            _require(
+                self.steps_per_generation in (None, steps),
+                "steps_per_generation",
+                f"({self.steps_per_generation}) contradicts generation_batch_size "
+                f"({self.generation_batch_size} = {steps} x {per_optimizer_step}); set only one of them",
+            )
+        else:
+            steps = 1 if self.steps_per_generation is None else self.steps_per_generation
+            _require(steps >= 1, "steps_per_generation", "must be >= 1")
+        completions = steps * per_optimizer_step
+        _require(
+            completions % self.num_generations == 0,
+            "per_device_train_batch_size",
+            f"completions per step ({completions} = per_device_train_batch_size x gradient_accumulation_steps"
+            f" x steps_per_generation x num_processes) must be a multiple of num_generations "
+            f"({self.num_generations})",
+        )
+        return BatchPlan(
+            prompts=completions // self.num_generations,
+            completions=completions,
+            optimizer_steps=self.num_iterations * steps,
+            micro_batches_per_optimizer_step=self.gradient_accumulation_steps,
+            completions_per_micro_batch=self.per_device_train_batch_size,
+            num_processes=num_processes,
+        )
+
+    # -- YAML ------------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self, path: str | Path | None = None) -> str:
+        text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> GRPOConfig:
+        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown GRPOConfig field(s): {', '.join(unknown)}")
+        return cls(**values)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> GRPOConfig:
+        values = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(values, dict):
+            raise ValueError(f"{path}: expected a mapping of GRPOConfig fields, got {type(values).__name__}")
+        return cls.from_dict(values)
+
+
+def config_field_names() -> set[str]:
+    return {f.name for f in dataclasses.fields(GRPOConfig)}
+
+
+def _require(condition: bool, name: str, why: str) -> None:
+    if not condition:
+        raise ValueError(f"GRPOConfig.{name} {why}")

@@ -1,0 +1,60 @@
+"""The rollout protocol: every generation backend turns prompts into G completions each.
+
+A backend is anything with a ``generate`` method of the shape below. Backends that run in the trainer's
+process (``transformers`` ``generate``, the fast sampler) read the live policy weights, so there is nothing
+to synchronise between an optimizer step and the next generation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. Names and meanings follow ``transformers.GenerationConfig``."""
+
+    max_new_tokens: int
+    """Completion length limit in tokens (``max_completion_length``)."""
+    temperature: float = 1.0
+    """Softmax temperature; logits are divided by it."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose probability mass reaches ``top_p``."""
+    top_k: int = 0
+    """Keep only the ``top_k`` most likely tokens; 0 keeps all."""
+    min_p: float = 0.0
+    """Drop tokens whose probability is below ``min_p`` times the most likely token's; 0 disables."""
+    repetition_penalty: float = 1.0
+    """CTRL-style penalty on tokens already in prompt or completion (>1 discourages repeats)."""
+    do_sample: bool = True
+    """False: greedy decoding (evaluation)."""
+    eos_token_ids: tuple[int, ...] = ()
+    """Token ids that end a completion. The EOS token is kept as the last completion token."""
+    pad_token_id: int = 0
+    """Id used to pad prompts on the left for batched generation."""
+
+
+@dataclass
+class GenerationOutput:
+    """Completions for P prompts x G samples, grouped contiguously: rows k*G .. k*G+G-1 belong to prompt k."""
+
+    completion_ids: list[list[int]]
+    """[P*G] token ids of each completion, unpadded; ends with an EOS id unless truncated."""
+    logprobs: list[list[float]] | None = None
+    """[P*G] log-probability of each sampled token under the sampling distribution (after temperature and
+    filtering), or None when the backend does not report them."""
+    truncated: list[bool] = field(default_factory=list)
+    """[P*G] True when the completion hit ``max_new_tokens`` without an EOS token."""
+
+
+@runtime_checkable
+class RolloutBackend(Protocol):
+    """Anything that samples ``num_generations`` completions for each prompt."""
+
+    def generate(
+        self, prompt_ids: Sequence[Sequence[int]], num_generations: int, params: SamplingParams
+    ) -> GenerationOutput:
+        """prompt_ids: P distinct prompts (unpadded token ids). Returns P*num_generations completions."""
+        ...
