@@ -1,0 +1,207 @@
+"""Group-relative advantages: outcome supervision, several rewards, process supervision.
+
+DeepSeekMath (arXiv:2402.03300), section 4.1.2 and 4.1.3. Groups are contiguous: rows k*G .. k*G+G-1 answer
+the same prompt. Every std here is the unbiased (Bessel, divide by n-1) std. NaN marks "no reward" (a reward
+function returned None): it is left out of every mean and std, and its row gets advantage 0.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+SCALES = ("group", "batch", "none")
+MULTI_REWARD_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+
+
+def _check_groups(num_rows: int, group_size: int) -> None:
+    if not isinstance(group_size, int) or group_size < 2:
+        raise ValueError(
+            f"group_size must be an int >= 2 (a group of one has no baseline), got {group_size!r}"
+        )
+    if num_rows % group_size != 0:
+        raise ValueError(f"group_size={group_size} does not divide N={num_rows}: groups must be whole")
+
+
+def _masked_mean_std(values: Tensor, valid: Tensor, dim: int | None) -> tuple[Tensor, Tensor, Tensor]:
+    """NaN-aware mean, unbiased std and count of ``values`` where ``valid``, over ``dim`` (None: all).
+
+    count = sum(valid); mean = sum(v) / count; std = sqrt(sum((v - mean)^2) / (count - 1)).
+    With count < 2 the std is returned as 0 (callers zero those advantages anyway).
+    """
+    zeros = torch.zeros_like(values)
+    v = torch.where(valid, values, zeros)
+    keep = dim is not None
+    dims = dim if dim is not None else tuple(range(values.dim()))
+    count = valid.sum(dim=dims, keepdim=keep).to(values.dtype)
+    mean = v.sum(dim=dims, keepdim=keep) / count.clamp(min=1.0)
+    centered = torch.where(valid, values - mean, zeros)
+    var = centered.pow(2).sum(dim=dims, keepdim=keep) / (count - 1.0).clamp(min=1.0)
+    return mean, var.sqrt(), count
+
+
+def _all_equal(values: Tensor, valid: Tensor, dim: int) -> Tensor:
+    """True where every valid entry along ``dim`` is equal (max == min), so the group carries no signal."""
+    inf = torch.full_like(values, float("inf"))
+    vmax = torch.where(valid, values, -inf).amax(dim=dim, keepdim=True)
+    vmin = torch.where(valid, values, inf).amin(dim=dim, keepdim=True)
+    return vmax == vmin
+
+
+def group_advantages(rewards: Tensor, group_size: int, scale: str = "group", eps: float = 1e-4) -> Tensor:
+    """Outcome-supervision advantages, one per completion.
+
+    rewards: [N] (NaN = no reward), N = K * group_size. Returns [N] float32 on rewards' device.
+
+        A_i = (r_i - mean_g) / (std_g + eps)      scale="group"  (the paper; std_g: unbiased, in the group)
+        A_i = (r_i - mean_g) / (std_B + eps)      scale="batch"  (std_B: unbiased std of all valid rewards)
+        A_i =  r_i - mean_g                       scale="none"   (Dr. GRPO, arXiv:2503.20783)
+
+    mean_g and std_g skip NaN rewards. A NaN row, every row of a group with fewer than 2 valid rewards, and
+    every row of a group whose valid rewards are all equal get exactly 0.
+    """
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D [N], got shape {tuple(rewards.shape)}")
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+    _check_groups(rewards.shape[0], group_size)
+    r = rewards.to(torch.float32).view(-1, group_size)  # [K, G]
+    valid = ~torch.isnan(r)  # [K, G]
+    mean, std, count = _masked_mean_std(r, valid, dim=1)  # [K, 1] each
+    centered = r - mean  # [K, G]
+    if scale == "group":
+        adv = centered / (std + eps)
+    elif scale == "batch":
+        _, batch_std, _ = _masked_mean_std(r, valid, dim=None)  # 0-dim
+        adv = centered / (batch_std + eps)
+    else:
+        adv = centered
+    no_signal = (count < 2) | _all_equal(r, valid, dim=1)  # [K, 1]
+    adv = torch.where(valid & ~no_signal, adv, torch.zeros_like(adv))  # [K, G]
+    return adv.reshape(-1)
+
+
+def combine_rewards(rewards: Tensor, weights: Tensor | None = None) -> Tensor:
+    """Weighted sum of several reward functions, skipping "no reward" entries.
+
+    rewards: [N, F] (NaN = this function does not apply), weights: [F] or None (all 1). Returns [N] float32:
+    r_i = sum_{f: r_if not NaN} w_f * r_if. A row whose F values are all NaN stays NaN (no reward at all).
+    """
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must be 2-D [N, F], got shape {tuple(rewards.shape)}")
+    r = rewards.to(torch.float32)  # [N, F]
+    if weights is None:
+        w = torch.ones(r.shape[1], dtype=torch.float32, device=r.device)
+    else:
+        w = torch.as_tensor(weights, dtype=torch.float32, device=r.device)
+        if w.shape != (r.shape[1],):
+            raise ValueError(f"weights must have shape [F]=[{r.shape[1]}], got {tuple(w.shape)}")
+    valid = ~torch.isnan(r)  # [N, F]
+    total = torch.where(valid, r * w, torch.zeros_like(r)).sum(dim=1)  # [N]
+    return torch.where(valid.any(dim=1), total, torch.full_like(total, float("nan")))
+
+
+def multi_reward_advantages(
+    rewards: Tensor,
+    weights: Tensor | None,
+    group_size: int,
+    scale: str = "group",
+    aggregation: str = "sum_then_normalize",
+    eps: float = 1e-4,
+) -> Tensor:
+    """Advantages from several reward functions. rewards: [N, F] (NaN = no reward), weights: [F] or None.
+
+    aggregation="sum_then_normalize" (TRL default): A = group_advantages(sum_f w_f r_f, scale).
+    aggregation="normalize_then_sum" (GDPO, arXiv:2601.05242; TRL's multi_objective_aggregation):
+        a_if = (r_if - mean_g(r_f)) / (std_g(r_f) + eps)     each reward column within its group (NaN-aware)
+        s_i  = sum_{f: r_if not NaN} w_f a_if                  weighted NaN-skipping sum
+        A_i  = (s_i - mean_B(s)) / (std_B(s) + eps)            batch-wise standardisation over valid rows
+    As in TRL, ``scale`` is not used by "normalize_then_sum": the per-reward step always divides by the group
+    std and the last step by the batch std. Rows with no reward at all get 0; so does the whole batch when
+    fewer than 2 rows have a reward or all summed values are equal. Returns [N] float32.
+    """
+    if aggregation not in MULTI_REWARD_AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {MULTI_REWARD_AGGREGATIONS}, got {aggregation!r}")
+    if aggregation == "sum_then_normalize":
+        return group_advantages(combine_rewards(rewards, weights), group_size, scale=scale, eps=eps)
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+    r = rewards.to(torch.float32)
+    if r.dim() != 2:
+        raise ValueError(f"rewards must be 2-D [N, F], got shape {tuple(rewards.shape)}")
+    _check_groups(r.shape[0], group_size)
+    # Each column normalised in its group; NaN entries come back as NaN so the weighted sum skips them.
+    columns = [group_advantages(r[:, f], group_size, "group", eps) for f in range(r.shape[1])]
+    per_reward = torch.stack(columns, dim=1)  # [N, F]
+    per_reward = torch.where(torch.isnan(r), r, per_reward)  # [N, F], NaN kept
+    summed = combine_rewards(per_reward, weights)  # [N], NaN where the row has no reward
+    s = summed.view(1, -1)  # [1, N]: one "group" spanning the batch
+    valid = ~torch.isnan(s)
+    mean, std, count = _masked_mean_std(s, valid, dim=1)
+    no_signal = (count < 2) | _all_equal(s, valid, dim=1)
+    adv = torch.where(valid & ~no_signal, (s - mean) / (std + eps), torch.zeros_like(s))  # [1, N]
+    return adv.reshape(-1)
+
+
+def process_advantages(
+    step_rewards: Sequence[Sequence[float]],
+    step_ends: Sequence[Sequence[int]],
+    group_size: int,
+    num_tokens: int,
+    eps: float = 1e-4,
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """Process-supervision token advantages (DeepSeekMath section 4.1.3). Returns [N, num_tokens].
+
+    step_rewards[i][j]: the reward of step j of completion i; step_ends[i][j]: index (within the completion)
+    of the last token of that step, non-decreasing in j and < num_tokens. For each group, R = every step
+    reward of every completion in it, and
+
+        r~_ij  = (r_ij - mean(R)) / (std(R) + eps)       (unbiased std; r_ij - mean(R) if |R| < 2 or std = 0)
+        A[i,t] = sum_{j : step_ends[i][j] >= t} r~_ij    (tokens after the last step end get 0)
+
+    A completion may have no steps (its row is 0). Step rewards must be finite: ValueError naming the row.
+    """
+    num_rows = len(step_rewards)
+    if len(step_ends) != num_rows:
+        raise ValueError(f"step_rewards has {num_rows} rows but step_ends has {len(step_ends)}")
+    _check_groups(num_rows, group_size)
+    if not isinstance(num_tokens, int) or num_tokens < 1:
+        raise ValueError(f"num_tokens must be a positive int, got {num_tokens!r}")
+    for i, (rews, ends) in enumerate(zip(step_rewards, step_ends)):
+        if len(rews) != len(ends):
+            raise ValueError(f"row {i}: {len(rews)} step rewards but {len(ends)} step ends")
+        if any(b < a for a, b in itertools.pairwise(ends)):
+            raise ValueError(f"row {i}: step_ends must be non-decreasing, got {list(ends)}")
+        if any(not 0 <= e < num_tokens for e in ends):
+            raise ValueError(
+                f"row {i}: every step end must lie in [0, num_tokens={num_tokens}), got {list(ends)}"
+            )
+        if not all(math.isfinite(r) for r in rews):
+            raise ValueError(f"row {i}: step rewards must be finite, got {list(rews)}")
+
+    out = torch.zeros(num_rows, num_tokens, dtype=torch.float64)  # [N, T], built in float64 on the host
+    for g in range(0, num_rows, group_size):
+        pooled = torch.tensor(
+            [float(r) for rews in step_rewards[g : g + group_size] for r in rews], dtype=torch.float64
+        )
+        if pooled.numel() == 0:
+            continue
+        mean = pooled.mean()
+        std = pooled.std(correction=1) if pooled.numel() >= 2 else torch.zeros((), dtype=torch.float64)
+        denom = std + eps if std > 0 else torch.ones((), dtype=torch.float64)
+        for i in range(g, g + group_size):
+            if len(step_ends[i]) == 0:
+                continue
+            normed = (torch.tensor(step_rewards[i], dtype=torch.float64) - mean) / denom  # [S_i]
+            at_end = torch.zeros(num_tokens, dtype=torch.float64)  # [T]: r~ placed at each step's last token
+            at_end.index_add_(0, torch.tensor(step_ends[i], dtype=torch.long), normed)
+            # A[i, t] = sum over steps ending at or after t: a reversed cumulative sum.
+            out[i] = at_end.flip(0).cumsum(0).flip(0)
+    return out.to(device=device, dtype=dtype)

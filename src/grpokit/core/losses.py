@@ -1,0 +1,289 @@
+"""The GRPO policy loss and its helpers: presets, off-policy correction weights, the entropy mask.
+
+``loss_type`` is a preset over two orthogonal choices: the per-token objective
+(``objectives.OBJECTIVES``) and the aggregation (``aggregation.AGGREGATIONS``).
+DeepSeekMath (arXiv:2402.03300) eq. 3:
+
+    J(theta) = 1/G sum_i 1/|o_i| sum_t [ min(r_it A_it, clip(r_it, 1-eps, 1+eps) A_it) - beta D_KL_it ]
+
+and ``policy_loss`` returns -J (for loss_type="grpo") with the variants one argument away.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .aggregation import (
+    AGGREGATION_IS_GLOBAL,
+    AGGREGATIONS,
+    bnpo_aggregation,
+    dapo_aggregation,
+    dr_grpo_aggregation,
+    grpo_aggregation,
+)
+from .kl import kl_penalty
+from .objectives import (
+    IMPORTANCE_SAMPLING_LEVELS,
+    OBJECTIVES,
+    ObjectiveParams,
+    cispo_objective,
+    clipped_objective,
+    importance_ratio,
+    sapo_objective,
+)
+
+__all__ = [
+    "AGGREGATIONS",
+    "AGGREGATION_IS_GLOBAL",
+    "IMPORTANCE_SAMPLING_LEVELS",
+    "LOSS_PRESETS",
+    "OBJECTIVES",
+    "ObjectiveParams",
+    "aggregation_is_global",
+    "bnpo_aggregation",
+    "cispo_objective",
+    "clipped_objective",
+    "dapo_aggregation",
+    "dr_grpo_aggregation",
+    "grpo_aggregation",
+    "importance_ratio",
+    "importance_sampling_weights",
+    "policy_loss",
+    "sapo_objective",
+    "top_entropy_mask",
+]
+
+LOSS_PRESETS: dict[str, tuple[str, str]] = {
+    "grpo": ("clipped", "grpo"),
+    "bnpo": ("clipped", "bnpo"),
+    "dr_grpo": ("clipped", "dr_grpo"),
+    "dapo": ("clipped", "dapo"),
+    "cispo": ("cispo", "dapo"),  # TRL: CISPO normalises by the global token count, like dapo
+    "sapo": ("sapo", "grpo"),  # TRL: SAPO aggregates like grpo
+}
+"""loss_type -> (objective name in OBJECTIVES, aggregation name in AGGREGATIONS)."""
+
+
+def aggregation_is_global(loss_type: str) -> bool:
+    """True when ``loss_type``'s aggregation already normalises by the whole optimizer step (dapo, cispo).
+
+    Otherwise the loss is normalised by its local micro-batch and a trainer accumulating M micro-batches
+    divides it by M. A global aggregation needs ``num_items_in_batch`` from the trainer.
+    """
+    if loss_type not in LOSS_PRESETS:
+        raise ValueError(f"loss_type must be one of {tuple(LOSS_PRESETS)}, got {loss_type!r}")
+    return AGGREGATION_IS_GLOBAL[LOSS_PRESETS[loss_type][1]]
+
+
+def _check_like(name: str, x: Tensor | None, shape: torch.Size) -> None:
+    if x is not None and x.shape != shape:
+        raise ValueError(f"{name} must have the shape of logps {tuple(shape)}, got {tuple(x.shape)}")
+
+
+def _validate(
+    logps: Tensor,
+    old_logps: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    ref_logps: Tensor | None,
+    token_weights: Tensor | None,
+) -> None:
+    if logps.dim() != 2:
+        raise ValueError(f"logps must be 2-D [N, T], got shape {tuple(logps.shape)}")
+    for name, x in (("old_logps", old_logps), ("mask", mask), ("ref_logps", ref_logps)):
+        _check_like(name, x, logps.shape)
+    _check_like("token_weights", token_weights, logps.shape)
+    if advantages.shape not in ((logps.shape[0],), logps.shape):
+        raise ValueError(
+            f"advantages must be [N] or [N, T] with logps {list(logps.shape)}, got {list(advantages.shape)}"
+        )
+
+
+def _resolve_epsilon_high(objective_name: str, epsilon: float, epsilon_high: float | None) -> float:
+    """epsilon_high as the objective reads it: the clip-higher offset (default epsilon), or CISPO's cap."""
+    if epsilon < 0:
+        raise ValueError(f"epsilon must be >= 0, got {epsilon}")
+    if objective_name == "cispo":
+        if epsilon_high is None or epsilon_high <= 0:
+            raise ValueError(
+                f"loss_type='cispo' needs epsilon_high > 0 (the IS-weight cap, e.g. 5.0), got {epsilon_high}"
+            )
+        return epsilon_high
+    eps_high = epsilon if epsilon_high is None else epsilon_high
+    if eps_high < epsilon:
+        raise ValueError(f"epsilon_high ({eps_high}) must be >= epsilon ({epsilon})")
+    return eps_high
+
+
+@torch.no_grad()
+def _loss_metrics(
+    ratio: Tensor, adv: Tensor, m: Tensor, kl: Tensor | None, *, cispo: bool, low: float, high: float
+) -> dict[str, Tensor]:
+    """Means over masked tokens (m [N, T]) of the ratio, the clip indicators and the KL; detached float32."""
+    count = m.sum().clamp(min=1.0)
+
+    def token_mean(x: Tensor) -> Tensor:
+        return (x.to(torch.float32) * m).sum() / count
+
+    r = ratio.detach()  # [N, T]
+    if cispo:  # the cap min(r, high) is active, whatever the sign of A; there is no lower bound
+        is_low, is_high = torch.zeros_like(r, dtype=torch.bool), r > high
+    else:
+        is_low, is_high = (r < 1.0 - low) & (adv < 0), (r > 1.0 + high) & (adv > 0)
+    metrics = {
+        "ratio_mean": token_mean(r),
+        "clip_ratio/low_mean": token_mean(is_low),
+        "clip_ratio/high_mean": token_mean(is_high),
+        "clip_ratio/region_mean": token_mean(is_low | is_high),
+    }
+    if kl is not None:
+        metrics["kl"] = token_mean(kl.detach())
+    return metrics
+
+
+def policy_loss(
+    logps: Tensor,
+    old_logps: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    loss_type: str = "grpo",
+    epsilon: float = 0.2,
+    epsilon_high: float | None = None,
+    delta: float | None = None,
+    importance_sampling_level: str = "token",
+    beta: float = 0.0,
+    ref_logps: Tensor | None = None,
+    max_completion_length: int | None = None,
+    num_items_in_batch: int | float | Tensor | None = None,
+    token_weights: Tensor | None = None,
+    kl_estimator: str = "k3",
+    sapo_temperature_pos: float = 1.0,
+    sapo_temperature_neg: float = 1.05,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GRPO-family policy loss to MINIMISE, and its metrics.
+
+    logps, old_logps, ref_logps, mask, token_weights: [N, T]; advantages: [N] (broadcast over tokens) or
+    [N, T] (process supervision). old_logps=None means on-policy: pi_old = sg[pi_theta], so r = 1 and the
+    gradient is the plain advantage-weighted policy gradient. Per token (only where mask is set):
+
+        l_it = objective(r_it, A_it) * w_it + beta * KL_it        (w = token_weights, 1 if None)
+        loss = aggregation(l, mask)                              (preset of ``loss_type``, see LOSS_PRESETS)
+
+    As in TRL, token_weights (entropy mask, off-policy IS weights) scale the policy term only, not the KL.
+    epsilon_high defaults to epsilon (clip range [1-epsilon, 1+epsilon_high]); for loss_type="cispo" it is the
+    IS-weight cap and must be given. KL_it = kl_penalty(logps, ref_logps, kl_estimator) (k3 by default);
+    ref_logps is required when beta > 0. Padded positions may hold any value (even NaN): they are never read.
+
+    Metrics (detached 0-dim float32, means over masked tokens): "ratio_mean", "clip_ratio/low_mean" (A < 0 and
+    r < 1-eps), "clip_ratio/high_mean" (A > 0 and r > 1+eps_high; for cispo: r > epsilon_high, the cap is
+    active), "clip_ratio/region_mean" (either), and "kl" when ref_logps is given.
+    """
+    if loss_type not in LOSS_PRESETS:
+        raise ValueError(f"loss_type must be one of {tuple(LOSS_PRESETS)}, got {loss_type!r}")
+    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(
+            f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}, "
+            f"got {importance_sampling_level!r}"
+        )
+    objective_name, aggregation_name = LOSS_PRESETS[loss_type]
+    _validate(logps, old_logps, advantages, mask, ref_logps, token_weights)
+    eps_high = _resolve_epsilon_high(objective_name, epsilon, epsilon_high)
+    if delta is not None and delta <= 1.0:
+        raise ValueError(f"delta must be > 1 (recommended > 1 + epsilon_high), got {delta}")
+    if beta < 0:
+        raise ValueError(f"beta must be >= 0, got {beta}")
+    if beta > 0 and ref_logps is None:
+        raise ValueError("ref_logps is required when beta > 0")
+    if aggregation_name == "dr_grpo" and (max_completion_length is None or max_completion_length <= 0):
+        raise ValueError(f"{loss_type!r} needs max_completion_length > 0, got {max_completion_length}")
+
+    valid = mask.to(device=logps.device).bool()  # [N, T]
+    m = valid.to(torch.float32)  # [N, T]
+
+    def clean(x: Tensor) -> Tensor:  # float32, zero (and gradient-free) at padded positions
+        return torch.where(valid, x.to(device=logps.device, dtype=torch.float32), 0.0)
+
+    lp = clean(logps)  # [N, T]
+    old = lp.detach() if old_logps is None else clean(old_logps).detach()  # [N, T]
+    adv = advantages.to(device=logps.device, dtype=torch.float32)
+    adv = clean(adv.unsqueeze(-1).expand_as(lp) if adv.dim() == 1 else adv)  # [N, T]
+
+    ratio = importance_ratio(lp, old, m, importance_sampling_level)  # [N, T]
+    params = ObjectiveParams(epsilon, eps_high, delta, sapo_temperature_pos, sapo_temperature_neg)
+    per_token = OBJECTIVES[objective_name](ratio, adv, lp, params)  # [N, T]
+    if token_weights is not None:
+        per_token = per_token * clean(token_weights)
+    kl = None
+    if ref_logps is not None:  # [N, T]; with beta = 0 it is only a metric, so no graph
+        kl = kl_penalty(lp if beta > 0 else lp.detach(), clean(ref_logps).detach(), kl_estimator)
+    if beta > 0 and kl is not None:
+        per_token = per_token + beta * kl
+    loss = AGGREGATIONS[aggregation_name](per_token, m, max_completion_length, num_items_in_batch)
+
+    metrics = _loss_metrics(ratio, adv, m, kl, cispo=objective_name == "cispo", low=epsilon, high=eps_high)
+    return loss, metrics
+
+
+IS_LEVELS = ("token", "sequence")
+IS_MODES = ("truncate", "mask")
+
+
+def importance_sampling_weights(
+    old_logps: Tensor,
+    sampling_logps: Tensor,
+    mask: Tensor,
+    *,
+    level: str = "token",
+    mode: str = "truncate",
+    cap: float = 2.0,
+) -> Tensor:
+    """Off-policy correction weights for a sampler that differs from the trainer (e.g. vLLM), detached [N, T].
+
+    TRL's vllm_importance_sampling_mode = f"{level}_{mode}". With d_it = old_logps_it - sampling_logps_it:
+        level="token":    rho_it = exp(d_it)
+        level="sequence": rho_it = exp(sum_{t in o_i} d_it)   (one ratio per sequence, on all its tokens)
+        mode="truncate":  w = min(rho, cap)        (TIS)
+        mode="mask":      w = rho if rho <= cap else 0   (MIS)
+    Padded positions get weight 0. Multiply into policy_loss via ``token_weights``.
+    """
+    if level not in IS_LEVELS:
+        raise ValueError(f"level must be one of {IS_LEVELS}, got {level!r}")
+    if mode not in IS_MODES:
+        raise ValueError(f"mode must be one of {IS_MODES}, got {mode!r}")
+    if cap <= 0:
+        raise ValueError(f"cap must be > 0, got {cap}")
+    _check_like("sampling_logps", sampling_logps, old_logps.shape)
+    _check_like("mask", mask, old_logps.shape)
+    with torch.no_grad():
+        valid = mask.bool()  # [N, T]
+        diff = torch.where(valid, old_logps.float() - sampling_logps.float(), 0.0)  # [N, T]
+        if level == "sequence":
+            diff = diff.sum(-1, keepdim=True)  # [N, 1]
+        rho = torch.exp(diff)
+        weights = rho.clamp(max=cap) if mode == "truncate" else torch.where(rho <= cap, rho, 0.0)
+        return torch.where(valid, weights.expand_as(valid), 0.0)  # [N, T]
+
+
+def top_entropy_mask(entropy: Tensor, mask: Tensor, quantile: float) -> Tensor:
+    """Keep the highest-entropy fraction ``quantile`` of masked tokens ("Beyond the 80/20 rule", 2506.01939).
+
+    TRL's top_entropy_quantile: tau = Q_{1 - quantile}(entropies of masked tokens), linear interpolation as
+    torch.quantile; keep = (entropy >= tau) & mask. quantile=1.0 keeps every masked token, 0.2 the top 20%,
+    0.0 only the maximum (and its ties). entropy, mask: [N, T]; returns bool [N, T].
+    """
+    if not 0.0 <= quantile <= 1.0:
+        raise ValueError(f"quantile must be in [0, 1], got {quantile}")
+    _check_like("mask", mask, entropy.shape)
+    valid = mask.bool()  # [N, T]
+    ent = entropy.detach().to(torch.float32)  # [N, T]
+    values = ent[valid].sort().values  # [M]
+    if values.numel() == 0:
+        return torch.zeros_like(valid)
+    # Same interpolation as torch.quantile, without its input-size limit.
+    pos = (1.0 - quantile) * (values.numel() - 1)
+    lo = int(pos)
+    hi = min(lo + 1, values.numel() - 1)
+    threshold = torch.lerp(values[lo], values[hi], pos - lo)
+    return (ent >= threshold) & valid
