@@ -1,0 +1,113 @@
+"""Resumable checkpoints: model, tokenizer, optimizer, scheduler, RNG states, step and data position."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+STATE_FILE = "trainer_state.json"
+
+
+def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
+    return Path(output_dir) / f"checkpoint-{step}"
+
+
+def latest_checkpoint(output_dir: str | Path) -> Path | None:
+    """The checkpoint-<step> directory with the highest step that holds a complete state, or None."""
+    candidates = [p for p in Path(output_dir).glob("checkpoint-*") if (p / STATE_FILE).exists()]
+    if not candidates:
+        return None
+    return max(candidates, key=lambda p: int(p.name.split("-")[-1]))
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(
+    path: Path,
+    *,
+    model: Any,
+    tokenizer: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    trainer_state: dict[str, Any],
+    extra_tensors: dict[str, Any] | None = None,
+) -> Path:
+    """Write everything a resume needs to ``path`` (written to a temp dir first, then renamed)."""
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+    torch.save(rng_state(), tmp / "rng_state.pt")
+    torch.save(extra_tensors or {}, tmp / "extra_state.pt")
+    (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=2))
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)
+    return path
+
+
+def load_checkpoint(path: Path, *, optimizer: torch.optim.Optimizer, scheduler: Any) -> tuple[dict, dict]:
+    """Restore optimizer, scheduler and RNG states; return (trainer_state, extra_tensors).
+
+    Model weights are loaded by the caller (``from_pretrained(path)`` or ``load_model_weights``).
+    """
+    if not (path / STATE_FILE).exists():
+        raise FileNotFoundError(
+            f"resume_from_checkpoint: {path} is not a grpokit checkpoint (no {STATE_FILE})"
+        )
+    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+    set_rng_state(torch.load(path / "rng_state.pt", weights_only=False))
+    extra = torch.load(path / "extra_state.pt", weights_only=False)
+    return json.loads((path / STATE_FILE).read_text()), extra
+
+
+def load_model_weights(model: torch.nn.Module, path: Path) -> None:
+    """Load the safetensors weights saved by ``save_pretrained`` into an existing model (strict)."""
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {path}")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {name for name in missing if "lm_head" in name}
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(
+            f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}"
+        )
+
+
+def prune_checkpoints(output_dir: str | Path, keep: int | None) -> None:
+    if keep is None:
+        return
+    done = sorted(
+        (p for p in Path(output_dir).glob("checkpoint-*") if (p / STATE_FILE).exists()),
+        key=lambda p: int(p.name.split("-")[-1]),
+    )
+    for old in done[: max(0, len(done) - keep)]:
+        shutil.rmtree(old, ignore_errors=True)

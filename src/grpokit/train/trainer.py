@@ -1,0 +1,325 @@
+"""GRPOTrainer: the GRPO loop, one step read top to bottom (sample, score, advantages, batch, update, log).
+
+DeepSeekMath (arXiv:2402.03300), Algorithm 1: per step set pi_old <- pi_theta, sample G outputs per
+question, score them, normalise rewards per group, then mu policy updates on the same samples.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from tqdm.auto import tqdm
+from transformers import get_scheduler
+
+from grpokit.config import GRPOConfig
+from grpokit.core import combine_rewards, multi_reward_advantages
+from grpokit.data.loading import load_rows, render_prompt
+from grpokit.rewards import resolve_reward, reward_names
+from grpokit.rollout.base import RolloutBackend, SamplingParams
+from grpokit.train.checkpoint import (
+    checkpoint_dir,
+    latest_checkpoint,
+    load_checkpoint,
+    load_model_weights,
+    prune_checkpoints,
+    save_checkpoint,
+)
+from grpokit.train.logging import MetricsLogger, plot_metrics
+from grpokit.train.models import load_policy, load_tokenizer, make_backend
+from grpokit.train.prompts import PromptSampler
+from grpokit.train.reference import make_reference, sync_reference
+from grpokit.train.rollout import build_rollout_batch, completion_metrics
+from grpokit.train.scoring import reward_metrics, score_rollout
+from grpokit.train.update import UpdateContext, run_update
+
+
+class GRPOTrainer:
+    """Train a causal LM with GRPO.
+
+    Args:
+        model: a model directory / hub id, or a ``transformers`` PreTrainedModel.
+        reward_funcs: one reward or a list: callables with the TRL signature
+            ``fn(prompts, completions, completion_ids, **columns) -> list[float | None]``, built-in names,
+            import paths, or reward-model directories.
+        args: the GRPOConfig.
+        train_dataset: a ``datasets.Dataset``, a list of dicts, or a json/jsonl/csv/parquet path.
+        eval_dataset: optional, same forms; mean reward under greedy decoding every ``eval_steps``.
+        processing_class: the tokenizer (default: loaded from ``model``).
+        peft_config: a ``peft`` config to train adapters instead of all weights.
+        rollout_backend: override the generation backend (anything with the RolloutBackend protocol).
+    """
+
+    def __init__(
+        self,
+        model: str | Path | torch.nn.Module,
+        reward_funcs: Any,
+        args: GRPOConfig | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        processing_class: Any = None,
+        peft_config: Any = None,
+        rollout_backend: RolloutBackend | None = None,
+    ) -> None:
+        self.args = args or GRPOConfig()
+        set_seed(self.args.seed)
+        self.accelerator = Accelerator(mixed_precision=self.args.mixed_precision)
+        self.plan = self.args.batch_plan(self.accelerator.num_processes)
+        self.train_rows = load_rows(train_dataset, name="train_dataset")
+        self.eval_rows = load_rows(eval_dataset, name="eval_dataset") if eval_dataset is not None else None
+        self.tokenizer = processing_class if processing_class is not None else load_tokenizer(model)
+        self.model = load_policy(model, self.args, peft_config)
+        self.reward_funcs = _resolve_rewards(reward_funcs)
+        self.reward_names = reward_names(self.reward_funcs)
+        self.reward_weights = self._reward_weights()
+        self.ref_model = make_reference(self.model) if self.args.beta > 0 and peft_config is None else None
+        self.uses_peft_reference = self.args.beta > 0 and peft_config is not None
+        self.max_steps = self._total_steps()
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=self.args.learning_rate,
+            betas=(self.args.adam_beta1, self.args.adam_beta2),
+            weight_decay=self.args.weight_decay,
+        )
+        total_optimizer_steps = self.max_steps * self.plan.optimizer_steps
+        self.scheduler = get_scheduler(
+            self.args.lr_scheduler_type,
+            self.optimizer,
+            num_warmup_steps=math.ceil(self.args.warmup_ratio * total_optimizer_steps),
+            num_training_steps=total_optimizer_steps,
+        )
+        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(
+            self.model, self.optimizer, self.scheduler
+        )
+        if self.ref_model is not None:
+            self.ref_model.to(self.accelerator.device)
+        self.backend = rollout_backend or make_backend(self.unwrapped_model, self.args)
+        self.prompts = PromptSampler(len(self.train_rows), self.plan.prompts, self.args)
+        self.generator = torch.Generator().manual_seed(self.args.seed)
+        self.logger = MetricsLogger(
+            self.args.output_dir, self.args.report_to, self.accelerator.is_main_process
+        )
+        self.step = 0
+
+    # ------------------------------------------------------------------------------------------------
+    @property
+    def unwrapped_model(self) -> torch.nn.Module:
+        return self.accelerator.unwrap_model(self.model)
+
+    def sampling_params(self, greedy: bool = False) -> SamplingParams:
+        eos = self.tokenizer.eos_token_id
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos
+        return SamplingParams(
+            max_new_tokens=self.args.max_completion_length,
+            temperature=self.args.temperature,
+            top_p=self.args.top_p,
+            top_k=self.args.top_k,
+            min_p=self.args.min_p,
+            repetition_penalty=self.args.repetition_penalty,
+            do_sample=not greedy,
+            eos_token_ids=(eos,) if eos is not None else (),
+            pad_token_id=pad if pad is not None else 0,
+        )
+
+    # ------------------------------------------------------------------------------------------------
+    def train(self, resume_from_checkpoint: str | bool | None = None) -> list[dict[str, float]]:
+        """Run ``max_steps`` GRPO steps; returns the logged metrics. Saves the final model to output_dir."""
+        resume = resume_from_checkpoint or self.args.resume_from_checkpoint
+        if resume:
+            self._resume(resume)
+        history: list[dict[str, float]] = []
+        bar = tqdm(
+            total=self.max_steps,
+            initial=self.step,
+            desc="GRPO",
+            disable=self.args.disable_tqdm or not self.accelerator.is_local_main_process,
+        )
+        while self.step < self.max_steps:
+            metrics = self.training_step()
+            self.step += 1
+            bar.update(1)
+            bar.set_postfix(
+                reward=f"{metrics['reward']:.3f}",
+                kl=f"{metrics.get('kl', 0.0):.4f}",
+                loss=f"{metrics['loss']:.4f}",
+            )
+            if self.step % self.args.logging_steps == 0 or self.step == self.max_steps:
+                self.logger.log(self.step, metrics)
+                history.append({"step": self.step, **metrics})
+            if self.args.save_steps and self.step % self.args.save_steps == 0:
+                self.save_checkpoint()
+        bar.close()
+        self.save_model(self.args.output_dir)
+        if self.accelerator.is_main_process:
+            plot_metrics(self.logger.read(), Path(self.args.output_dir) / "metrics.png")
+        return history
+
+    def training_step(self) -> dict[str, float]:
+        """One GRPO step on this process's share of the prompts."""
+        start = time.perf_counter()
+        # 1. sample a batch of prompts (each will get G completions)
+        rows = self.prompts.next_local_rows(self.train_rows, self.accelerator)
+        prompt_ids = [self.encode_prompt(row["prompt"]) for row in rows]
+        # 2. generate G completions per prompt with the current policy (pi_old = pi_theta)
+        generated = self.backend.generate(prompt_ids, self.args.num_generations, self.sampling_params())
+        time_generate = time.perf_counter() - start
+        # 3. score every completion with every reward function -> [n, F]
+        repeated_rows = [row for row in rows for _ in range(self.args.num_generations)]
+        texts = self.tokenizer.batch_decode(generated.completion_ids, skip_special_tokens=True)
+        rewards, failures = score_rollout(
+            self.reward_funcs,
+            repeated_rows,
+            texts,
+            generated.completion_ids,
+            trainer_state={"global_step": self.step, "max_steps": self.max_steps},
+            on_error=self.args.reward_failure,
+        )
+        time_reward = time.perf_counter() - start - time_generate
+        # 4. group-relative advantages over the whole batch (all processes), then this process's rows
+        all_rewards = self.accelerator.gather(rewards.to(self.accelerator.device))  # [N, F]
+        advantages = multi_reward_advantages(
+            all_rewards,
+            self.reward_weights.to(all_rewards.device),
+            self.args.num_generations,
+            scale=self.args.scale_rewards,
+            aggregation=self.args.multi_objective_aggregation,
+            eps=self.args.advantage_epsilon,
+        )
+        first = self.accelerator.process_index * len(repeated_rows)
+        local_advantages = advantages[first : first + len(repeated_rows)]  # [n]
+        # 5. one RolloutBatch: padded ids, masks, advantages, old (mu > 1) and reference (beta > 0) log-probs
+        batch = build_rollout_batch(self, prompt_ids, generated, local_advantages)
+        # 6. mu epochs of clipped policy-gradient updates
+        update_start = time.perf_counter()
+        update_metrics = run_update(batch, self.args, self._update_context())
+        time_update = time.perf_counter() - update_start
+        syncing = self.ref_model is not None and self.args.sync_ref_model
+        if syncing and (self.step + 1) % self.args.ref_model_sync_steps == 0:
+            sync_reference(self.ref_model, self.unwrapped_model, self.args.ref_model_mixup_alpha)
+        # 7. metrics
+        combined = combine_rewards(all_rewards, self.reward_weights.to(all_rewards.device))  # [N]
+        elapsed = time.perf_counter() - start
+        metrics = {
+            **reward_metrics(all_rewards.cpu(), combined.cpu(), self.reward_names, self.args.num_generations),
+            **failures,
+            **completion_metrics(generated),
+            **update_metrics,
+            "learning_rate": self.scheduler.get_last_lr()[0],
+            "time/generate": time_generate,
+            "time/reward": time_reward,
+            "time/update": time_update,
+            "time/step": elapsed,
+            "tokens_per_second": batch.num_completion_tokens() / max(elapsed, 1e-9),
+        }
+        return metrics
+
+    # ------------------------------------------------------------------------------------------------
+    def encode_prompt(self, prompt: Any) -> list[int]:
+        """Token ids of a prompt (chat template for message lists), cut from the left to max_prompt_length."""
+        text = render_prompt(prompt, self.tokenizer)
+        ids = self.tokenizer(text, add_special_tokens=isinstance(prompt, str))["input_ids"]
+        limit = self.args.max_prompt_length
+        return ids[-limit:] if limit is not None and len(ids) > limit else ids
+
+    def reference_logprobs_context(self):
+        """Context under which ``self.reference_model`` gives pi_ref (PEFT: the adapter disabled)."""
+        if self.uses_peft_reference:
+            return self.unwrapped_model.disable_adapter()
+        return contextlib.nullcontext()
+
+    @property
+    def reference_model(self) -> torch.nn.Module | None:
+        if self.ref_model is not None:
+            return self.ref_model
+        return self.unwrapped_model if self.uses_peft_reference else None
+
+    def _update_context(self) -> UpdateContext:
+        def clip(max_norm: float) -> torch.Tensor | None:
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            if max_norm and max_norm > 0:
+                return self.accelerator.clip_grad_norm_(params, max_norm)
+            return torch.nn.utils.clip_grad_norm_(params, float("inf"))
+
+        return UpdateContext(
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            backward=self.accelerator.backward,
+            clip_grad_norm=clip,
+            sum_across_processes=lambda t: self.accelerator.reduce(t.to(self.accelerator.device), "sum"),
+            num_processes=self.accelerator.num_processes,
+            generator=self.generator,
+        )
+
+    def _reward_weights(self) -> torch.Tensor:
+        weights = self.args.reward_weights
+        if weights is None:
+            return torch.ones(len(self.reward_funcs))
+        if len(weights) != len(self.reward_funcs):
+            raise ValueError(
+                f"GRPOConfig.reward_weights has {len(weights)} values but there are "
+                f"{len(self.reward_funcs)} reward functions ({', '.join(self.reward_names)})"
+            )
+        return torch.tensor(weights, dtype=torch.float32)
+
+    def _total_steps(self) -> int:
+        if self.args.max_steps > 0:
+            return self.args.max_steps
+        per_epoch = len(self.train_rows) / self.plan.prompts
+        return max(1, math.ceil(self.args.num_train_epochs * per_epoch))
+
+    # ------------------------------------------------------------------------------------------------
+    def save_model(self, path: str | Path) -> None:
+        """Write a standard ``transformers`` checkpoint directory (model + tokenizer)."""
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            Path(path).mkdir(parents=True, exist_ok=True)
+            self.unwrapped_model.save_pretrained(path)
+            self.tokenizer.save_pretrained(path)
+
+    def save_checkpoint(self) -> Path:
+        """Everything a resume needs, in ``<output_dir>/checkpoint-<step>``."""
+        path = checkpoint_dir(self.args.output_dir, self.step)
+        if self.accelerator.is_main_process:
+            save_checkpoint(
+                path,
+                model=self.unwrapped_model,
+                tokenizer=self.tokenizer,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                trainer_state={"step": self.step, "prompts": self.prompts.state_dict()},
+                extra_tensors={
+                    "generator": self.generator.get_state(),
+                    "reference": None if self.ref_model is None else self.ref_model.state_dict(),
+                },
+            )
+            prune_checkpoints(self.args.output_dir, self.args.save_total_limit)
+        self.accelerator.wait_for_everyone()
+        return path
+
+    def _resume(self, resume: str | bool) -> None:
+        path = latest_checkpoint(self.args.output_dir) if resume in (True, "latest") else Path(str(resume))
+        if path is None:
+            raise FileNotFoundError(
+                f"resume_from_checkpoint: no checkpoint-* found in {self.args.output_dir}"
+            )
+        load_model_weights(self.unwrapped_model, path)
+        state, extra = load_checkpoint(path, optimizer=self.optimizer, scheduler=self.scheduler)
+        self.step = int(state["step"])
+        self.prompts.load_state_dict(state["prompts"])
+        self.generator.set_state(extra["generator"])
+        if self.ref_model is not None and extra.get("reference") is not None:
+            self.ref_model.load_state_dict(extra["reference"])
+
+
+def _resolve_rewards(reward_funcs: Any) -> list[Any]:
+    funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    if not funcs:
+        raise ValueError("reward_funcs: at least one reward function is required")
+    return [resolve_reward(func) for func in funcs]

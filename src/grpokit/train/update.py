@@ -1,0 +1,111 @@
+"""The policy update: mu epochs over one RolloutBatch in minibatches with gradient accumulation."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from grpokit.config import GRPOConfig
+from grpokit.core import aggregation_is_global, policy_loss, top_entropy_mask
+from grpokit.train.batch import RolloutBatch, micro_batch_indices
+from grpokit.train.forward import completion_logprobs
+
+
+@dataclass
+class UpdateContext:
+    """What an update needs besides the batch: the model, its optimizer and how to step them."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    backward: Callable[[torch.Tensor], None]  # accelerator.backward
+    clip_grad_norm: Callable[[float], torch.Tensor | None]  # returns the pre-clip global norm
+    sum_across_processes: Callable[[torch.Tensor], torch.Tensor]
+    num_processes: int
+    generator: torch.Generator
+
+
+def run_update(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext) -> dict[str, float]:
+    """num_iterations epochs; each shuffles the rows into steps_per_generation optimizer steps of
+    gradient_accumulation_steps micro-batches. Returns metrics averaged over all micro-batches."""
+    rows_per_optimizer_step = config.per_device_train_batch_size * config.gradient_accumulation_steps
+    sums: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    ctx.model.train()
+    for _epoch in range(config.num_iterations):
+        order = torch.randperm(len(batch), generator=ctx.generator)
+        for rows in order.split(rows_per_optimizer_step):
+            step_metrics = _optimizer_step(batch.select(rows), config, ctx)
+            for name, value in step_metrics.items():
+                sums[name] += value
+                counts[name] += 1
+    return {name: sums[name] / counts[name] for name in sums}
+
+
+def _optimizer_step(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext) -> dict[str, float]:
+    """One optimizer step over ``batch`` (this process's rows), accumulating micro-batch gradients."""
+    micro_batches = micro_batch_indices(len(batch), config.per_device_train_batch_size, shuffle=False)
+    # dapo normalises by the completion tokens of the whole global batch. DDP averages gradients over
+    # processes, so each process divides by (global tokens / num_processes) to get the global token mean.
+    global_tokens = ctx.sum_across_processes(batch.completion_mask.sum().float())
+    num_items = float(global_tokens) / ctx.num_processes
+    divide_by_micro_batches = not aggregation_is_global(config.loss_type)
+    metric_sums: dict[str, float] = defaultdict(float)
+    for rows in micro_batches:
+        loss, metrics = _micro_batch_loss(batch.select(rows), config, ctx.model, num_items)
+        if divide_by_micro_batches:
+            loss = loss / len(micro_batches)
+        ctx.backward(loss)
+        metric_sums["loss"] += float(loss.detach())  # micro-batch losses add up to the step's loss
+        for name, value in metrics.items():
+            metric_sums[name] += float(value) / len(micro_batches)
+    grad_norm = ctx.clip_grad_norm(config.max_grad_norm)
+    ctx.optimizer.step()
+    ctx.scheduler.step()
+    ctx.optimizer.zero_grad(set_to_none=True)
+    if grad_norm is not None:
+        metric_sums["grad_norm"] = float(grad_norm)
+    return dict(metric_sums)
+
+
+def _micro_batch_loss(
+    batch: RolloutBatch, config: GRPOConfig, model: torch.nn.Module, num_items: float
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    mask = batch.completion_mask.float()  # [n, C]
+    logps, entropy = completion_logprobs(
+        model,
+        batch.prompt_ids,
+        batch.prompt_mask,
+        batch.completion_ids,
+        batch.completion_mask,
+        temperature=config.temperature,
+        with_entropy=True,
+        num_generations=None,
+    )
+    token_weights = None
+    if config.top_entropy_quantile < 1.0:
+        token_weights = top_entropy_mask(entropy.detach(), mask, config.top_entropy_quantile).float()
+    loss, metrics = policy_loss(
+        logps,
+        batch.old_logps,
+        batch.advantages,
+        mask,
+        loss_type=config.loss_type,
+        epsilon=config.epsilon,
+        epsilon_high=config.clip_high,
+        delta=config.delta,
+        importance_sampling_level=config.importance_sampling_level,
+        beta=config.beta,
+        ref_logps=batch.ref_logps,
+        max_completion_length=config.max_completion_length,
+        num_items_in_batch=num_items,
+        token_weights=token_weights,
+        sapo_temperature_pos=config.sapo_temperature_pos,
+        sapo_temperature_neg=config.sapo_temperature_neg,
+    )
+    metrics = dict(metrics)
+    metrics["entropy"] = (entropy.detach() * mask).sum() / mask.sum().clamp(min=1)
+    return loss, metrics
