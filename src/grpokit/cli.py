@@ -1,0 +1,123 @@
+"""Command line: ``grpokit train [RECIPE.yaml] [key=value ...]``, ``grpokit eval``, ``grpokit train-rm``.
+
+A recipe is a flat YAML mapping of TrainArgs fields (model, task, dataset, reward_funcs, ...) and GRPOConfig
+fields (beta, loss_type, ...). Overrides come after it as ``key=value`` (YAML-typed values, so
+``reward_funcs=[accuracy,think_format]`` and ``epsilon_high=0.28`` both work) or as ``--key value``.
+Parsing and ``--help`` (every option with its docstring) are done by ``tyro``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import tyro
+import yaml
+
+from grpokit.config import GRPOConfig
+from grpokit.train.recipe import EvalArgs, TrainArgs
+
+RECIPES_DIR = Path(__file__).parent / "recipes"
+DEFAULT_RECIPE = "arithmetic-tiny"
+_TYRO_MARKERS = (tyro.conf.FlagConversionOff,)
+
+
+def find_recipe(name_or_path: str) -> Path:
+    """A recipe file path, or the name of a recipe shipped with grpokit (``arithmetic-tiny``)."""
+    path = Path(name_or_path)
+    if path.exists():
+        return path
+    shipped = RECIPES_DIR / f"{name_or_path.removesuffix('.yaml')}.yaml"
+    if shipped.exists():
+        return shipped
+    names = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+    raise SystemExit(f"grpokit: no recipe {name_or_path!r} (a file path, or one of: {', '.join(names)})")
+
+
+def load_recipe(path: Path) -> TrainArgs:
+    """TrainArgs from a flat recipe YAML; unknown keys are an error naming them."""
+    values = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(values, dict):
+        raise SystemExit(f"grpokit: {path} must be a mapping of option: value")
+    top_fields = {f.name for f in dataclasses.fields(TrainArgs)} - {"config"}
+    config_fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    unknown = sorted(set(values) - top_fields - config_fields)
+    if unknown:
+        raise SystemExit(
+            f"grpokit: {path}: unknown option(s) {', '.join(unknown)}; see `grpokit train --help`"
+        )
+    config = GRPOConfig(**{k: v for k, v in values.items() if k in config_fields})
+    return TrainArgs(**{k: v for k, v in values.items() if k in top_fields}, config=config)
+
+
+def to_flag_arguments(overrides: list[str]) -> list[str]:
+    """``key=value`` -> ``--key value`` (YAML-typed: a list value becomes several arguments)."""
+    arguments: list[str] = []
+    for item in overrides:
+        if item.startswith("-") or "=" not in item:
+            arguments.append(item)
+            continue
+        key, raw = item.split("=", 1)
+        arguments.append(f"--{key.strip()}")
+        value = yaml.safe_load(raw) if raw.strip() else raw
+        if isinstance(value, list):
+            arguments.extend(_scalar_text(v) for v in value)
+        else:
+            arguments.append(raw)
+    return arguments
+
+
+def _scalar_text(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+def parse_train_args(argv: list[str]) -> TrainArgs:
+    recipe_arg = argv[0] if argv and not argv[0].startswith("-") and "=" not in argv[0] else None
+    overrides = argv[1:] if recipe_arg is not None else argv
+    defaults = load_recipe(find_recipe(recipe_arg or DEFAULT_RECIPE))
+    flat = Annotated[TrainArgs, tyro.conf.OmitArgPrefixes]
+    try:
+        return tyro.cli(
+            flat,
+            default=defaults,
+            args=to_flag_arguments(overrides),
+            prog="grpokit train [RECIPE.yaml]",
+            description="Train with GRPO. Options below may also be given as key=value.",
+            use_underscores=True,
+            config=_TYRO_MARKERS,
+        )
+    except ValueError as err:  # GRPOConfig validation
+        raise SystemExit(f"grpokit: {err}") from err
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv[0] if argv and not argv[0].startswith("-") else None
+    if command in (None, "train"):
+        from grpokit.train.recipe import run_training
+
+        run_training(parse_train_args(argv[1:] if command else argv))
+        return 0
+    if command == "eval":
+        from grpokit.train.recipe import run_eval
+
+        args = tyro.cli(
+            EvalArgs, args=argv[1:], prog="grpokit eval", use_underscores=True, config=_TYRO_MARKERS
+        )
+        run_eval(args)
+        return 0
+    if command == "train-rm":
+        from grpokit.train.reward_model import train_rm_main
+
+        return train_rm_main(argv[1:])
+    if command in ("-h", "--help", "help"):
+        print(__doc__)
+        return 0
+    print(f"grpokit: unknown command {command!r}; use train, eval or train-rm", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

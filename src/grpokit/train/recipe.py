@@ -1,0 +1,202 @@
+"""What ``grpokit train`` and ``grpokit eval`` run: a recipe (model, data, rewards, GRPOConfig) end to end,
+with a held-out evaluation before and after training written to ``<output_dir>/eval_summary.json``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grpokit.config import GRPOConfig
+
+
+@dataclass
+class TrainArgs:
+    """A GRPO run: what to train, on what, rewarded how. GRPOConfig options sit beside these."""
+
+    model: str = "tiny:arithmetic"
+    """A model directory or hub id, or ``tiny:<task>`` for the built-in tiny policy of a built-in task
+    (built locally with a supervised cold start and cached in ~/.cache/grpokit)."""
+    task: str | None = "arithmetic"
+    """A built-in task (arithmetic, chain): supplies train/held-out prompts and its reward functions."""
+    dataset: str | None = None
+    """Training prompts from a local json/jsonl/csv/parquet file (overrides the task's train split)."""
+    eval_dataset: str | None = None
+    """Held-out prompts from a local file (overrides the task's held-out split)."""
+    reward_funcs: list[str] | None = None
+    """Reward functions: built-in names, ``module:function`` import paths, or reward-model directories.
+    None: the task's rewards."""
+    num_train_examples: int | None = None
+    """Generate this many training questions for a built-in task (None: the task's default)."""
+    num_eval_examples: int | None = None
+    """Generate this many held-out questions for a built-in task (None: the task's default)."""
+    task_seed: int = 0
+    """Seed of the built-in task's question generator."""
+    evaluate: bool = True
+    """Evaluate the held-out split (greedy accuracy) before and after training."""
+    eval_max_new_tokens: int | None = None
+    """Completion limit for the evaluation (None: max_completion_length)."""
+    config: GRPOConfig = field(default_factory=GRPOConfig)
+    """GRPOConfig (flattened on the command line)."""
+
+
+@dataclass
+class EvalArgs:
+    """Evaluate a model on a task's held-out split (or a file): greedy accuracy, optionally pass@k/maj@k."""
+
+    model: str
+    """A model directory or hub id, or ``tiny:<task>`` for the built-in cold-started tiny policy."""
+    task: str = "arithmetic"
+    """A built-in task whose held-out split and answer check are used."""
+    eval_dataset: str | None = None
+    """Held-out prompts from a local file instead of the task's split."""
+    num_eval_examples: int | None = None
+    """Held-out questions to generate for a built-in task."""
+    task_seed: int = 0
+    """Seed of the built-in task's question generator."""
+    num_samples: int = 1
+    """Samples per prompt; >1 reports pass@k, maj@k and mean@k with sampling at ``temperature``."""
+    temperature: float = 1.0
+    """Sampling temperature when num_samples > 1 (greedy otherwise)."""
+    max_new_tokens: int = 64
+    """Completion limit."""
+    output: str | None = None
+    """Write the result as JSON here."""
+
+
+def resolve_model(spec: str, *, seed: int = 0) -> str:
+    """``tiny:<task>`` -> the cached cold-started tiny policy directory; anything else unchanged."""
+    if spec.startswith("tiny:"):
+        from grpokit.models import cold_start_policy
+
+        return str(cold_start_policy(spec.split(":", 1)[1], seed=seed))
+    return spec
+
+
+def task_splits(task_name: str, args: TrainArgs | EvalArgs) -> tuple[list[dict], list[dict]]:
+    from grpokit.data.tasks import get_task
+
+    task = get_task(task_name)
+    sizes = {}
+    if getattr(args, "num_train_examples", None) is not None:
+        sizes["num_train"] = args.num_train_examples
+    if args.num_eval_examples is not None:
+        sizes["num_test"] = args.num_eval_examples
+    return task.make_splits(seed=args.task_seed, **sizes)
+
+
+def training_data(args: TrainArgs) -> tuple[Any, Any, list[Any], list[float] | None]:
+    """(train rows, held-out rows, reward functions, reward weights) for a recipe."""
+    train_rows: Any = args.dataset
+    eval_rows: Any = args.eval_dataset
+    rewards: list[Any] | None = list(args.reward_funcs) if args.reward_funcs else None
+    weights = args.config.reward_weights
+    if args.task is not None:
+        from grpokit.data.tasks import get_task
+
+        task = get_task(args.task)
+        task_train, task_eval = task_splits(args.task, args)
+        train_rows = task_train if train_rows is None else train_rows
+        eval_rows = task_eval if eval_rows is None else eval_rows
+        if rewards is None:
+            rewards = list(task.reward_funcs.values())
+            if weights is None:
+                weights = [task.default_reward_weights.get(name, 1.0) for name in task.reward_funcs]
+        else:  # the task's own reward names (exact_answer, format, ...) resolve to its functions
+            rewards = [task.reward_funcs.get(r, r) if isinstance(r, str) else r for r in rewards]
+    if train_rows is None:
+        raise SystemExit("grpokit: give a task or a dataset")
+    if not rewards:
+        raise SystemExit("grpokit: give reward_funcs (or a task that has them)")
+    return train_rows, eval_rows, rewards, weights
+
+
+def _correctness_reward(task_name: str) -> Any:
+    from grpokit.data.tasks import get_task
+
+    task = get_task(task_name)
+    return task.reward_funcs[task.correctness_reward]
+
+
+def held_out_accuracy(
+    model: Any, tokenizer: Any, rows: list[dict], task: str | None, max_new_tokens: int
+) -> dict:
+    from grpokit.eval.evaluate import evaluate_accuracy
+
+    reward_fn = _correctness_reward(task) if task is not None else None
+    result = evaluate_accuracy(model, tokenizer, rows, reward_fn=reward_fn, max_new_tokens=max_new_tokens)
+    return {k: v for k, v in result.items() if k != "completions"}
+
+
+def run_training(args: TrainArgs) -> dict[str, Any]:
+    """Train per the recipe; evaluate held-out greedy accuracy before and after; write eval_summary.json."""
+    from grpokit.data.loading import load_rows
+    from grpokit.train.trainer import GRPOTrainer
+
+    started = time.perf_counter()
+    model_path = resolve_model(args.model, seed=args.task_seed)
+    train_rows, eval_rows, rewards, weights = training_data(args)
+    config = dataclasses.replace(args.config, reward_weights=weights)
+    trainer = GRPOTrainer(model=model_path, reward_funcs=rewards, args=config, train_dataset=train_rows)
+    output_dir = Path(config.output_dir)
+    print(f"grpokit: {trainer.plan.describe()}; {trainer.max_steps} steps; output in {output_dir}")
+    summary: dict[str, Any] = {"model": args.model, "task": args.task}
+    evaluating = args.evaluate and eval_rows is not None and trainer.accelerator.is_main_process
+    max_new = args.eval_max_new_tokens or config.max_completion_length
+    if evaluating:
+        eval_rows = load_rows(eval_rows, name="eval_dataset")
+        summary["before"] = held_out_accuracy(
+            trainer.unwrapped_model, trainer.tokenizer, eval_rows, args.task, max_new
+        )
+        print(f"grpokit: held-out accuracy before GRPO: {summary['before']['accuracy']:.3f}")
+    trainer.train()
+    if evaluating:
+        summary["after"] = held_out_accuracy(
+            trainer.unwrapped_model, trainer.tokenizer, eval_rows, args.task, max_new
+        )
+        print(f"grpokit: held-out accuracy after GRPO:  {summary['after']['accuracy']:.3f}")
+    summary["wall_time_s"] = round(time.perf_counter() - started, 1)
+    if trainer.accelerator.is_main_process:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "eval_summary.json").write_text(json.dumps(summary, indent=2))
+        config.to_yaml(output_dir / "config.yaml")
+        print(
+            f"grpokit: done in {summary['wall_time_s']} s; model, metrics.jsonl, metrics.png and "
+            f"eval_summary.json in {output_dir}"
+        )
+    return summary
+
+
+def run_eval(args: EvalArgs) -> dict[str, Any]:
+    """Evaluate a model on held-out prompts; print (and optionally write) the metrics."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpokit.data.loading import load_rows
+    from grpokit.eval.evaluate import evaluate_accuracy
+
+    path = resolve_model(args.model, seed=args.task_seed)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    rows = (
+        load_rows(args.eval_dataset, name="eval_dataset")
+        if args.eval_dataset
+        else task_splits(args.task, args)[1]
+    )
+    sampled = args.num_samples > 1
+    result = evaluate_accuracy(
+        model,
+        tokenizer,
+        rows,
+        reward_fn=_correctness_reward(args.task),
+        max_new_tokens=args.max_new_tokens,
+        num_samples=args.num_samples,
+        temperature=args.temperature if sampled else 0.0,
+    )
+    result = {k: v for k, v in result.items() if k != "completions"}
+    print(json.dumps(result, indent=2))
+    if args.output:
+        Path(args.output).write_text(json.dumps(result, indent=2))
+    return result

@@ -1,0 +1,112 @@
+"""The update loop: gradient accumulation is exact, padding is inert, micro-batches see every row once."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from grpokit import GRPOConfig
+from grpokit.train.batch import RolloutBatch
+from grpokit.train.update import UpdateContext, run_update
+
+
+class RecordingOptimizer(torch.optim.SGD):
+    """SGD with lr 0 that keeps a copy of the gradients it was asked to apply."""
+
+    def __init__(self, params):
+        super().__init__(params, lr=0.0)
+        self.seen = []
+
+    def step(self, closure=None):
+        self.seen.append([p.grad.detach().clone() for group in self.param_groups for p in group["params"]])
+        return super().step(closure)
+
+
+def make_batch(num_rows=8, prompt_len=3, completion_len=5, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, completion_len + 1, (num_rows,), generator=generator)  # ragged completions
+    completion_mask = (torch.arange(completion_len)[None, :] < lengths[:, None]).long()
+    return RolloutBatch(
+        prompt_ids=torch.randint(4, 90, (num_rows, prompt_len), generator=generator),
+        prompt_mask=torch.ones(num_rows, prompt_len, dtype=torch.long),
+        completion_ids=torch.randint(4, 90, (num_rows, completion_len), generator=generator),
+        completion_mask=completion_mask,
+        advantages=torch.randn(num_rows, generator=generator),
+    )
+
+
+def gradients(model_dir, batch, **config_values):
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    optimizer = RecordingOptimizer(model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    config = GRPOConfig(num_generations=2, beta=0.0, max_completion_length=5, **config_values)
+    ctx = UpdateContext(
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        backward=lambda loss: loss.backward(),
+        clip_grad_norm=lambda _: None,
+        sum_across_processes=lambda t: t,
+        num_processes=1,
+        generator=torch.Generator().manual_seed(0),
+    )
+    run_update(batch, config, ctx)
+    return optimizer.seen
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+def test_batch_8_x_accumulation_1_equals_batch_1_x_accumulation_8(tiny_model_dir, loss_type):
+    batch = make_batch()
+    whole = gradients(tiny_model_dir, batch, loss_type=loss_type, per_device_train_batch_size=8)
+    accumulated = gradients(
+        tiny_model_dir,
+        batch,
+        loss_type=loss_type,
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=8,
+    )
+    assert len(whole) == len(accumulated) == 1  # one optimizer step each
+    for a, b in zip(whole[0], accumulated[0]):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_right_padding_does_not_change_the_gradient(tiny_model_dir):
+    batch = make_batch()
+    padded = RolloutBatch(
+        prompt_ids=batch.prompt_ids,
+        prompt_mask=batch.prompt_mask,
+        completion_ids=torch.cat([batch.completion_ids, torch.full((8, 3), 7)], dim=1),  # 3 junk columns
+        completion_mask=torch.cat([batch.completion_mask, torch.zeros(8, 3, dtype=torch.long)], dim=1),
+        advantages=batch.advantages,
+    )
+    plain = gradients(tiny_model_dir, batch, per_device_train_batch_size=8)
+    extended = gradients(tiny_model_dir, padded, per_device_train_batch_size=8)
+    for a, b in zip(plain[0], extended[0]):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_left_padding_of_prompts_does_not_change_the_gradient(tiny_model_dir):
+    batch = make_batch()
+    padded = RolloutBatch(
+        prompt_ids=torch.cat([torch.zeros(8, 2, dtype=torch.long), batch.prompt_ids], dim=1),
+        prompt_mask=torch.cat([torch.zeros(8, 2, dtype=torch.long), batch.prompt_mask], dim=1),
+        completion_ids=batch.completion_ids,
+        completion_mask=batch.completion_mask,
+        advantages=batch.advantages,
+    )
+    plain = gradients(tiny_model_dir, batch, per_device_train_batch_size=8)
+    extended = gradients(tiny_model_dir, padded, per_device_train_batch_size=8)
+    for a, b in zip(plain[0], extended[0]):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-3)
+
+
+def test_steps_and_epochs_make_the_planned_number_of_optimizer_steps(tiny_model_dir):
+    # 8 rows, 2 per micro-batch, 2 micro-batches per optimizer step -> 2 optimizer steps per epoch; mu = 3
+    seen = gradients(
+        tiny_model_dir,
+        make_batch(),
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        steps_per_generation=2,
+        num_iterations=3,
+    )
+    assert len(seen) == 6
