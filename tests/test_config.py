@@ -7,15 +7,21 @@ from grpokit import GRPOConfig
 
 def test_defaults_follow_the_paper():
     config = GRPOConfig()
-    assert (config.loss_type, config.beta, config.epsilon, config.scale_rewards) == ("grpo", 0.04, 0.2, "group")
+    assert (config.loss_type, config.beta, config.epsilon, config.scale_rewards) == (
+        "grpo",
+        0.04,
+        0.2,
+        "group",
+    )
     assert (config.num_iterations, config.learning_rate, config.num_generations) == (1, 1e-6, 8)
     assert config.clip_high == 0.2  # epsilon_high unset -> symmetric clipping
 
 
 def test_batch_plan_counts_one_step():
     # 4 completions per micro-batch x 2 accumulation x 3 optimizer steps = 24 completions = 3 prompts x G=8
-    config = GRPOConfig(per_device_train_batch_size=4, gradient_accumulation_steps=2, steps_per_generation=3,
-                        num_iterations=2)
+    config = GRPOConfig(
+        per_device_train_batch_size=4, gradient_accumulation_steps=2, steps_per_generation=3, num_iterations=2
+    )
     plan = config.batch_plan()
     assert (plan.prompts, plan.completions) == (3, 24)
     assert plan.optimizer_steps == 6  # mu=2 epochs x 3 optimizer steps
@@ -25,11 +31,17 @@ def test_batch_plan_counts_one_step():
 
 def test_generation_batch_size_derives_steps_per_generation():
     # R1-Zero shape in miniature: 64 completions split into 4 optimizer steps of 16
-    plan = GRPOConfig(num_generations=16, per_device_train_batch_size=16, generation_batch_size=64).batch_plan()
+    plan = GRPOConfig(
+        num_generations=16, per_device_train_batch_size=16, generation_batch_size=64
+    ).batch_plan()
     assert (plan.prompts, plan.optimizer_steps) == (4, 4)
     # two processes halve the optimizer steps for the same generation batch
-    assert GRPOConfig(num_generations=16, per_device_train_batch_size=16,
-                      generation_batch_size=64).batch_plan(num_processes=2).optimizer_steps == 2
+    assert (
+        GRPOConfig(num_generations=16, per_device_train_batch_size=16, generation_batch_size=64)
+        .batch_plan(num_processes=2)
+        .optimizer_steps
+        == 2
+    )
 
 
 @pytest.mark.parametrize(
@@ -54,7 +66,9 @@ def test_invalid_combinations_name_the_field(kwargs, field):
 
 
 def test_yaml_round_trip(tmp_path):
-    config = GRPOConfig(loss_type="dapo", epsilon_high=0.28, beta=0.0, scale_rewards="none", reward_weights=[1, 0.5])
+    config = GRPOConfig(
+        loss_type="dapo", epsilon_high=0.28, beta=0.0, scale_rewards="none", reward_weights=[1, 0.5]
+    )
     path = tmp_path / "config.yaml"
     config.to_yaml(path)
     assert GRPOConfig.from_yaml(path) == config

@@ -1,9 +1,9 @@
 """grpokit: Group Relative Policy Optimization for language models.
 
-    from grpokit import GRPOConfig, GRPOTrainer
-    trainer = GRPOTrainer(model="path/or/hub-id", reward_funcs=[fn], args=GRPOConfig(...),
-                          train_dataset=rows)
-    trainer.train(); trainer.save_model(path)
+from grpokit import GRPOConfig, GRPOTrainer
+trainer = GRPOTrainer(model="path/or/hub-id", reward_funcs=[fn], args=GRPOConfig(...),
+                      train_dataset=rows)
+trainer.train(); trainer.save_model(path)
 """
 
 from grpokit.config import BatchPlan, GRPOConfig

@@ -232,7 +232,9 @@ class GRPOConfig:
 
     def batch_plan(self, num_processes: int = 1) -> BatchPlan:
         """The counts of one step. Raises ValueError when the batch sizes do not fit together."""
-        per_optimizer_step = self.per_device_train_batch_size * self.gradient_accumulation_steps * num_processes
+        per_optimizer_step = (
+            self.per_device_train_batch_size * self.gradient_accumulation_steps * num_processes
+        )
         if self.generation_batch_size is not None:
             _require(
                 self.generation_batch_size % per_optimizer_step == 0,

@@ -1,4 +1,4 @@
-"""The command line: a YAML recipe with overrides trains, evaluates and writes its files; bad input is named."""
+"""The command line: a YAML recipe with overrides trains, evaluates, writes its files; bad input named."""
 
 import json
 

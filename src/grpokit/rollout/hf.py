@@ -10,7 +10,9 @@ from transformers import GenerationConfig
 from grpokit.rollout.base import GenerationOutput, SamplingParams
 
 
-def left_pad(sequences: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(
+    sequences: Sequence[Sequence[int]], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Stack token lists into [B, L] ids and mask, padded on the left."""
     width = max(len(seq) for seq in sequences)
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long, device=device)
@@ -22,7 +24,9 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int, device: torch.devi
     return ids, mask
 
 
-def right_pad(sequences: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def right_pad(
+    sequences: Sequence[Sequence[int]], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Stack token lists into [B, L] ids and mask, padded on the right (L >= 1)."""
     width = max(1, max(len(seq) for seq in sequences))
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long, device=device)
@@ -60,7 +64,7 @@ def generation_config(params: SamplingParams) -> GenerationConfig:
 
 
 class TransformersBackend:
-    """Samples with ``model.generate``: each prompt repeated G times, left-padded, one call per micro-batch."""
+    """Samples with ``model.generate``: each prompt repeated G times, left-padded, one call per chunk."""
 
     def __init__(self, model: torch.nn.Module, *, micro_batch_size: int | None = None) -> None:
         self.model = model
@@ -80,13 +84,17 @@ class TransformersBackend:
             truncated += flags
         return GenerationOutput(completion_ids=completions, logprobs=None, truncated=truncated)
 
-    def _generate_rows(self, rows: list[list[int]], params: SamplingParams) -> tuple[list[list[int]], list[bool]]:
+    def _generate_rows(
+        self, rows: list[list[int]], params: SamplingParams
+    ) -> tuple[list[list[int]], list[bool]]:
         device = next(self.model.parameters()).device
         ids, mask = left_pad(rows, params.pad_token_id, device)
         was_training = self.model.training
         self.model.eval()
         try:
-            out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=generation_config(params))
+            out = self.model.generate(
+                input_ids=ids, attention_mask=mask, generation_config=generation_config(params)
+            )
         finally:
             self.model.train(was_training)
         generated = out[:, ids.shape[1] :].tolist()
