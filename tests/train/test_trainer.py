@@ -233,3 +233,17 @@ def test_reference_sync_makes_reference_equal_policy(tiny_model_dir, rows, tmp_p
     policy = trainer.unwrapped_model.state_dict()
     for key, value in trainer.ref_model.state_dict().items():
         assert torch.equal(value, policy[key]), key
+
+
+def test_eval_dataset_is_scored_greedily_every_eval_steps(tiny_model_dir, rows, tmp_path):
+    def has_seven(prompts, completions, completion_ids, **kwargs):
+        return [float("7" in c) for c in completions]
+
+    config = make_config(tmp_path, max_steps=2, eval_steps=2, beta=0.0)
+    trainer = GRPOTrainer(str(tiny_model_dir), [has_seven], config, train_dataset=rows, eval_dataset=rows[:2])
+    # greedy completions: "7" for the first eval prompt, "1" for the second -> mean reward 0.5
+    trainer.backend = ScriptedBackend(trainer.tokenizer, lambda prompt, i: "7" if prompt == "1+1=" else "1")
+    history = trainer.train()
+    assert "eval/reward" not in history[0]
+    assert history[1]["eval/reward"] == 0.5
+    assert history[1]["eval/rewards/has_seven/mean"] == 0.5

@@ -31,6 +31,7 @@ from grpokit.train.checkpoint import (
     prune_checkpoints,
     save_checkpoint,
 )
+from grpokit.train.evaluation import evaluate_rewards
 from grpokit.train.logging import MetricsLogger, plot_metrics
 from grpokit.train.models import load_policy, load_tokenizer, make_backend
 from grpokit.train.prompts import PromptSampler
@@ -68,6 +69,11 @@ class GRPOTrainer:
         rollout_backend: RolloutBackend | None = None,
     ) -> None:
         self.args = args or GRPOConfig()
+        if peft_config is not None and self.args.sync_ref_model:
+            raise ValueError(
+                "GRPOConfig.sync_ref_model is not supported with peft_config: the reference is the "
+                "base model with the adapter disabled, so there is nothing separate to reset"
+            )
         set_seed(self.args.seed)
         self.accelerator = Accelerator(mixed_precision=self.args.mixed_precision)
         self.plan = self.args.batch_plan(self.accelerator.num_processes)
@@ -143,6 +149,8 @@ class GRPOTrainer:
         while self.step < self.max_steps:
             metrics = self.training_step()
             self.step += 1
+            if self.eval_rows is not None and self.args.eval_steps and self.step % self.args.eval_steps == 0:
+                metrics.update(evaluate_rewards(self, self.eval_rows))
             bar.update(1)
             bar.set_postfix(
                 reward=f"{metrics['reward']:.3f}",
