@@ -6,9 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from grpokit.config import GRPOConfig
+from grpokit.models.loading import load_tokenizer as load_saved_tokenizer
 from grpokit.rollout.base import RolloutBackend
 from grpokit.rollout.hf import TransformersBackend
 
@@ -18,7 +19,7 @@ def load_tokenizer(model: str | Path | torch.nn.Module) -> Any:
     source = model if isinstance(model, (str, Path)) else getattr(model, "name_or_path", None)
     if not source:
         raise ValueError("processing_class is required when model is an in-memory module without a path")
-    tokenizer = AutoTokenizer.from_pretrained(str(source))
+    tokenizer = load_saved_tokenizer(str(source))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

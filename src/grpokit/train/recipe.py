@@ -172,14 +172,15 @@ def run_training(args: TrainArgs) -> dict[str, Any]:
 
 def run_eval(args: EvalArgs) -> dict[str, Any]:
     """Evaluate a model on held-out prompts; print (and optionally write) the metrics."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from grpokit.data.loading import load_rows
     from grpokit.eval.evaluate import evaluate_accuracy
+    from grpokit.models.loading import load_tokenizer
 
     path = resolve_model(args.model, seed=args.task_seed)
     model = AutoModelForCausalLM.from_pretrained(path)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = load_tokenizer(path)
     rows = (
         load_rows(args.eval_dataset, name="eval_dataset")
         if args.eval_dataset

@@ -1,0 +1,26 @@
+"""Loading a saved tokenizer exactly as it was saved."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+
+def load_tokenizer(path: str) -> Any:
+    """The tokenizer saved in ``path``, exactly as saved.
+
+    ``AutoTokenizer`` picks the tokenizer class from the model's ``config.json`` when the directory has one,
+    so a generic tokenizer saved next to a Qwen2/Llama model (``tokenizer_class`` "TokenizersBackend" or
+    "PreTrainedTokenizerFast", like ``grpokit.models.tiny.build_char_tokenizer``'s) would come back with that
+    architecture's pre-tokenizer and normaliser, silently dropping spaces and newlines. Such tokenizers are
+    loaded as ``PreTrainedTokenizerFast`` instead; every other class through ``AutoTokenizer``.
+    """
+    config = Path(path) / "tokenizer_config.json"
+    if config.exists():
+        tokenizer_class = json.loads(config.read_text()).get("tokenizer_class")
+        if tokenizer_class in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+            return PreTrainedTokenizerFast.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path)
