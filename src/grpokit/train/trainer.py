@@ -21,7 +21,7 @@ from transformers import get_scheduler
 from grpokit.config import GRPOConfig
 from grpokit.core import combine_rewards, multi_reward_advantages
 from grpokit.data.loading import load_rows, render_prompt
-from grpokit.rewards import resolve_reward, reward_names
+from grpokit.rewards import RewardModel, resolve_reward, reward_names
 from grpokit.rollout.base import RolloutBackend, SamplingParams
 from grpokit.train.checkpoint import (
     checkpoint_dir,
@@ -81,7 +81,7 @@ class GRPOTrainer:
         self.eval_rows = load_rows(eval_dataset, name="eval_dataset") if eval_dataset is not None else None
         self.tokenizer = processing_class if processing_class is not None else load_tokenizer(model)
         self.model = load_policy(model, self.args, peft_config)
-        self.reward_funcs = _resolve_rewards(reward_funcs)
+        self.reward_funcs = _resolve_rewards(reward_funcs, self.accelerator.device)
         self.reward_names = reward_names(self.reward_funcs)
         self.reward_weights = self._reward_weights()
         self.ref_model = make_reference(self.model) if self.args.beta > 0 and peft_config is None else None
@@ -326,8 +326,11 @@ class GRPOTrainer:
             self.ref_model.load_state_dict(extra["reference"])
 
 
-def _resolve_rewards(reward_funcs: Any) -> list[Any]:
+def _resolve_rewards(reward_funcs: Any, device: torch.device) -> list[Any]:
+    """Callables, built-in names, import paths or reward-model directories -> callables; reward models
+    are moved to the trainer's device."""
     funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     if not funcs:
         raise ValueError("reward_funcs: at least one reward function is required")
-    return [resolve_reward(func) for func in funcs]
+    resolved = [resolve_reward(func) for func in funcs]
+    return [func.to(device) if isinstance(func, RewardModel) else func for func in resolved]

@@ -1,0 +1,66 @@
+"""Reward functions for GRPO: math accuracy, format, length shaping, sandboxed code execution, reward models.
+
+Every reward has the TRL signature
+``fn(prompts, completions, completion_ids, **columns) -> list[float | None]`` and accepts plain-string and
+conversational completions; ``None`` means "does not apply". The failure policy lives in
+:func:`score_completions`; names and specs resolve through :func:`resolve_reward`. See docs/rewards.md.
+"""
+
+from grpokit.rewards._text import completion_text
+from grpokit.rewards.accuracy import accuracy_reward, make_accuracy_reward
+from grpokit.rewards.code import code_execution_reward, extract_code, make_code_execution_reward
+from grpokit.rewards.combine import (
+    RewardFunctionError,
+    combine_rewards,
+    reward_name,
+    reward_names,
+    score_completions,
+)
+from grpokit.rewards.extract import EXTRACTORS
+from grpokit.rewards.format import (
+    ANSWER_TAG_PATTERN,
+    THINK_PATTERN,
+    answer_tag_format_reward,
+    make_format_reward,
+    make_tag_count_reward,
+    tag_count_reward,
+    think_format_reward,
+)
+from grpokit.rewards.length import cosine_scaled_reward, repetition_penalty_reward, soft_overlong_punishment
+from grpokit.rewards.models import RewardModel
+from grpokit.rewards.registry import BUILTIN_REWARDS, resolve_reward
+from grpokit.rewards.sandbox import SandboxError, SandboxLimits, SandboxResult, run_python_tests
+from grpokit.rewards.verifier import MathVerifier
+
+__all__ = [
+    "ANSWER_TAG_PATTERN",
+    "BUILTIN_REWARDS",
+    "EXTRACTORS",
+    "THINK_PATTERN",
+    "MathVerifier",
+    "RewardFunctionError",
+    "RewardModel",
+    "SandboxError",
+    "SandboxLimits",
+    "SandboxResult",
+    "accuracy_reward",
+    "answer_tag_format_reward",
+    "code_execution_reward",
+    "combine_rewards",
+    "completion_text",
+    "cosine_scaled_reward",
+    "extract_code",
+    "make_accuracy_reward",
+    "make_code_execution_reward",
+    "make_format_reward",
+    "make_tag_count_reward",
+    "repetition_penalty_reward",
+    "resolve_reward",
+    "reward_name",
+    "reward_names",
+    "run_python_tests",
+    "score_completions",
+    "soft_overlong_punishment",
+    "tag_count_reward",
+    "think_format_reward",
+]

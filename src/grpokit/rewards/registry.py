@@ -1,0 +1,130 @@
+"""Turn a reward specification (a callable, a built-in name, an import path, a model directory) into a
+reward function: what ``GRPOTrainer(reward_funcs=[...])`` and recipes' ``reward_funcs:`` lists accept."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from grpokit.rewards.accuracy import accuracy_reward, make_accuracy_reward
+from grpokit.rewards.code import code_execution_reward, make_code_execution_reward
+from grpokit.rewards.format import (
+    ANSWER_TAG_PATTERN,
+    THINK_PATTERN,
+    answer_tag_format_reward,
+    make_format_reward,
+    make_tag_count_reward,
+    tag_count_reward,
+    think_format_reward,
+)
+from grpokit.rewards.length import cosine_scaled_reward, repetition_penalty_reward, soft_overlong_punishment
+
+RewardFunc = Callable[..., list[float | None]]
+
+
+def _think_format(**kwargs: Any) -> RewardFunc:
+    return make_format_reward(**{"pattern": THINK_PATTERN, "name": "think_format_reward", **kwargs})
+
+
+def _answer_format(**kwargs: Any) -> RewardFunc:
+    return make_format_reward(**{"pattern": ANSWER_TAG_PATTERN, "name": "answer_tag_format_reward", **kwargs})
+
+
+BUILTIN_REWARDS: dict[str, tuple[RewardFunc | None, Callable[..., RewardFunc]]] = {
+    "accuracy": (accuracy_reward, make_accuracy_reward),
+    "think_format": (think_format_reward, _think_format),
+    "answer_format": (answer_tag_format_reward, _answer_format),
+    "format": (None, make_format_reward),
+    "tag_count": (tag_count_reward, make_tag_count_reward),
+    "soft_overlong_punishment": (None, soft_overlong_punishment),
+    "cosine_scaled": (None, cosine_scaled_reward),
+    "repetition_penalty": (None, repetition_penalty_reward),
+    "code_execution": (code_execution_reward, make_code_execution_reward),
+}
+"""name -> (default instance, or None when the factory must be called; factory taking keyword arguments)."""
+_ALIASES = {
+    "accuracy_reward": "accuracy",
+    "think_format_reward": "think_format",
+    "answer_tag_format_reward": "answer_format",
+    "answer_tag_format": "answer_format",
+    "tag_count_reward": "tag_count",
+    "cosine_scaled_reward": "cosine_scaled",
+    "repetition_penalty_reward": "repetition_penalty",
+    "code_execution_reward": "code_execution",
+}
+_NEEDS_ARGUMENTS = {"soft_overlong_punishment", "format"}
+
+
+def _builtin(name: str, kwargs: dict[str, Any]) -> RewardFunc:
+    instance, factory = BUILTIN_REWARDS[name]
+    if not kwargs and name in _NEEDS_ARGUMENTS:
+        raise ValueError(f"built-in reward {name!r} needs arguments: resolve_reward({name!r}, **kwargs)")
+    return factory(**kwargs) if kwargs or instance is None else instance
+
+
+def _is_model_dir(spec: str) -> bool:
+    return os.path.isdir(spec) and os.path.isfile(os.path.join(spec, "config.json"))
+
+
+def _import(spec: str) -> Any:
+    """``package.module:attr`` or ``package.module.attr`` -> the object; None when it does not import."""
+    module_name, _, attr = spec.partition(":") if ":" in spec else spec.rpartition(".")
+    if not module_name or not attr:
+        return None
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name and (module_name + ".").startswith(error.name + "."):
+            return None  # no such module: not an import path (a missing dependency inside it is re-raised)
+        raise
+    except (TypeError, ValueError):  # relative or empty module name
+        return None
+    target = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise ValueError(f"reward {spec!r}: module {module_name!r} has no attribute {attr!r}")
+        target = getattr(target, part)
+    return target
+
+
+def resolve_reward(spec: Any, **kwargs: Any) -> Any:
+    """A reward function from a specification; ``kwargs`` go to factories (and to :class:`RewardModel`).
+
+    * a callable: returned as is (kwargs: error);
+    * a built-in name (``sorted(BUILTIN_REWARDS)``; ``_reward`` suffixes accepted): the default instance,
+      or the factory called with ``kwargs``. ``soft_overlong_punishment`` and ``format`` need arguments;
+    * a local directory with a ``config.json``: a :class:`RewardModel` (sequence classification);
+    * ``package.module:attr`` or ``package.module.attr``: the imported object, called with ``kwargs`` when
+      there are any (then it is a factory);
+    * a mapping ``{"name": spec, **kwargs}`` (for YAML recipes): ``resolve_reward(spec, **kwargs)``.
+
+    Anything else raises ValueError listing the built-in names.
+    """
+    if isinstance(spec, Mapping):  # {"name": ..., **kwargs}: a YAML recipe's way to pass arguments
+        options = dict(spec)
+        if "name" not in options:
+            raise ValueError(f"a reward given as a mapping needs a 'name' key, got keys {sorted(options)}")
+        return resolve_reward(options.pop("name"), **options, **kwargs)
+    if callable(spec):
+        if kwargs:
+            raise ValueError(f"resolve_reward: keyword arguments {sorted(kwargs)} given for a callable")
+        return spec
+    if not isinstance(spec, (str, os.PathLike)):
+        raise ValueError(f"a reward must be a callable or a string, got {type(spec).__name__}")
+    text = os.fspath(spec)
+    name = _ALIASES.get(text, text)
+    if name in BUILTIN_REWARDS:
+        return _builtin(name, kwargs)
+    if _is_model_dir(text):
+        from grpokit.rewards.models import RewardModel
+
+        return RewardModel(text, **kwargs)
+    target = _import(text) if ("." in text or ":" in text) else None
+    if target is not None:
+        return target(**kwargs) if kwargs else target
+    raise ValueError(
+        f"unknown reward {text!r}: not a built-in ({', '.join(sorted(BUILTIN_REWARDS))}), "
+        "not a directory holding a sequence-classification model, and not an importable module:attr path"
+    )

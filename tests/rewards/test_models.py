@@ -1,0 +1,63 @@
+"""RewardModel: a tiny sequence-classification model loaded from disk scores prompt + completion."""
+
+import pytest
+import torch
+
+from grpokit.rewards import RewardModel, resolve_reward
+
+
+@pytest.fixture(scope="module")
+def reward_model(reward_model_dir):
+    return RewardModel(reward_model_dir, batch_size=2)
+
+
+def direct_score(model: RewardModel, text: str) -> float:
+    ids = model.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        return model.model(input_ids=ids).logits[0, 0].item()
+
+
+def test_scores_equal_unbatched_forward_passes(reward_model):
+    prompts = ["1+1=", "2+2=", "a longer prompt here: ", "x"]
+    completions = ["2", "5", "ok", "a much longer completion than the others"]
+    scores = reward_model(prompts, completions, None)
+    assert len(scores) == 4 and all(isinstance(score, float) for score in scores)
+    expected = [direct_score(reward_model, p + c) for p, c in zip(prompts, completions)]
+    assert scores == pytest.approx(expected, abs=1e-5)  # right padding + batching change nothing
+    assert len(set(scores)) == 4
+
+
+def test_conversational_rows_use_the_chat_template(reward_model):
+    prompt = [{"role": "user", "content": "1+1="}]
+    completion = [{"role": "assistant", "content": "2"}]
+    text = reward_model.text(prompt, completion)
+    expected_text = reward_model.tokenizer.apply_chat_template(prompt + completion, tokenize=False)
+    assert text == expected_text == "1+1=2" + reward_model.tokenizer.eos_token
+    assert reward_model([prompt], [completion]) == pytest.approx([direct_score(reward_model, text)], abs=1e-5)
+
+
+def test_frozen_and_named(reward_model, reward_model_dir):
+    assert reward_model.__name__ == reward_model_dir.name == "tiny-rm"
+    assert not reward_model.model.training
+    assert not any(p.requires_grad for p in reward_model.model.parameters())
+    assert reward_model.device == torch.device("cpu")
+    assert reward_model.to("cpu") is reward_model
+
+
+def test_truncation_keeps_the_end(reward_model_dir):
+    model = RewardModel(reward_model_dir, max_length=5)
+    assert model(["aaaaaaaaaa"], ["bcdef"]) == pytest.approx([direct_score(model, "bcdef")], abs=1e-5)
+
+
+def test_loaded_module_needs_a_tokenizer(reward_model):
+    with pytest.raises(ValueError, match="tokenizer"):
+        RewardModel(reward_model.model)
+    named = RewardModel(reward_model.model, reward_model.tokenizer)
+    assert named.__name__ == "Qwen2ForSequenceClassification"
+    with pytest.raises(ValueError, match="prompts"):
+        named(["a"], ["b", "c"])
+
+
+def test_resolve_reward_loads_a_model_directory(reward_model_dir):
+    model = resolve_reward(str(reward_model_dir), batch_size=4)
+    assert isinstance(model, RewardModel) and model.batch_size == 4
