@@ -1,7 +1,7 @@
 """Command line: ``grpokit train [RECIPE.yaml] [key=value ...]``, ``grpokit eval``, ``grpokit train-rm``.
 
 A recipe is a flat YAML mapping of TrainArgs fields (model, task, dataset, reward_funcs, ...) and GRPOConfig
-fields (beta, loss_type, ...). Overrides come after it as ``key=value`` (YAML-typed values, so
+fields (beta, loss_type, ...); ``base: other-recipe`` starts from another recipe and overrides it. Overrides come after it as ``key=value`` (YAML-typed values, so
 ``reward_funcs=[accuracy,think_format]`` and ``epsilon_high=0.28`` both work) or as ``--key value``.
 Parsing and ``--help`` (every option with its docstring) are done by ``tyro``.
 """
@@ -36,11 +36,23 @@ def find_recipe(name_or_path: str) -> Path:
     raise SystemExit(f"grpokit: no recipe {name_or_path!r} (a file path, or one of: {', '.join(names)})")
 
 
-def load_recipe(path: Path) -> TrainArgs:
-    """TrainArgs from a flat recipe YAML; unknown keys are an error naming them."""
+def recipe_values(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The option: value mapping of a recipe; ``base: NAME`` first loads that recipe, then overrides it."""
     values = yaml.safe_load(path.read_text()) or {}
     if not isinstance(values, dict):
         raise SystemExit(f"grpokit: {path} must be a mapping of option: value")
+    base = values.pop("base", None)
+    if base is None:
+        return values
+    base_path = find_recipe(str(base))
+    if base_path.resolve() in seen:
+        raise SystemExit(f"grpokit: {path}: recipe bases form a cycle through {base_path}")
+    return {**recipe_values(base_path, (*seen, path.resolve())), **values}
+
+
+def load_recipe(path: Path) -> TrainArgs:
+    """TrainArgs from a flat recipe YAML; unknown keys are an error naming them."""
+    values = recipe_values(path)
     top_fields = {f.name for f in dataclasses.fields(TrainArgs)} - {"config"}
     config_fields = {f.name for f in dataclasses.fields(GRPOConfig)}
     unknown = sorted(set(values) - top_fields - config_fields)
