@@ -5,7 +5,7 @@ import json
 import pytest
 import yaml
 
-from grpokit.cli import main, parse_train_args, to_flag_arguments
+from grpokit.cli import find_recipe, load_recipe, main, parse_train_args, to_flag_arguments
 
 
 @pytest.fixture
@@ -73,3 +73,29 @@ def test_help_lists_options_with_their_docs(capsys):
     out = capsys.readouterr().out
     assert "--beta" in out and "KL coefficient" in out
     assert "--reward_funcs" in out and "--loss_type" in out
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "arithmetic-tiny",
+        "arithmetic-dr-grpo",
+        "arithmetic-dapo",
+        "arithmetic-gspo",
+        "arithmetic-cispo",
+        "arithmetic-sapo",
+        "deepseekmath-rl-7b",
+        "r1-zero",
+    ],
+)
+def test_shipped_recipes_load(name):
+    args = load_recipe(find_recipe(name))
+    assert args.config.num_generations >= 2
+
+
+def test_recipe_base_is_extended():
+    tiny = load_recipe(find_recipe("arithmetic-tiny"))
+    dapo = load_recipe(find_recipe("arithmetic-dapo"))
+    assert (dapo.config.loss_type, dapo.config.clip_high, dapo.config.beta) == ("dapo", 0.28, 0.0)
+    assert dapo.config.max_steps == tiny.config.max_steps and dapo.model == tiny.model
+    assert dapo.config.output_dir != tiny.config.output_dir
