@@ -1,0 +1,113 @@
+"""Built-in tasks: generated datasets with exact answers and rule-based rewards.
+
+Usage::
+
+    from grpokit.data.tasks import get_task
+    task = get_task("arithmetic")
+    train, test = task.make_splits(seed=0)
+    rewards = task.reward_funcs            # {"exact_answer": fn, "format": fn}, TRL signature
+    weights = task.default_reward_weights  # {"exact_answer": 1.0, "format": 0.1}
+
+Registered: ``arithmetic`` (column addition, ``arithmetic.py``) and ``chain`` (chained +, -, * with
+rule-checkable steps and process rewards, ``chain.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpokit.data.tasks.arithmetic import (
+    arithmetic_exact_answer_reward,
+    arithmetic_format_reward,
+    extract_answer,
+    make_arithmetic_splits,
+    worked_solution,
+)
+from grpokit.data.tasks.chain import (
+    chain_outcome_reward,
+    chain_step_reward,
+    chain_step_reward_local,
+    extract_chain_answer,
+    make_chain_splits,
+)
+from grpokit.data.tasks.chain import worked_solution as chain_worked_solution
+
+__all__ = ["TASKS", "Task", "get_task", "register_task"]
+
+
+@dataclass(frozen=True)
+class Task:
+    """A built-in task: how to make its data, how to score completions, and what a good completion is."""
+
+    name: str
+    """Registry name (``get_task(name)``)."""
+    make_splits: Callable[..., tuple[list[dict[str, Any]], list[dict[str, Any]]]]
+    """``make_splits(seed=0, num_train=..., num_test=..., **difficulty) -> (train_rows, test_rows)``;
+    rows have ``prompt`` and ``solution``."""
+    reward_funcs: dict[str, Callable[..., list[float | None]]]
+    """Reward functions by name, TRL signature ``fn(prompts, completions, completion_ids, **columns)``."""
+    default_reward_weights: dict[str, float]
+    """Weight of each reward function in the summed reward, same keys as ``reward_funcs``."""
+    worked_solution: Callable[[dict[str, Any]], str]
+    """The completion text a row's supervised cold start is trained on (without EOS)."""
+    extract_answer: Callable[[Any], str | None]
+    """The answer in a completion (string or chat messages), normalised, or None."""
+    correctness_reward: str
+    """Name of the reward in ``reward_funcs`` that is 1.0 exactly when the answer is right."""
+    defaults: dict[str, Any] = field(default_factory=dict)
+    """Default keyword arguments of ``make_splits`` (for display and caching)."""
+    process_reward_funcs: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    """Rule-based process (per-step) reward functions by name; empty when the task has none."""
+
+
+TASKS: dict[str, Task] = {}
+
+
+def register_task(task: Task) -> Task:
+    """Add a task to the registry (replacing one of the same name) and return it."""
+    if set(task.default_reward_weights) - set(task.reward_funcs):
+        raise ValueError(f"task {task.name!r}: reward weights name unknown reward functions")
+    if task.correctness_reward not in task.reward_funcs:
+        raise ValueError(
+            f"task {task.name!r}: correctness_reward {task.correctness_reward!r} is not a reward"
+        )
+    TASKS[task.name] = task
+    return task
+
+
+def get_task(name: str) -> Task:
+    """The registered task called ``name``; raises KeyError listing the known names."""
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise KeyError(f"unknown task {name!r}; known tasks: {sorted(TASKS)}") from None
+
+
+register_task(
+    Task(
+        name="arithmetic",
+        make_splits=make_arithmetic_splits,
+        reward_funcs={"exact_answer": arithmetic_exact_answer_reward, "format": arithmetic_format_reward},
+        default_reward_weights={"exact_answer": 1.0, "format": 0.1},
+        worked_solution=worked_solution,
+        extract_answer=extract_answer,
+        correctness_reward="exact_answer",
+        defaults={"num_train": 20_000, "num_test": 500, "num_terms": 2, "num_digits": 3},
+    )
+)
+
+register_task(
+    Task(
+        name="chain",
+        make_splits=make_chain_splits,
+        reward_funcs={"exact_answer": chain_outcome_reward},
+        default_reward_weights={"exact_answer": 1.0},
+        worked_solution=chain_worked_solution,
+        extract_answer=extract_chain_answer,
+        correctness_reward="exact_answer",
+        defaults={"num_train": 5000, "num_test": 200, "num_ops": 3},
+        process_reward_funcs={"chain_steps": chain_step_reward, "chain_steps_local": chain_step_reward_local},
+    )
+)

@@ -1,0 +1,181 @@
+"""A built-in arithmetic task: column addition of multi-digit numbers, generated from a seed.
+
+Prompt (a plain string, no chat markup)::
+
+    347+285=
+
+Completion the policy is trained to produce: column addition, one step per digit position from the units
+up (the digits of that column, then ``+1`` when the previous column carried, then the column sum), then the
+tagged answer, then the tokenizer's EOS token (appended at tokenization; not part of the text)::
+
+    7+5=12,4+8+1=13,3+2+1=6<answer>632</answer>
+
+Every step is a single-digit fact, so a tiny model can learn the procedure quickly; the answer is the last
+column sum followed by the units digit of each lower column. Answers are exact integers. The train and
+held-out splits never share a question.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = [
+    "ANSWER_CLOSE",
+    "ANSWER_OPEN",
+    "HELD_OUT_FRACTION",
+    "arithmetic_exact_answer_reward",
+    "arithmetic_format_reward",
+    "extract_answer",
+    "is_held_out",
+    "make_arithmetic_splits",
+    "worked_solution",
+]
+
+ANSWER_OPEN = "<answer>"
+ANSWER_CLOSE = "</answer>"
+HELD_OUT_FRACTION = 0.1
+
+_INT = r"-?\d+"
+# One column step: "d+d(+d...)=s".
+_STEP = r"\d(?:\+\d)+=\d+"
+# The whole expected completion: steps separated by "," then the tagged answer, nothing else.
+_FORMAT_RE = re.compile(rf"{_STEP}(?:,{_STEP})*{re.escape(ANSWER_OPEN)}\d+{re.escape(ANSWER_CLOSE)}")
+_ANSWER_RE = re.compile(rf"{re.escape(ANSWER_OPEN)}\s*(.*?)\s*{re.escape(ANSWER_CLOSE)}", re.DOTALL)
+# Trailing special-token markers (``<|endoftext|>``, ``<|pad|>``) left by decoding without skipping them.
+_TRAILING_SPECIAL_RE = re.compile(r"(?:<\|[A-Za-z_]+\|>\s*)+$")
+
+
+def make_arithmetic_splits(
+    seed: int = 0,
+    num_train: int = 20_000,
+    num_test: int = 500,
+    *,
+    num_terms: int = 2,
+    num_digits: int = 3,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Generate ``(train, test)`` rows from ``seed``; the same arguments always give the same rows.
+
+    Each row: ``prompt`` (``"347+285="``), ``solution`` (the exact sum as a string, ``"632"``) and
+    ``terms`` (the operands, ``[347, 285]``). Questions are distinct within a split. The two splits are
+    disjoint whatever the seeds and sizes: a fixed ~10% of all questions (by a hash of the question text,
+    see ``is_held_out``) may only appear in the test split, the rest only in the train split. Each split
+    has its own random stream, so a smaller ``num_train`` (``num_test``) gives a prefix of a larger one.
+
+    Difficulty: ``num_terms`` operands (>= 2), each with exactly ``num_digits`` digits (>= 1), uniform.
+    """
+    if num_terms < 2:
+        raise ValueError(f"num_terms must be >= 2 (one addition at least), got {num_terms}")
+    if num_digits < 1:
+        raise ValueError(f"num_digits must be >= 1, got {num_digits}")
+    low, high = (10 ** (num_digits - 1) if num_digits > 1 else 0), 10**num_digits - 1
+    space = (high - low + 1) ** num_terms
+    if num_train > space * (1 - HELD_OUT_FRACTION) / 2 or num_test > space * HELD_OUT_FRACTION / 2:
+        raise ValueError(
+            f"asked for {num_train} train and {num_test} held-out questions but only {space} exist at this "
+            "difficulty; lower num_train/num_test or raise num_digits/num_terms"
+        )
+
+    def draw(stream: str, n: int, held_out: bool) -> list[dict[str, Any]]:
+        rng = random.Random(f"grpokit-arithmetic-{stream}-{seed}")
+        rows: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        for _ in range(100 * n + 10_000):
+            if len(rows) == n:
+                break
+            terms = [rng.randint(low, high) for _ in range(num_terms)]
+            prompt = "+".join(map(str, terms)) + "="
+            if prompt not in seen and is_held_out(prompt) == held_out:
+                seen.add(prompt)
+                rows.append({"prompt": prompt, "solution": str(sum(terms)), "terms": terms})
+        if len(rows) < n:
+            raise ValueError(f"could not draw {n} distinct {stream} questions at this difficulty")
+        return rows
+
+    return draw("train", num_train, held_out=False), draw("test", num_test, held_out=True)
+
+
+def is_held_out(prompt: str) -> bool:
+    """Whether a question belongs to the held-out part of the question space (a fixed ~10%, chosen by a
+    hash of the question text, the same for every seed and split size)."""
+    digest = hashlib.blake2b(prompt.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % 1000 < HELD_OUT_FRACTION * 1000
+
+
+def worked_solution(row: dict[str, Any]) -> str:
+    """The completion the cold start is trained on: ``"7+5=12,4+8+1=13,3+2+1=6<answer>632</answer>"``.
+
+    EOS is not included: it is a token, appended by whoever tokenizes the completion.
+    """
+    terms = [int(t) for t in row["terms"]]
+    width = max(len(str(t)) for t in terms)
+    digits = [str(t).zfill(width) for t in terms]
+    steps, carry, units = [], 0, []
+    for pos in range(width - 1, -1, -1):
+        column = [d[pos] for d in digits]
+        total = sum(map(int, column)) + carry
+        steps.append("+".join(column) + (f"+{carry}" if carry else "") + f"={total}")
+        if pos > 0:
+            units.append(str(total % 10))
+        carry = total // 10
+    answer = str(total) + "".join(reversed(units))
+    assert int(answer) == sum(terms), (answer, terms)
+    return ",".join(steps) + f"{ANSWER_OPEN}{answer}{ANSWER_CLOSE}"
+
+
+def _text(completion: Any) -> str:
+    """A completion as text: a string as is, a list of chat messages as the last message's content."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict):
+        return str(completion.get("content", ""))
+    if isinstance(completion, Sequence) and completion:
+        last = completion[-1]
+        return str(last.get("content", "")) if isinstance(last, dict) else str(last)
+    return ""
+
+
+def extract_answer(completion: Any) -> str | None:
+    """The integer inside the first ``<answer>...</answer>`` as a normalised string, or None.
+
+    ``"...<answer> 051 </answer>"`` gives ``"51"``; a non-integer or missing answer gives None.
+    """
+    match = _ANSWER_RE.search(_text(completion))
+    if match is None:
+        return None
+    inner = match.group(1)
+    if not re.fullmatch(_INT, inner):
+        return None
+    return str(int(inner))
+
+
+def arithmetic_exact_answer_reward(
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    completion_ids: Sequence[Any] | None = None,
+    **kwargs: Any,
+) -> list[float | None]:
+    """1.0 when the extracted answer equals the row's ``solution`` exactly, else 0.0 (TRL signature)."""
+    solutions = kwargs["solution"]
+    rewards: list[float | None] = []
+    for completion, solution in zip(completions, solutions):
+        answer = extract_answer(completion)
+        rewards.append(1.0 if answer is not None and answer == str(solution).strip() else 0.0)
+    return rewards
+
+
+def arithmetic_format_reward(
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    completion_ids: Sequence[Any] | None = None,
+    **kwargs: Any,
+) -> list[float | None]:
+    """1.0 when the completion is exactly ``step(,step)*<answer>N</answer>``, each step a column sum
+    ``d+d(+d...)=s`` with single digits, else 0.0. Checks the shape only, not the arithmetic.
+    Surrounding whitespace and trailing special-token markers such as ``<|endoftext|>`` (decoding without
+    ``skip_special_tokens``) are ignored; anything else after ``</answer>`` fails."""
+    texts = [_TRAILING_SPECIAL_RE.sub("", _text(c)).strip() for c in completions]
+    return [1.0 if _FORMAT_RE.fullmatch(t) else 0.0 for t in texts]

@@ -1,0 +1,14 @@
+"""Evaluation: pass@k, maj@k, mean@k and held-out accuracy by generation."""
+
+from grpokit.eval.evaluate import evaluate_accuracy, prompt_text
+from grpokit.eval.metrics import maj_at_k, majority_vote, mean_at_k, mean_pass_at_k, pass_at_k
+
+__all__ = [
+    "evaluate_accuracy",
+    "maj_at_k",
+    "majority_vote",
+    "mean_at_k",
+    "mean_pass_at_k",
+    "pass_at_k",
+    "prompt_text",
+]
