@@ -1,0 +1,200 @@
+"""Side-by-side GRPO step benchmark: grpokit vs TRL's GRPOTrainer on the same work.
+
+Each (side, workload) run is its own subprocess (so peak RSS is per side), sides alternate run by run, the
+first ``--warmup`` GRPO step of every run is excluded. Prints per-phase times, step-time ratios, peak RSS.
+Normally started by ``bash benchmarks/run.sh`` (which also creates the TRL environment).
+
+    python benchmarks/bench_grpo.py --trl-python benchmarks/.venv-trl/bin/python [--workloads W1,W2]
+        [--rounds 2] [--steps 3] [--threads N] [--impl loop|trainer] [--work-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from common import PHASES, WORKLOADS  # noqa: E402
+
+
+def run_side(python: str, script: str, args: list[str], env: dict, log_path: str) -> None:
+    cmd = [python, os.path.join(HERE, script), *args]
+    with open(log_path, "w") as log:
+        proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=HERE, check=False)
+    if proc.returncode != 0:
+        with open(log_path) as f:
+            tail = f.read()[-4000:]
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}); log {log_path}:\n{tail}")
+
+
+def summarise(results: list[dict]) -> dict:
+    steps = [s for r in results for s in r["steps"]]
+    return {
+        "step_median": statistics.median(s["step"] for s in steps),
+        "step_min": min(s["step"] for s in steps),
+        "phases": {p: statistics.median(s.get(p, 0.0) for s in steps) for p in PHASES},
+        "peak_rss_mib": max(r["peak_rss_mib"] for r in results),
+        "num_steps": len(steps),
+        "step_times": [round(s["step"], 3) for s in steps],
+    }
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trl-python", default=os.path.join(HERE, ".venv-trl", "bin", "python"))
+    ap.add_argument("--grpokit-python", default=sys.executable)
+    ap.add_argument("--workloads", default="W1,W2")
+    ap.add_argument("--rounds", type=int, default=2, help="runs per side and workload (alternating order)")
+    ap.add_argument("--steps", type=int, default=3, help="timed GRPO steps per run")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed GRPO steps at the start of each run")
+    ap.add_argument(
+        "--threads", type=int, default=os.cpu_count() or 1, help="torch/OpenMP threads, both sides"
+    )
+    ap.add_argument(
+        "--impl", choices=("loop", "trainer"), default="loop", help="grpokit side, see side_grpokit.py"
+    )
+    ap.add_argument("--sides", default="trl,grpokit")
+    ap.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "grpokit-bench"))
+    ap.add_argument("--json", default=None, help="also write the summary here")
+    a = ap.parse_args()
+
+    os.makedirs(a.work_dir, exist_ok=True)
+    model_dir = os.path.join(a.work_dir, "model")
+    subprocess.run(
+        [a.grpokit_python, os.path.join(HERE, "tiny_model.py"), model_dir],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    env = dict(os.environ)
+    env.update(
+        OMP_NUM_THREADS=str(a.threads),
+        MKL_NUM_THREADS=str(a.threads),
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONWARNINGS="ignore",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_VERBOSITY="error",
+    )
+    sides = a.sides.split(",")
+    pythons = {"trl": a.trl_python, "grpokit": a.grpokit_python}
+    scripts = {"trl": "side_trl.py", "grpokit": "side_grpokit.py"}
+    workloads = a.workloads.split(",")
+    raw: dict[tuple[str, str], list[dict]] = {(s, w): [] for s in sides for w in workloads}
+    started = time.time()
+    for rnd in range(a.rounds):
+        for w in workloads:
+            order = sides if rnd % 2 == 0 else list(reversed(sides))
+            for side in order:
+                out = os.path.join(a.work_dir, f"{side}-{w}-{rnd}.json")
+                args = [
+                    "--model",
+                    model_dir,
+                    "--workload",
+                    w,
+                    "--steps",
+                    str(a.steps),
+                    "--warmup",
+                    str(a.warmup),
+                    "--out",
+                    out,
+                    "--seed",
+                    str(rnd),
+                ]
+                if side == "grpokit":
+                    args += ["--impl", a.impl]
+                t0 = time.time()
+                run_side(pythons[side], scripts[side], args, env, out + ".log")
+                with open(out) as f:
+                    result = json.load(f)
+                raw[(side, w)].append(result)
+                steps = ", ".join(f"{s['step']:.2f}" for s in result["steps"])
+                print(
+                    f"[round {rnd}] {w} {side:8s} steps: {steps} s   peak RSS"
+                    f" {result['peak_rss_mib']:.0f} MiB"
+                    f"   ({time.time() - t0:.0f} s)",
+                    flush=True,
+                )
+
+    summary = {
+        "machine": {
+            "cpu": cpu_model(),
+            "cores": os.cpu_count(),
+            "threads": a.threads,
+            "python": platform.python_version(),
+        },
+        "settings": {"rounds": a.rounds, "steps": a.steps, "warmup": a.warmup, "impl": a.impl},
+        "versions": {s: raw[(s, workloads[0])][0].get("versions") for s in sides},
+        "workloads": {},
+    }
+    for w in workloads:
+        entry = {s: summarise(raw[(s, w)]) for s in sides}
+        if "trl" in entry and "grpokit" in entry:
+            entry["step_ratio"] = entry["grpokit"]["step_median"] / entry["trl"]["step_median"]
+            entry["rss_ratio"] = entry["grpokit"]["peak_rss_mib"] / entry["trl"]["peak_rss_mib"]
+        summary["workloads"][w] = entry
+
+    print(
+        f"\nmachine: {summary['machine']['cpu']}, {summary['machine']['cores']} cores, {a.threads} threads;"
+        f" {a.rounds} rounds x {a.steps} timed steps per side (warm-up {a.warmup} excluded);"
+        f" total {time.time() - started:.0f} s"
+    )
+    for w in workloads:
+        wl = WORKLOADS[w]
+        entry = summary["workloads"][w]
+        print(
+            f"\n{w}: {wl.num_prompts} prompts x G={wl.num_generations}, prompt {wl.prompt_len} tokens, "
+            f"{wl.max_new_tokens} new tokens, beta {wl.beta}, mu {wl.num_iterations}"
+        )
+        header = f"  {'phase (median s)':18s}" + "".join(f"{s:>12s}" for s in sides)
+        if "step_ratio" in entry:
+            header += f"{'grpokit/trl':>14s}"
+        print(header)
+        for p in (*PHASES, "step"):
+            vals = [entry[s]["phases"][p] if p != "step" else entry[s]["step_median"] for s in sides]
+            line = f"  {p:18s}" + "".join(f"{v:12.3f}" for v in vals)
+            if "step_ratio" in entry:
+                t, g = entry["trl"], entry["grpokit"]
+                tv = t["phases"][p] if p != "step" else t["step_median"]
+                gv = g["phases"][p] if p != "step" else g["step_median"]
+                line += f"{(gv / tv if tv > 1e-9 else float('nan')):14.3f}"
+            print(line)
+        print(
+            f"  {'peak RSS (MiB)':18s}"
+            + "".join(f"{entry[s]['peak_rss_mib']:12.0f}" for s in sides)
+            + (f"{entry['rss_ratio']:14.3f}" if "rss_ratio" in entry else "")
+        )
+        if "step_ratio" in entry:
+            print(
+                f"  => grpokit step time = {entry['step_ratio']:.3f} x TRL's"
+                f" ({1 / entry['step_ratio']:.2f}x faster);"
+                f" peak RSS = {entry['rss_ratio']:.3f} x TRL's"
+            )
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(summary, f, indent=1)
+    with open(os.path.join(a.work_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

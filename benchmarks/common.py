@@ -1,0 +1,109 @@
+"""What both sides of the benchmark share: the workloads, the reward, the prompts, timing helpers.
+
+Standard library only, so it imports in the TRL environment and in grpokit's alike.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+
+PHASES = ("generate", "reward", "old_logps", "ref_logps", "policy_forward", "backward", "other")
+"""Per-step phases reported by both sides. ``other``: step time not covered by the named phases (advantages,
+padding, optimizer step, logging)."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    num_prompts: int
+    num_generations: int
+    prompt_len: int
+    max_new_tokens: int
+    beta: float
+    num_iterations: int
+    learning_rate: float = 1e-6
+    temperature: float = 1.0
+
+    @property
+    def batch(self) -> int:
+        return self.num_prompts * self.num_generations
+
+
+WORKLOADS = {
+    "W1": Workload(
+        "W1", num_prompts=8, num_generations=8, prompt_len=48, max_new_tokens=128, beta=0.04, num_iterations=1
+    ),
+    "W2": Workload(
+        "W2",
+        num_prompts=2,
+        num_generations=16,
+        prompt_len=512,
+        max_new_tokens=64,
+        beta=0.04,
+        num_iterations=2,
+    ),
+}
+
+NUM_DATASET_PROMPTS = 64
+"""Distinct synthetic prompts per workload; steps cycle through them."""
+
+
+def reward_fn(prompts, completions, completion_ids, **kwargs) -> list[float]:
+    """Cheap and deterministic: a function of the completion's token ids only (same on both sides)."""
+    return [float(sum(ids) % 101) / 100.0 for ids in completion_ids]
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+class PhaseTimer:
+    """Accumulates wall time per phase; ``steps`` holds one dict per finished GRPO step."""
+
+    def __init__(self) -> None:
+        self.current: dict[str, float] = defaultdict(float)
+        self.steps: list[dict[str, float]] = []
+        self._step_start: float | None = None
+
+    @contextmanager
+    def phase(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.current[name] += time.perf_counter() - start
+
+    def start_step(self) -> None:
+        self.current = defaultdict(float)
+        self._step_start = time.perf_counter()
+
+    def end_step(self) -> None:
+        total = time.perf_counter() - self._step_start
+        row = {p: self.current.get(p, 0.0) for p in PHASES if p != "other"}
+        row["other"] = max(0.0, total - sum(row.values()))
+        row["step"] = total
+        self.steps.append(row)
+
+
+def write_result(
+    path: str, side: str, workload: Workload, timer: PhaseTimer, warmup: int, extra: dict
+) -> None:
+    result = {
+        "side": side,
+        "workload": asdict(workload),
+        "warmup_steps": warmup,
+        "steps": timer.steps[warmup:],
+        "warmup": timer.steps[:warmup],
+        "peak_rss_mib": peak_rss_mib(),
+        "threads": int(os.environ.get("OMP_NUM_THREADS", "0") or 0),
+        **extra,
+    }
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)

@@ -1,0 +1,129 @@
+"""TRL side of the benchmark: one workload through ``trl.GRPOTrainer``. Runs in benchmarks/.venv-trl only.
+
+Usage: python side_trl.py --model DIR --workload W1 --steps 3 --warmup 1 --out result.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import NUM_DATASET_PROMPTS, WORKLOADS, PhaseTimer, reward_fn, write_result
+from tiny_model import synthetic_prompts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--workload", required=True, choices=sorted(WORKLOADS))
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+
+    import datasets
+    import torch
+    import trl
+    from transformers import PreTrainedTokenizerFast, TrainerCallback
+
+    wl = WORKLOADS[a.workload]
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(a.model)
+    tokenizer.padding_side = "left"
+    rows = [{"prompt": p} for p in synthetic_prompts(NUM_DATASET_PROMPTS, wl.prompt_len, seed=a.seed)]
+    dataset = datasets.Dataset.from_list(rows)
+    total_steps = a.warmup + a.steps
+
+    args = trl.GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="bench-trl-"),
+        per_device_train_batch_size=wl.batch,
+        gradient_accumulation_steps=1,
+        num_generations=wl.num_generations,
+        max_completion_length=wl.max_new_tokens,
+        temperature=wl.temperature,
+        beta=wl.beta,
+        num_iterations=wl.num_iterations,
+        learning_rate=wl.learning_rate,
+        loss_type="grpo",
+        scale_rewards="group",
+        max_steps=total_steps * wl.num_iterations,  # TRL counts optimizer steps; one GRPO step = mu of them
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=a.seed,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        # Every completion runs to full length on both sides: EOS can never be sampled.
+        generation_kwargs={"suppress_tokens": [tokenizer.eos_token_id]},
+    )
+    trainer = trl.GRPOTrainer(
+        model=a.model, reward_funcs=[reward_fn], args=args, train_dataset=dataset, processing_class=tokenizer
+    )
+
+    timer = PhaseTimer()
+
+    def timed(obj, name, phase_of):
+        original = getattr(obj, name, None)
+        if original is None:  # another TRL version: that phase is then counted under "other"
+            print(f"warning: {type(obj).__name__}.{name} not found; not timed separately", file=sys.stderr)
+            return
+
+        def wrapper(*args, **kwargs):
+            with timer.phase(phase_of(*args, **kwargs)):
+                return original(*args, **kwargs)
+
+        setattr(obj, name, wrapper)
+
+    timed(trainer, "_generate", lambda *a, **k: "generate")
+    timed(trainer, "_calculate_rewards", lambda *a, **k: "reward")
+
+    def logps_phase(model, *args, **kwargs):
+        if torch.is_grad_enabled():
+            return "policy_forward"
+        return "ref_logps" if model is trainer.ref_model else "old_logps"
+
+    timed(trainer, "_get_per_token_logps_and_entropies", logps_phase)
+    timed(trainer.accelerator, "backward", lambda *a, **k: "backward")
+
+    mu = wl.num_iterations
+
+    class StepTimes(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step % mu == 0:
+                timer.start_step()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step % mu == 0:  # global_step was incremented before this callback
+                timer.end_step()
+
+    trainer.add_callback(StepTimes())
+    start = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - start
+    write_result(
+        a.out,
+        "trl",
+        wl,
+        timer,
+        a.warmup,
+        {
+            "wall_s": wall,
+            "versions": {
+                "trl": trl.__version__,
+                "torch": torch.__version__,
+                "transformers": __import__("transformers").__version__,
+            },
+            "torch_threads": torch.get_num_threads(),
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,353 @@
+"""The training forward: per-token log-probs (and entropy) of completion tokens under a causal LM.
+
+Input layout (one row per completion): ``input_ids = [left-padded prompt | right-padded completion]``.
+Only the last ``C = completion_ids.shape[1]`` positions are scored.
+
+Lean on three counts (all exact up to float rounding; tests/train/test_forward.py checks log-probs and
+parameter gradients against the plain ``model(...).logits`` + log-softmax forward):
+
+1. **Only completion positions reach the LM head**, and only the real ones (``completion_mask == 1``): the
+   backbone's hidden states are gathered at those positions first.
+2. **The LM head and the log-softmax run in chunks of rows** inside one autograd function
+   (``_FusedHeadLogprobs``): the [rows, V] logits of one chunk are the only ones alive at a time, in the
+   forward and in the backward (which recomputes them: one extra matmul instead of keeping [M, V]). A float32
+   [B, T, V] tensor never exists. Same quantities as ``grpokit.core.logprobs.logprobs_and_entropy`` on the
+   full logits, computed in fewer passes over memory (that function takes logits, so it cannot avoid them).
+3. **Shared prefix**: with ``num_generations = G`` the G rows of a group carry the same prompt. The prompt is
+   then run once per group, its keys/values are repeated to the G rows (``repeat_interleave``, whose backward
+   sums the G gradients back into the one prompt computation), and only the completions run per row. This
+   turns ``B * (P + C)`` backbone tokens into ``B/G * P + B * C``. It is chosen automatically when it removes
+   enough work (see ``shared_prefix_pays``), or forced with ``shared_prefix=True/False``.
+
+Passes that need no gradient (reference, old-policy log-probs) should run under ``torch.inference_mode()``;
+``no_grad_logprobs`` does that.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+__all__ = ["completion_logprobs", "micro_batch_rows", "no_grad_logprobs", "shared_prefix_pays"]
+
+HEAD_CHUNK_ROWS = 512
+"""Rows (completion positions) per LM-head chunk: the chunk's float32 logits are [rows, V]."""
+
+MICRO_BATCH_TOKENS = 4608
+"""Default backbone-token budget of one gradient micro-batch (see ``micro_batch_rows``)."""
+
+SHARED_PREFIX_MIN_SAVING = 0.15
+"""Shared-prefix forward is used when it removes at least this fraction of the backbone's tokens."""
+
+
+def completion_logprobs(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    num_generations: int | None = None,
+    shared_prefix: bool | None = None,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of each completion token under ``model``.
+
+    Shapes: prompt_ids/prompt_mask [B, P] (left-padded), completion_ids/completion_mask [B, C]
+    (right-padded). Returns (logps [B, C] float32, entropy [B, C] float32 or None).
+    logps[b, t] = log softmax(logits[b, P + t - 1] / temperature)[completion_ids[b, t]]; positions with
+    ``completion_mask == 0`` are not computed and hold 0 (so does their entropy).
+    ``num_generations``: rows k*G .. k*G+G-1 share one prompt (enables the shared-prefix forward).
+    ``shared_prefix``: None picks by ``shared_prefix_pays``; True/False forces (True needs groups whose
+    prompts are identical, else ValueError). ``chunk_size``: LM-head rows per chunk (default
+    ``HEAD_CHUNK_ROWS``).
+    """
+    batch, num_completion = completion_ids.shape
+    if num_completion == 0:
+        empty = completion_ids.new_zeros((batch, 0), dtype=torch.float32)
+        return empty, (empty.clone() if with_entropy else None)
+    use_shared = _choose_shared(prompt_ids, prompt_mask, num_generations, num_completion, shared_prefix)
+    if use_shared:
+        hidden = _shared_prefix_hidden(
+            model, prompt_ids, prompt_mask, completion_ids, completion_mask, num_generations
+        )
+    else:
+        hidden = _full_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+    return _head_logprobs(
+        model,
+        hidden,
+        completion_ids,
+        completion_mask,
+        temperature=temperature,
+        with_entropy=with_entropy,
+        chunk_size=chunk_size,
+    )
+
+
+def no_grad_logprobs(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    num_generations: int | None = None,
+    micro_batch_size: int | None = None,
+) -> torch.Tensor:
+    """Log-probs [B, C] for a pass that needs no gradient (reference model, old policy), under
+    ``torch.inference_mode`` and in eval mode, ``micro_batch_size`` rows at a time (a multiple of
+    ``num_generations`` keeps groups whole so the shared prefix still applies)."""
+    batch = completion_ids.shape[0]
+    step = micro_batch_size or batch
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            parts = []
+            for s in range(0, batch, step):
+                sl = slice(s, s + step)
+                rows = completion_ids[sl].shape[0]
+                group = num_generations if (num_generations and rows % num_generations == 0) else None
+                logps, _ = completion_logprobs(
+                    model,
+                    prompt_ids[sl],
+                    prompt_mask[sl],
+                    completion_ids[sl],
+                    completion_mask[sl],
+                    temperature=temperature,
+                    num_generations=group,
+                )
+                parts.append(logps)
+            out = torch.cat(parts)
+    finally:
+        model.train(was_training)
+    return out.clone()  # a normal tensor (inference tensors cannot be saved for backward later)
+
+
+def shared_prefix_pays(prompt_mask: torch.Tensor, num_generations: int, num_completion: int) -> bool:
+    """True when running each group's prompt once saves at least ``SHARED_PREFIX_MIN_SAVING`` of the backbone
+    tokens: plain = B * (P + C), shared = B/G * P + B * C (P = padded prompt width)."""
+    batch, width = prompt_mask.shape
+    if num_generations <= 1 or batch % num_generations or width == 0:
+        return False
+    plain = batch * (width + num_completion)
+    shared = batch // num_generations * width + batch * num_completion
+    return (plain - shared) >= SHARED_PREFIX_MIN_SAVING * plain
+
+
+def micro_batch_rows(
+    num_rows: int,
+    prompt_width: int,
+    completion_len: int,
+    num_generations: int | None = None,
+    token_budget: int = MICRO_BATCH_TOKENS,
+) -> int:
+    """Rows per gradient micro-batch so that one forward keeps at most ``token_budget`` backbone tokens.
+
+    The activations kept for the backward grow with the backbone tokens of the micro-batch; splitting an
+    optimizer step's rows into equal micro-batches (losses divided by their count, as gradient accumulation
+    does) gives the same gradient with a fraction of the peak memory, and costs no time as long as each
+    micro-batch still has a few thousand tokens. Returns a divisor of ``num_rows``; a multiple of
+    ``num_generations`` when that divides ``num_rows`` (whole groups keep the shared-prefix forward).
+    """
+    group = num_generations if num_generations and num_rows % num_generations == 0 else 1
+
+    def tokens(rows: int) -> int:
+        if group > 1 and shared_prefix_pays(torch.ones(rows, prompt_width), group, completion_len):
+            return rows // group * prompt_width + rows * completion_len
+        return rows * (prompt_width + completion_len)
+
+    candidates = [r for r in range(group, num_rows + 1, group) if num_rows % r == 0]
+    fitting = [r for r in candidates if tokens(r) <= token_budget]
+    return max(fitting) if fitting else candidates[0]
+
+
+# ---------------------------------------------------------------------- backbone passes
+def _choose_shared(prompt_ids, prompt_mask, num_generations, num_completion, shared_prefix) -> bool:
+    if shared_prefix is False or not num_generations or num_generations <= 1:
+        if shared_prefix:
+            raise ValueError("shared_prefix=True needs num_generations > 1")
+        return False
+    batch = prompt_ids.shape[0]
+    if batch % num_generations:
+        if shared_prefix:
+            raise ValueError(f"batch {batch} is not a multiple of num_generations {num_generations}")
+        return False
+    if shared_prefix is None and not shared_prefix_pays(prompt_mask, num_generations, num_completion):
+        return False
+    ids = prompt_ids.view(batch // num_generations, num_generations, -1)
+    mask = prompt_mask.view(batch // num_generations, num_generations, -1)
+    same = bool(((ids == ids[:, :1]) | (mask == 0)).all()) and bool((mask == mask[:, :1]).all())
+    if not same and shared_prefix:
+        raise ValueError("shared_prefix=True but the rows of a group do not share one prompt")
+    return same
+
+
+def _decoder(model: torch.nn.Module) -> torch.nn.Module:
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    return decoder if decoder is not None else model.base_model
+
+
+def _full_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
+    """Backbone over [prompt | completion]; hidden states at positions P-1 .. P+C-2 -> [B, C, H]."""
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [B, P+C]
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)  # [B, P+C]
+    # Positions count real tokens only, so left padding does not shift a prompt (same as generate()).
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)  # [B, P+C]
+    width, num_completion = prompt_ids.shape[1], completion_ids.shape[1]
+    # The last completion position predicts past the completion: it never needs to be run.
+    out = _decoder(model)(
+        input_ids=input_ids[:, :-1],
+        attention_mask=attention_mask[:, :-1],
+        position_ids=position_ids[:, :-1],
+        use_cache=False,
+    )
+    return out.last_hidden_state[:, width - 1 : width - 1 + num_completion]  # [B, C, H]
+
+
+def _shared_prefix_hidden(
+    model, prompt_ids, prompt_mask, completion_ids, completion_mask, group
+) -> torch.Tensor:
+    """Prompt once per group, its cache repeated to the G rows, completions on top -> [B, C, H]."""
+    from transformers import DynamicCache
+
+    decoder = _decoder(model)
+    num_completion = completion_ids.shape[1]
+    p_ids, p_mask = prompt_ids[::group], prompt_mask[::group]  # [B/G, P]
+    p_pos = (p_mask.cumsum(dim=1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model.config)
+    out = decoder(input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, cache=cache, use_cache=True)
+    cache = _returned_cache(out, cache)
+    first = out.last_hidden_state[:, -1:].repeat_interleave(group, dim=0)  # [B, 1, H] predicts token 0
+    if num_completion == 1:
+        return first
+    # Repeat each prompt's keys/values to its G rows; the backward of repeat_interleave sums the G gradients.
+    cache.batch_repeat_interleave(group)
+    lengths = prompt_mask.sum(dim=1, keepdim=True)  # [B, 1] real prompt tokens
+    c_ids, c_mask = completion_ids[:, :-1], completion_mask[:, :-1]  # [B, C-1]
+    c_pos = lengths + c_mask.cumsum(dim=1) - 1  # [B, C-1] (only real tokens matter)
+    c_pos = torch.maximum(c_pos, lengths)  # keep padded positions in range
+    attention_mask = torch.cat([prompt_mask, c_mask], dim=1)  # [B, P+C-1]
+    out = decoder(
+        input_ids=c_ids, attention_mask=attention_mask, position_ids=c_pos, cache=cache, use_cache=True
+    )
+    del cache
+    return torch.cat([first, out.last_hidden_state], dim=1)  # [B, C, H]
+
+
+def _returned_cache(out, fallback):
+    for name in ("cache", "past_key_values"):
+        value = getattr(out, name, None)
+        if value is not None:
+            return value
+    return fallback
+
+
+# ---------------------------------------------------------------------- chunked LM head
+def _head_logprobs(model, hidden, completion_ids, completion_mask, *, temperature, with_entropy, chunk_size):
+    """LM head + log-softmax over the real completion positions only, a chunk of rows at a time."""
+    head = model.get_output_embeddings()
+    batch, num_completion, _ = hidden.shape
+    keep = completion_mask.bool().flatten()  # [B*C]
+    flat_idx = keep.nonzero().squeeze(1)  # [M]
+    h = hidden.reshape(batch * num_completion, -1).index_select(0, flat_idx)  # [M, H]
+    targets = completion_ids.reshape(-1).index_select(0, flat_idx).to(torch.long)  # [M]
+    rows = chunk_size or HEAD_CHUNK_ROWS
+    logp, ent = _FusedHeadLogprobs.apply(
+        h, head.weight, head.bias, targets, 1.0 / temperature, with_entropy, rows
+    )
+    out = hidden.new_zeros(batch * num_completion, dtype=torch.float32)
+    logps = out.index_put((flat_idx,), logp).view(batch, num_completion)  # [B, C], 0 where masked
+    entropy = out.index_put((flat_idx,), ent).view(batch, num_completion) if with_entropy else None
+    return logps, entropy
+
+
+class _FusedHeadLogprobs(torch.autograd.Function):
+    """logp[m] = log softmax(z[m])[target[m]] and H[m] = -sum_v p log p, z = (h W^T + b) / temperature,
+    without a [M, V] tensor: rows are processed ``rows`` at a time, and the backward recomputes each chunk's
+    logits (one extra matmul) instead of keeping them.
+
+    Per row, with p = softmax(z):  dlogp/dz = 1[v = target] - p,   dH/dz = -p (log p + H).
+    Math in float32 (the logits are upcast per chunk); the same quantities as
+    ``grpokit.core.logprobs.logprobs_and_entropy`` applied to the full logits.
+    """
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, targets, inv_temperature, with_entropy, rows):
+        ctx.set_materialize_grads(False)
+        num = h.shape[0]
+        lse = torch.empty(num, dtype=torch.float32, device=h.device)
+        logp = torch.empty(num, dtype=torch.float32, device=h.device)
+        ent = torch.empty(num if with_entropy else 0, dtype=torch.float32, device=h.device)
+        for s in range(0, num, rows):
+            z = _chunk_logits(h[s : s + rows], weight, bias, inv_temperature)  # [m, V] float32
+            target = z.gather(1, targets[s : s + rows, None]).squeeze(1)  # [m]
+            peak = z.amax(dim=1, keepdim=True)  # [m, 1]
+            z.sub_(peak)  # z - max
+            e = torch.exp(z)  # [m, V]
+            total = e.sum(dim=1)  # [m]
+            chunk_lse = peak.squeeze(1) + total.log()
+            lse[s : s + rows] = chunk_lse
+            logp[s : s + rows] = target - chunk_lse
+            if with_entropy:
+                # H = lse - sum p z = log(total) - sum e (z - max) / total
+                ent[s : s + rows] = total.log() - torch.linalg.vecdot(e, z) / total
+        ctx.save_for_backward(h, weight, bias, targets, lse, ent if with_entropy else None)
+        ctx.inv_temperature, ctx.rows = inv_temperature, rows
+        return logp, ent
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_logp, grad_ent):
+        h, weight, bias, targets, lse, ent = ctx.saved_tensors
+        if ent is None:
+            grad_ent = None
+        if grad_logp is None and grad_ent is None:
+            return (None,) * 7
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty_like(h) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
+        rows = ctx.rows
+        for s in range(0, h.shape[0], rows):
+            sl = slice(s, s + rows)
+            z = _chunk_logits(h[sl], weight, bias, ctx.inv_temperature)  # [m, V]
+            z.sub_(lse[sl, None])  # log p
+            if grad_ent is not None:
+                # dL/dz = -p * (g_lp + g_h (log p + H)) + g_lp 1[v = target]
+                coef = z.add(ent[sl, None]).mul_(grad_ent[sl, None])  # [m, V]
+                if grad_logp is not None:
+                    coef.add_(grad_logp[sl, None])
+                g = z.exp_().mul_(coef).neg_()
+            else:
+                g = z.exp_().mul_(grad_logp[sl, None].neg())  # -p * g_lp
+            if grad_logp is not None:
+                g.scatter_add_(1, targets[sl, None], grad_logp[sl, None])
+            if ctx.inv_temperature != 1.0:
+                g.mul_(ctx.inv_temperature)
+            hc = h[sl]
+            if grad_h is not None:
+                grad_h[sl] = (g.to(weight.dtype) @ weight).to(h.dtype)
+            if grad_w is not None:
+                grad_w.addmm_(g.t(), hc.float() if hc.dtype != torch.float32 else hc)
+            if grad_b is not None:
+                grad_b += g.sum(dim=0)
+        return (
+            grad_h,
+            grad_w.to(weight.dtype) if grad_w is not None else None,
+            grad_b.to(bias.dtype) if grad_b is not None else None,
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def _chunk_logits(h, weight, bias, inv_temperature):
+    z = torch.nn.functional.linear(h, weight, bias).float()  # [m, V]
+    if inv_temperature != 1.0:
+        z.mul_(inv_temperature)
+    return z

@@ -1,0 +1,175 @@
+"""The lean training forward against the plain one.
+
+Plain = ``model(input_ids, attention_mask, position_ids).logits`` over [prompt | completion], log_softmax,
+gather: the textbook computation, written out in this file. The lean forward (completion positions only,
+chunked LM head under checkpointing, shared prefix per group) must give the same log-probs, the same
+entropy and the same gradient on every parameter, to float tolerance.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from grpokit.train.forward import completion_logprobs, no_grad_logprobs, shared_prefix_pays
+
+VOCAB = 61
+G = 3
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-forward")
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        initializer_range=0.2,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+
+def _batch(prompt_lens=(5, 2, 4), completion_lens=(6, 4, 1, 5, 6, 3, 2, 6, 5), seed=0):
+    """Groups of G rows sharing one left-padded prompt; completions right-padded to different lengths."""
+    gen = torch.Generator().manual_seed(seed)
+    width, c_width = max(prompt_lens), max(completion_lens)
+    rows = len(prompt_lens) * G
+    p_ids = torch.zeros(rows, width, dtype=torch.long)
+    p_mask = torch.zeros(rows, width, dtype=torch.long)
+    for k, n in enumerate(prompt_lens):
+        prompt = torch.randint(3, VOCAB, (n,), generator=gen)
+        for g in range(G):
+            p_ids[k * G + g, width - n :] = prompt
+            p_mask[k * G + g, width - n :] = 1
+    c_ids = torch.zeros(rows, c_width, dtype=torch.long)
+    c_mask = torch.zeros(rows, c_width, dtype=torch.long)
+    for r, n in enumerate(completion_lens[:rows]):
+        c_ids[r, :n] = torch.randint(3, VOCAB, (n,), generator=gen)
+        c_mask[r, :n] = 1
+    return p_ids, p_mask, c_ids, c_mask
+
+
+def _plain(model, p_ids, p_mask, c_ids, c_mask, temperature=1.0):
+    """Textbook: full forward, logits at P-1 .. P+C-2, log_softmax, gather. Also the entropy."""
+    input_ids = torch.cat([p_ids, c_ids], 1)
+    attention_mask = torch.cat([p_mask, c_mask], 1)
+    position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+    width = p_ids.shape[1]
+    logits = logits[:, width - 1 : -1].float() / temperature  # [B, C, V]
+    logp_all = torch.log_softmax(logits, -1)
+    logps = logp_all.gather(-1, c_ids[..., None]).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logps * c_mask, entropy * c_mask
+
+
+def _grads(model, fn, weights):
+    model.zero_grad(set_to_none=True)
+    logps, entropy = fn()
+    # A loss that uses every position: weighted log-probs plus a small entropy bonus.
+    (logps * weights).sum().add(0.1 * entropy.sum()).backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return logps.detach(), entropy.detach(), grads
+
+
+@pytest.mark.parametrize("shared_prefix", [False, True])
+@pytest.mark.parametrize("chunk_size", [None, 4])
+def test_lean_forward_equals_plain_logprobs_entropy_and_gradients(model, shared_prefix, chunk_size):
+    p_ids, p_mask, c_ids, c_mask = _batch()
+    weights = torch.randn(c_ids.shape, generator=torch.Generator().manual_seed(1))
+    temperature = 0.7
+    ref_lp, ref_ent, ref_g = _grads(
+        model, lambda: _plain(model, p_ids, p_mask, c_ids, c_mask, temperature), weights
+    )
+    lp, ent, g = _grads(
+        model,
+        lambda: completion_logprobs(
+            model,
+            p_ids,
+            p_mask,
+            c_ids,
+            c_mask,
+            temperature=temperature,
+            with_entropy=True,
+            num_generations=G,
+            shared_prefix=shared_prefix,
+            chunk_size=chunk_size,
+        ),
+        weights,
+    )
+    assert lp.dtype == torch.float32 and lp.shape == c_ids.shape
+    torch.testing.assert_close(lp, ref_lp, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent, ref_ent, atol=1e-5, rtol=1e-5)
+    assert (lp[c_mask == 0] == 0).all() and (ent[c_mask == 0] == 0).all()
+    assert set(g) == set(ref_g)
+    for name in ref_g:
+        scale = ref_g[name].abs().max().clamp(min=1e-6)
+        torch.testing.assert_close(g[name] / scale, ref_g[name] / scale, atol=2e-5, rtol=0, msg=name)
+    # The prompt's gradient reaches the embeddings of prompt tokens (shared path: summed over the G rows).
+    prompt_tokens = p_ids[p_mask.bool()].unique()
+    assert g["model.embed_tokens.weight"][prompt_tokens].abs().sum() > 0
+
+
+def test_shared_prefix_equals_plain_path(model):
+    p_ids, p_mask, c_ids, c_mask = _batch(prompt_lens=(7, 3), completion_lens=(5, 5, 2, 4, 5, 1), seed=3)
+    with torch.no_grad():
+        a, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, num_generations=G, shared_prefix=True)
+        b, _ = completion_logprobs(
+            model, p_ids, p_mask, c_ids, c_mask, num_generations=G, shared_prefix=False
+        )
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_single_token_completions(model):
+    p_ids, p_mask, c_ids, c_mask = _batch(completion_lens=(1,) * 9)
+    c_ids, c_mask = c_ids[:, :1], c_mask[:, :1]
+    ref, _ = _plain(model, p_ids, p_mask, c_ids, c_mask)
+    for shared in (False, True):
+        lp, _ = completion_logprobs(
+            model, p_ids, p_mask, c_ids, c_mask, num_generations=G, shared_prefix=shared
+        )
+        torch.testing.assert_close(lp.detach(), ref.detach(), atol=1e-5, rtol=1e-5)
+
+
+def test_no_grad_logprobs_matches_and_is_a_normal_tensor(model):
+    p_ids, p_mask, c_ids, c_mask = _batch()
+    with torch.no_grad():
+        ref, _ = _plain(model, p_ids, p_mask, c_ids, c_mask, temperature=1.3)
+    model.train()
+    out = no_grad_logprobs(
+        model, p_ids, p_mask, c_ids, c_mask, temperature=1.3, num_generations=G, micro_batch_size=2 * G
+    )
+    assert model.training  # restored
+    model.eval()
+    assert not out.is_inference() and not out.requires_grad
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_shared_prefix_choice(model):
+    p_ids, p_mask, c_ids, c_mask = _batch()
+    # Long shared prompts and short completions pay; one generation per prompt never does.
+    assert shared_prefix_pays(torch.ones(32, 512), 16, 64)
+    assert not shared_prefix_pays(torch.ones(32, 512), 1, 64)
+    assert not shared_prefix_pays(torch.ones(64, 4), 8, 128)
+    # Rows of a "group" with different prompts: forced sharing is refused, automatic falls back to plain.
+    mixed = p_ids.clone()
+    mixed[1, -1] = (mixed[1, -1] + 1) % VOCAB
+    with pytest.raises(ValueError, match="share one prompt"):
+        completion_logprobs(model, mixed, p_mask, c_ids, c_mask, num_generations=G, shared_prefix=True)
+    with torch.no_grad():
+        auto, _ = completion_logprobs(model, mixed, p_mask, c_ids, c_mask, num_generations=G)
+        plain, _ = _plain(model, mixed, p_mask, c_ids, c_mask)
+    torch.testing.assert_close(auto, plain, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError):
+        completion_logprobs(
+            model, p_ids[:4], p_mask[:4], c_ids[:4], c_mask[:4], num_generations=G, shared_prefix=True
+        )
