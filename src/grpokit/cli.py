@@ -1,7 +1,8 @@
 """Command line: ``grpokit train [RECIPE.yaml] [key=value ...]``, ``grpokit eval``, ``grpokit train-rm``.
 
 A recipe is a flat YAML mapping of TrainArgs fields (model, task, dataset, reward_funcs, ...) and GRPOConfig
-fields (beta, loss_type, ...); ``base: other-recipe`` starts from another recipe and overrides it. Overrides come after it as ``key=value`` (YAML-typed values, so
+fields (beta, loss_type, ...); ``base: other-recipe`` starts from another recipe and overrides it.
+Overrides come after it as ``key=value`` (YAML-typed values, so
 ``reward_funcs=[accuracy,think_format]`` and ``epsilon_high=0.28`` both work) or as ``--key value``.
 Parsing and ``--help`` (every option with its docstring) are done by ``tyro``.
 """

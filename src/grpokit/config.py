@@ -181,6 +181,34 @@ class GRPOConfig:
     eval_steps: int = 0
     """Evaluate on eval_dataset every this many steps (mean reward, greedy); 0 disables."""
 
+    # ---- process supervision (docs/process-supervision.md) ---------------------------------------------
+    step_delimiter: str = "\n"
+    """What ends a reasoning step in a completion (default: one step per line; or a step tag such as
+    "<step>"). Used by process rewards, process reward models and iterative reward-model labels."""
+    process_reward_weights: list[float] | None = None
+    """One weight per process reward function (default all 1.0): a step's reward is their weighted sum."""
+    outcome_advantage_weight: float = 1.0
+    """With process rewards, token advantage = outcome_advantage_weight x A_outcome (group-normalised
+    outcome reward, same for every token) + process_advantage_weight x A_process (sum of the group-normalised
+    rewards of the steps ending at or after the token). 0 = pure process supervision."""
+    process_advantage_weight: float = 1.0
+    """Weight of the process part of the token advantage (see outcome_advantage_weight)."""
+
+    # ---- iterative GRPO (reward model keeps learning; DeepSeekMath section 4.2) ---------------------------
+    iteration_steps: int = 0
+    """Every this many steps, label the policy's recent samples, update the iterative reward model on them
+    (with replay) and reset the reference model to the current policy. 0 = off (static reward model)."""
+    replay_ratio: float = 0.1
+    """Fraction of each reward-model update's samples replayed from history (the paper: 10%)."""
+    rm_learning_rate: float = 1e-4
+    """AdamW learning rate of the iterative reward-model updates."""
+    rm_epochs: int = 1
+    """Passes over fresh + replayed samples per reward-model update."""
+    rm_batch_size: int = 16
+    """Samples per reward-model optimizer step (and per scoring forward pass)."""
+    rm_buffer_capacity: int | None = None
+    """Most samples the replay buffer keeps (a uniform reservoir of all history); None keeps all."""
+
     def __post_init__(self) -> None:
         self._validate()
 
@@ -221,6 +249,33 @@ class GRPOConfig:
             _require(self.beta > 0, "sync_ref_model", "needs beta > 0: with beta 0 there is no reference")
         if self.reward_weights is not None:
             _require(len(self.reward_weights) > 0, "reward_weights", "must not be empty")
+        if self.process_reward_weights is not None:
+            _require(len(self.process_reward_weights) > 0, "process_reward_weights", "must not be empty")
+        _require(
+            isinstance(self.step_delimiter, str) and self.step_delimiter != "",
+            "step_delimiter",
+            "must be a non-empty string",
+        )
+        for name in ("outcome_advantage_weight", "process_advantage_weight"):
+            _require(getattr(self, name) >= 0, name, "must be >= 0")
+        _require(
+            self.outcome_advantage_weight > 0 or self.process_advantage_weight > 0,
+            "process_advantage_weight",
+            "and outcome_advantage_weight cannot both be 0: every advantage would be 0",
+        )
+        _require(self.iteration_steps >= 0, "iteration_steps", "must be >= 0 (0 = no iterative updates)")
+        if self.iteration_steps > 0:
+            _require(
+                self.beta > 0,
+                "iteration_steps",
+                "needs beta > 0: iterative GRPO resets the reference model, and with beta 0 there is none",
+            )
+        _require(0 <= self.replay_ratio < 1, "replay_ratio", "must be in [0, 1)")
+        _require(self.rm_learning_rate >= 0, "rm_learning_rate", "must be >= 0")
+        _require(self.rm_epochs >= 1, "rm_epochs", "must be >= 1")
+        _require(self.rm_batch_size >= 1, "rm_batch_size", "must be >= 1")
+        if self.rm_buffer_capacity is not None:
+            _require(self.rm_buffer_capacity >= 1, "rm_buffer_capacity", "must be >= 1, or None for no limit")
         if self.generation_batch_size is not None:
             _require(
                 self.generation_batch_size % self.num_generations == 0,

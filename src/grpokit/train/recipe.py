@@ -29,6 +29,17 @@ class TrainArgs:
     reward_funcs: list[str] | None = None
     """Reward functions: built-in names, ``module:function`` import paths, or reward-model directories.
     None: the task's rewards."""
+    process_reward_funcs: list[str] | None = None
+    """Process rewards (per-step, per-token advantages): the task's step verifiers by name (chain:
+    ``chain_steps``, ``chain_steps_local``) or process-reward-model directories (``grpokit train-rm --kind
+    process``). None: outcome supervision only."""
+    iterative_rm: str | None = None
+    """Iterative GRPO: a reward-model directory (``grpokit train-rm`` output, outcome or process) that keeps
+    training on the policy's labelled samples every ``iteration_steps`` steps; its scorer joins the process
+    rewards (process RM) or the rewards (outcome RM, listed last for ``reward_weights``)."""
+    rm_label_func: str | None = None
+    """What labels the policy's samples for ``iterative_rm``: a step verifier or reward name. None: the
+    task's first step verifier (process RM) or its correctness reward (outcome RM)."""
     num_train_examples: int | None = None
     """Generate this many training questions for a built-in task (None: the task's default)."""
     num_eval_examples: int | None = None
@@ -114,6 +125,33 @@ def training_data(args: TrainArgs) -> tuple[Any, Any, list[Any], list[float] | N
     return train_rows, eval_rows, rewards, weights
 
 
+def process_supervision(args: TrainArgs) -> dict[str, Any]:
+    """GRPOTrainer keyword arguments for process rewards and iterative GRPO: task names resolve to the
+    task's functions; anything else (built-in names, directories) is passed on."""
+    task = None
+    if args.task is not None:
+        from grpokit.data.tasks import get_task
+
+        task = get_task(args.task)
+    steps = dict(task.process_reward_funcs) if task is not None else {}
+    kwargs: dict[str, Any] = {}
+    if args.process_reward_funcs:
+        kwargs["process_reward_funcs"] = [steps.get(name, name) for name in args.process_reward_funcs]
+    if args.iterative_rm is not None:
+        from grpokit.train.iterative_loop import reward_model_kind
+
+        kind = reward_model_kind(args.iterative_rm)
+        label: Any = args.rm_label_func
+        if kind == "process":
+            label = steps.get(label, label) if label is not None else next(iter(steps.values()), None)
+        elif task is not None:
+            label = task.reward_funcs.get(label, label) if label is not None else None
+            label = label if label is not None else task.reward_funcs[task.correctness_reward]
+        kwargs["iterative_reward_model"] = args.iterative_rm
+        kwargs["rm_label_func"] = label
+    return kwargs
+
+
 def _correctness_reward(task_name: str) -> Any:
     from grpokit.data.tasks import get_task
 
@@ -140,7 +178,13 @@ def run_training(args: TrainArgs) -> dict[str, Any]:
     model_path = resolve_model(args.model, seed=args.task_seed)
     train_rows, eval_rows, rewards, weights = training_data(args)
     config = dataclasses.replace(args.config, reward_weights=weights)
-    trainer = GRPOTrainer(model=model_path, reward_funcs=rewards, args=config, train_dataset=train_rows)
+    trainer = GRPOTrainer(
+        model=model_path,
+        reward_funcs=rewards,
+        args=config,
+        train_dataset=train_rows,
+        **process_supervision(args),
+    )
     output_dir = Path(config.output_dir)
     print(f"grpokit: {trainer.plan.describe()}; {trainer.max_steps} steps; output in {output_dir}")
     summary: dict[str, Any] = {"model": args.model, "task": args.task}
@@ -152,7 +196,11 @@ def run_training(args: TrainArgs) -> dict[str, Any]:
             trainer.unwrapped_model, trainer.tokenizer, eval_rows, args.task, max_new
         )
         print(f"grpokit: held-out accuracy before GRPO: {summary['before']['accuracy']:.3f}")
-    trainer.train()
+    history = trainer.train()
+    if trainer.iterative is not None:
+        from grpokit.train.iterative_loop import rm_metric_summary
+
+        summary["reward_model"] = rm_metric_summary(history)
     if evaluating:
         summary["after"] = held_out_accuracy(
             trainer.unwrapped_model, trainer.tokenizer, eval_rows, args.task, max_new

@@ -590,6 +590,11 @@ def run_train_rm(args: TrainRMArgs, log: Callable[[str], None] = print) -> dict[
         log(f"held-out after training: loss {after['loss']:.4f} accuracy {after['accuracy']:.4f}")
     out = save_reward_model(model, tokenizer, args.output_dir, kind=args.kind, delimiter=args.step_delimiter)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    # The training samples, as the history an iterative run replays (GRPOTrainer's iterative_reward_model
+    # seeds its replay buffer from this file; IterativeRewardModel.save writes the same file).
+    with open(out / "replay_buffer.jsonl", "w") as f:
+        for sample in train_samples:
+            f.write(json.dumps(sample) + "\n")
     log(f"saved {args.kind} reward model to {out}")
     return metrics
 

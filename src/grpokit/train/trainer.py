@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate.utils import gather_object, set_seed
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
@@ -32,8 +32,10 @@ from grpokit.train.checkpoint import (
     save_checkpoint,
 )
 from grpokit.train.evaluation import evaluate_rewards
+from grpokit.train.iterative_loop import IterativeLoop
 from grpokit.train.logging import MetricsLogger, plot_metrics
 from grpokit.train.models import load_policy, load_tokenizer, make_backend
+from grpokit.train.process import ProcessSupervision
 from grpokit.train.prompts import PromptSampler
 from grpokit.train.reference import make_reference, sync_reference
 from grpokit.train.rollout import build_rollout_batch, completion_metrics
@@ -55,6 +57,16 @@ class GRPOTrainer:
         processing_class: the tokenizer (default: loaded from ``model``).
         peft_config: a ``peft`` config to train adapters instead of all weights.
         rollout_backend: override the generation backend (anything with the RolloutBackend protocol).
+        process_reward_funcs: process rewards (callables ``fn(prompts, completions, steps, **columns) ->
+            list[list[float] | None]``, built-in verifier names, or process-reward-model directories).
+            Advantages then become per token [n, C] (see ``grpokit.train.process``); ``reward_funcs`` may
+            be empty for pure process supervision.
+        iterative_reward_model: iterative GRPO (``GRPOConfig.iteration_steps``): an ``IterativeRewardModel``
+            or a reward-model directory. Its scorer is appended to ``process_reward_funcs`` (process RM) or
+            ``reward_funcs`` (outcome RM; weights, if given, list it last) and it is retrained every
+            ``iteration_steps`` steps on the policy's samples labelled by ``rm_label_func``.
+        rm_label_func: the verifier labelling those samples: a step verifier (process RM) or an outcome
+            reward in [0, 1] (outcome RM), as a callable or a name.
     """
 
     def __init__(
@@ -67,13 +79,21 @@ class GRPOTrainer:
         processing_class: Any = None,
         peft_config: Any = None,
         rollout_backend: RolloutBackend | None = None,
+        *,
+        process_reward_funcs: Any = None,
+        iterative_reward_model: Any = None,
+        rm_label_func: Any = None,
     ) -> None:
         self.args = args or GRPOConfig()
-        if peft_config is not None and self.args.sync_ref_model:
-            raise ValueError(
-                "GRPOConfig.sync_ref_model is not supported with peft_config: the reference is the "
-                "base model with the adapter disabled, so there is nothing separate to reset"
-            )
+        for resets, name in (
+            (self.args.sync_ref_model, "sync_ref_model"),
+            (self.args.iteration_steps, "iteration_steps"),
+        ):
+            if peft_config is not None and resets:
+                raise ValueError(
+                    f"GRPOConfig.{name} is not supported with peft_config: the reference is the "
+                    "base model with the adapter disabled, so there is nothing separate to reset"
+                )
         set_seed(self.args.seed)
         self.accelerator = Accelerator(mixed_precision=self.args.mixed_precision)
         self.plan = self.args.batch_plan(self.accelerator.num_processes)
@@ -81,7 +101,15 @@ class GRPOTrainer:
         self.eval_rows = load_rows(eval_dataset, name="eval_dataset") if eval_dataset is not None else None
         self.tokenizer = processing_class if processing_class is not None else load_tokenizer(model)
         self.model = load_policy(model, self.args, peft_config)
-        self.reward_funcs = _resolve_rewards(reward_funcs, self.accelerator.device)
+        device = self.accelerator.device
+        self.iterative = _iterative_loop(iterative_reward_model, rm_label_func, self.args, device)
+        process_specs = list(process_reward_funcs or [])
+        outcome_specs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        if self.iterative is not None:  # the reward model being trained is the one that scores
+            kind_specs = process_specs if self.iterative.kind == "process" else outcome_specs
+            kind_specs.append(self.iterative.reward_func)
+        self.process = ProcessSupervision(process_specs, self.args, device) if process_specs else None
+        self.reward_funcs = _resolve_rewards(outcome_specs, device, allow_empty=self.process is not None)
         self.reward_names = reward_names(self.reward_funcs)
         self.reward_weights = self._reward_weights()
         self.ref_model = make_reference(self.model) if self.args.beta > 0 and peft_config is None else None
@@ -164,6 +192,8 @@ class GRPOTrainer:
                 self.save_checkpoint()
         bar.close()
         self.save_model(self.args.output_dir)
+        if self.iterative is not None and self.accelerator.is_main_process:
+            self.iterative.save(Path(self.args.output_dir) / "reward_model")
         if self.accelerator.is_main_process:
             plot_metrics(self.logger.read(), Path(self.args.output_dir) / "metrics.png")
         return history
@@ -188,6 +218,11 @@ class GRPOTrainer:
             trainer_state={"global_step": self.step, "max_steps": self.max_steps},
             on_error=self.args.reward_failure,
         )
+        process = (
+            self.process.score(repeated_rows, texts, generated.completion_ids, self.tokenizer)
+            if self.process
+            else None
+        )
         time_reward = time.perf_counter() - start - time_generate
         # 4. group-relative advantages over the whole batch (all processes), then this process's rows
         all_rewards = self.accelerator.gather(rewards.to(self.accelerator.device))  # [N, F]
@@ -203,6 +238,8 @@ class GRPOTrainer:
         local_advantages = advantages[first : first + len(repeated_rows)]  # [n]
         # 5. one RolloutBatch: padded ids, masks, advantages, old (mu > 1) and reference (beta > 0) log-probs
         batch = build_rollout_batch(self, prompt_ids, generated, local_advantages)
+        if process is not None:  # process supervision: per-token advantages [n, C] (train/process.py)
+            batch.advantages = self.process.advantages(process, local_advantages, batch.completion_mask)
         # 6. mu epochs of clipped policy-gradient updates
         update_start = time.perf_counter()
         update_metrics = run_update(batch, self.args, self._update_context())
@@ -210,6 +247,14 @@ class GRPOTrainer:
         syncing = self.ref_model is not None and self.args.sync_ref_model
         if syncing and (self.step + 1) % self.args.ref_model_sync_steps == 0:
             sync_reference(self.ref_model, self.unwrapped_model, self.args.ref_model_mixup_alpha)
+        iterative_metrics: dict[str, float] = {}
+        if self.iterative is not None:  # iterative GRPO: update the reward model, reset pi_ref to pi_theta
+            self.iterative.observe(repeated_rows, texts, generated.completion_ids)
+            if self.iterative.due(self.step + 1):
+                gather = gather_object if self.accelerator.num_processes > 1 else None
+                iterative_metrics = self.iterative.update(gather)
+                sync_reference(self.ref_model, self.unwrapped_model, 1.0)
+            iterative_metrics.update(self.iterative.step_metrics())
         # 7. metrics
         combined = combine_rewards(all_rewards, self.reward_weights.to(all_rewards.device))  # [N]
         elapsed = time.perf_counter() - start
@@ -218,6 +263,8 @@ class GRPOTrainer:
             **failures,
             **completion_metrics(generated),
             **update_metrics,
+            **(self.process.metrics(process, batch.advantages, batch.completion_mask) if process else {}),
+            **iterative_metrics,
             "learning_rate": self.scheduler.get_last_lr()[0],
             "time/generate": time_generate,
             "time/reward": time_reward,
@@ -305,6 +352,7 @@ class GRPOTrainer:
                 extra_tensors={
                     "generator": self.generator.get_state(),
                     "reference": None if self.ref_model is None else self.ref_model.state_dict(),
+                    "iterative": None if self.iterative is None else self.iterative.state_dict(),
                 },
             )
             prune_checkpoints(self.args.output_dir, self.args.save_total_limit)
@@ -324,13 +372,33 @@ class GRPOTrainer:
         self.generator.set_state(extra["generator"])
         if self.ref_model is not None and extra.get("reference") is not None:
             self.ref_model.load_state_dict(extra["reference"])
+        if self.iterative is not None and extra.get("iterative") is not None:
+            self.iterative.load_state_dict(extra["iterative"])
 
 
-def _resolve_rewards(reward_funcs: Any, device: torch.device) -> list[Any]:
+def _resolve_rewards(reward_funcs: Any, device: torch.device, allow_empty: bool = False) -> list[Any]:
     """Callables, built-in names, import paths or reward-model directories -> callables; reward models
-    are moved to the trainer's device."""
-    funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-    if not funcs:
-        raise ValueError("reward_funcs: at least one reward function is required")
+    are moved to the trainer's device. Empty (or None) only with process rewards."""
+    funcs = [
+        f
+        for f in (reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs])
+        if f is not None
+    ]
+    if not funcs and not allow_empty:
+        raise ValueError("reward_funcs: at least one reward function is required (or process_reward_funcs)")
     resolved = [resolve_reward(func) for func in funcs]
     return [func.to(device) if isinstance(func, RewardModel) else func for func in resolved]
+
+
+def _iterative_loop(
+    spec: Any, label_func: Any, args: GRPOConfig, device: torch.device
+) -> IterativeLoop | None:
+    """The iterative-GRPO loop, or None; iteration_steps and an iterative reward model go together."""
+    if spec is None:
+        if args.iteration_steps > 0:
+            raise ValueError(
+                "GRPOConfig.iteration_steps > 0 needs an iterative_reward_model (to reset the reference "
+                "model alone, use sync_ref_model and ref_model_sync_steps)"
+            )
+        return None
+    return IterativeLoop.build(spec, label_func, args, device)

@@ -34,6 +34,7 @@ Rewards:
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 from collections.abc import Sequence
@@ -49,6 +50,7 @@ __all__ = [
     "chain_values",
     "corrupt_solution",
     "extract_chain_answer",
+    "is_held_out",
     "make_chain_rm_samples",
     "make_chain_splits",
     "make_chain_step_verifier",
@@ -57,6 +59,7 @@ __all__ = [
 
 ANSWER_OPEN = "<answer>"
 ANSWER_CLOSE = "</answer>"
+HELD_OUT_FRACTION = 0.1
 _LINE_RE = re.compile(r"\s*(-?\d+)([+\-*])(\d+)=(-?\d+)\s*")
 _ANSWER_LINE_RE = re.compile(rf"\s*{re.escape(ANSWER_OPEN)}\s*(-?\d+)\s*{re.escape(ANSWER_CLOSE)}\s*")
 _ANSWER_RE = re.compile(rf"{re.escape(ANSWER_OPEN)}\s*(-?\d+)\s*{re.escape(ANSWER_CLOSE)}")
@@ -118,6 +121,13 @@ def _draw_question(
     }
 
 
+def is_held_out(prompt: str) -> bool:
+    """Whether a question belongs to the held-out part of the question space: a fixed ~10%, chosen by a hash
+    of the question text, the same for every seed and split size (as the arithmetic task does)."""
+    digest = hashlib.blake2b(prompt.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % 1000 < HELD_OUT_FRACTION * 1000
+
+
 def make_chain_splits(
     seed: int = 0,
     num_train: int = 5000,
@@ -134,8 +144,12 @@ def make_chain_splits(
 
     Each row: ``prompt`` (``"17 +8 *2 -5\\n"``), ``solution`` (the exact result as a string, ``"45"``),
     ``start`` (17) and ``operations`` (``["+8", "*2", "-5"]``), the columns the verifiers read. Questions
-    are distinct within a split and the two splits are disjoint (held-out questions are drawn first).
-    ``+n``/``-n`` use 1 <= n <= max_operand (a subtraction never goes below 0), ``*n`` 2 <= n <= max_factor.
+    are distinct within a split. The two splits are disjoint whatever the seeds and sizes: a fixed ~10% of
+    all questions (by a hash of the prompt, see ``is_held_out``) may only appear in the test split, the rest
+    only in the train split; so a policy cold-started on any train split never sees a held-out question.
+    Each split has its own random stream, so a smaller ``num_train`` (``num_test``) gives a prefix of a
+    larger one. ``+n``/``-n`` use 1 <= n <= max_operand (a subtraction never goes below 0), ``*n``
+    2 <= n <= max_factor.
     """
     if num_ops < 1:
         raise ValueError(f"num_ops must be >= 1, got {num_ops}")
@@ -143,30 +157,26 @@ def make_chain_splits(
         raise ValueError(f"ops must be a non-empty subset of '+-*' other than '-' alone, got {ops!r}")
     if max_start < 1 or max_operand < 1 or max_factor < 2 or max_value < max_start:
         raise ValueError("need max_start >= 1, max_operand >= 1, max_factor >= 2 and max_value >= max_start")
-    rng = random.Random(f"grpokit-chain-{seed}")
-    seen: set[str] = set()
-    wanted = num_train + num_test
-    budget = 50 * wanted + 1000
 
-    def draw(n: int) -> list[dict[str, Any]]:
-        nonlocal budget
+    def draw(stream: str, n: int, held_out: bool) -> list[dict[str, Any]]:
+        rng = random.Random(f"grpokit-chain-{seed}-{stream}")
+        seen: set[str] = set()
         rows: list[dict[str, Any]] = []
+        budget = 50 * n / (HELD_OUT_FRACTION if held_out else 1 - HELD_OUT_FRACTION) + 1000
         while len(rows) < n:
             budget -= 1
             if budget < 0:
                 raise ValueError(
-                    f"could not draw {wanted} distinct questions with num_ops={num_ops}; "
+                    f"could not draw {n} distinct {stream} questions with num_ops={num_ops}; "
                     "lower num_train/num_test or widen the ranges"
                 )
             row = _draw_question(rng, num_ops, max_start, max_operand, max_factor, max_value, ops)
-            if row["prompt"] not in seen:
+            if row["prompt"] not in seen and is_held_out(row["prompt"]) == held_out:
                 seen.add(row["prompt"])
                 rows.append(row)
         return rows
 
-    test = draw(num_test)
-    train = draw(num_train)
-    return train, test
+    return draw("train", num_train, held_out=False), draw("test", num_test, held_out=True)
 
 
 def worked_solution(row: dict[str, Any]) -> str:
