@@ -110,3 +110,13 @@ def test_steps_and_epochs_make_the_planned_number_of_optimizer_steps(tiny_model_
         num_iterations=3,
     )
     assert len(seen) == 6
+
+
+def test_shuffle_keeps_groups_whole_when_micro_batches_hold_whole_groups():
+    from grpokit.train.update import shuffled_rows
+
+    config = GRPOConfig(num_generations=4, per_device_train_batch_size=8)
+    order = shuffled_rows(16, config, torch.Generator().manual_seed(0)).view(4, 4)  # [groups, G]
+    assert sorted(order.reshape(-1).tolist()) == list(range(16))
+    for group in order:  # each block of 4 is one group k*4 .. k*4+3, in order
+        assert group.tolist() == list(range(int(group[0]), int(group[0]) + 4)) and int(group[0]) % 4 == 0

@@ -36,7 +36,7 @@ def run_update(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext) -> d
     counts: dict[str, int] = defaultdict(int)
     ctx.model.train()
     for _epoch in range(config.num_iterations):
-        order = torch.randperm(len(batch), generator=ctx.generator)
+        order = shuffled_rows(len(batch), config, ctx.generator)
         for rows in order.split(rows_per_optimizer_step):
             step_metrics = _optimizer_step(batch.select(rows), config, ctx)
             for name, value in step_metrics.items():
@@ -71,6 +71,21 @@ def _optimizer_step(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext)
     return dict(metric_sums)
 
 
+def keeps_whole_groups(config: GRPOConfig) -> bool:
+    """Micro-batches hold whole groups of G rows when the micro-batch size is a multiple of G; then the
+    group's shared prompt can be computed once (shared-prefix forward)."""
+    return config.per_device_train_batch_size % config.num_generations == 0
+
+
+def shuffled_rows(num_rows: int, config: GRPOConfig, generator: torch.Generator) -> torch.Tensor:
+    """A random order of the rows; whole groups move together when micro-batches hold whole groups."""
+    group = config.num_generations
+    if not keeps_whole_groups(config) or num_rows % group:
+        return torch.randperm(num_rows, generator=generator)
+    groups = torch.randperm(num_rows // group, generator=generator)  # [N/G]
+    return (groups[:, None] * group + torch.arange(group)).reshape(-1)  # [N], each group contiguous
+
+
 def _micro_batch_loss(
     batch: RolloutBatch, config: GRPOConfig, model: torch.nn.Module, num_items: float
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -83,7 +98,7 @@ def _micro_batch_loss(
         batch.completion_mask,
         temperature=config.temperature,
         with_entropy=True,
-        num_generations=None,
+        num_generations=config.num_generations if keeps_whole_groups(config) else None,
     )
     token_weights = None
     if config.top_entropy_quantile < 1.0:
