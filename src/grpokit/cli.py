@@ -77,6 +77,8 @@ def to_flag_arguments(overrides: list[str]) -> list[str]:
         value = yaml.safe_load(raw) if raw.strip() else raw
         if isinstance(value, list):
             arguments.extend(_scalar_text(v) for v in value)
+        elif isinstance(value, bool):  # YAML's true/false/yes/no -> the True/False tyro expects
+            arguments.append(str(value))
         else:
             arguments.append(raw)
     return arguments

@@ -37,6 +37,7 @@ def test_key_value_overrides_become_typed_options(recipe):
     assert (args.config.beta, args.config.loss_type, args.config.clip_high) == (0.0, "dapo", 0.28)
     assert args.config.max_steps == 3
     assert args.num_train_examples == 16  # recipe values stay unless overridden
+    assert parse_train_args([str(recipe), "evaluate=false", "disable_tqdm=yes"]).evaluate is False
     assert to_flag_arguments(["reward_funcs=[accuracy, think_format]"]) == [
         "--reward_funcs",
         "accuracy",
