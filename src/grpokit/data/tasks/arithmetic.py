@@ -23,6 +23,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from grpokit.rewards.process.steps import completion_text as _text
+
 __all__ = [
     "ANSWER_CLOSE",
     "ANSWER_OPEN",
@@ -124,18 +126,6 @@ def worked_solution(row: dict[str, Any]) -> str:
     answer = str(total) + "".join(reversed(units))
     assert int(answer) == sum(terms), (answer, terms)
     return ",".join(steps) + f"{ANSWER_OPEN}{answer}{ANSWER_CLOSE}"
-
-
-def _text(completion: Any) -> str:
-    """A completion as text: a string as is, a list of chat messages as the last message's content."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, dict):
-        return str(completion.get("content", ""))
-    if isinstance(completion, Sequence) and completion:
-        last = completion[-1]
-        return str(last.get("content", "")) if isinstance(last, dict) else str(last)
-    return ""
 
 
 def extract_answer(completion: Any) -> str | None:

@@ -40,6 +40,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from grpokit.rewards.process.steps import completion_text as _text
+
 __all__ = [
     "ANSWER_CLOSE",
     "ANSWER_OPEN",
@@ -184,17 +186,6 @@ def worked_solution(row: dict[str, Any]) -> str:
     values = chain_values(row["start"], row["operations"])
     lines = [f"{values[k]}{op}={values[k + 1]}" for k, op in enumerate(row["operations"])]
     return "\n".join([*lines, f"{ANSWER_OPEN}{values[-1]}{ANSWER_CLOSE}"])
-
-
-def _text(completion: Any) -> str:
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, dict):
-        return str(completion.get("content", ""))
-    if isinstance(completion, Sequence) and completion:
-        last = completion[-1]
-        return str(last.get("content", "")) if isinstance(last, dict) else str(last)
-    return ""
 
 
 def extract_chain_answer(completion: Any) -> str | None:
