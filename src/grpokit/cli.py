@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         run_eval(args)
         return 0
     if command == "train-rm":
-        from grpokit.train.reward_model import train_rm_main
+        from grpokit.train.reward_model_cli import train_rm_main
 
         return train_rm_main(argv[1:])
     if command in ("-h", "--help", "help"):

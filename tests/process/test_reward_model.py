@@ -16,9 +16,9 @@ from grpokit.train.reward_model import (
     load_rm_samples,
     outcome_scores,
     train_reward_model,
-    train_rm_main,
     validate_rm_samples,
 )
+from grpokit.train.reward_model_cli import train_rm_main
 
 
 def digit_samples(n: int, seed: int, kind: str) -> list[dict]:
