@@ -23,10 +23,10 @@ from typing import Any
 import torch
 
 from grpokit.config import GRPOConfig
+from grpokit.data.loading import reward_columns
 from grpokit.rewards import resolve_reward
 from grpokit.rewards.process import resolve_process_reward_funcs
 from grpokit.train.iterative import IterativeRewardModel, label_samples
-from grpokit.train.process import row_columns
 from grpokit.train.reward_model import load_reward_model, load_rm_samples
 from grpokit.train.scoring import completions_for_rewards
 
@@ -161,7 +161,7 @@ class IterativeLoop:
                 [row["prompt"] for row in rows],
                 completions_for_rewards(rows, texts),
                 self.label_func,
-                row_columns(rows),
+                reward_columns(rows),
                 kind=self.kind,
                 delimiter=self.reward_model.delimiter,
                 completion_ids=[ids for _, _, ids in pending],

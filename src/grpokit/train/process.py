@@ -23,6 +23,7 @@ import torch
 
 from grpokit.config import GRPOConfig
 from grpokit.core import process_advantages
+from grpokit.data.loading import reward_columns
 from grpokit.rewards.process import (
     ProcessRewardModel,
     ProcessScores,
@@ -33,13 +34,7 @@ from grpokit.rewards.process import (
 )
 from grpokit.train.scoring import completions_for_rewards
 
-__all__ = ["ProcessSupervision", "row_columns"]
-
-
-def row_columns(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
-    """The dataset's other columns (everything but ``prompt``), one value per row."""
-    keys = sorted({key for row in rows for key in row if key != "prompt"})
-    return {key: [row.get(key) for row in rows] for key in keys}
+__all__ = ["ProcessSupervision"]
 
 
 class ProcessSupervision:
@@ -87,7 +82,7 @@ class ProcessSupervision:
             completions_for_rewards(list(rows), list(texts)),
             completion_ids,
             tokenizer,
-            row_columns(rows),
+            reward_columns(rows),
             self.args.step_delimiter,
             weights=self.weights,
         )

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from grpokit.data.loading import is_conversational
+from grpokit.data.loading import is_conversational, reward_columns
 from grpokit.rewards import score_completions
 
 
@@ -29,9 +29,7 @@ def score_rollout(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Score N completions (``rows`` already repeated G times). Returns (rewards [N, F] with NaN for None,
     failure counts per metric name)."""
-    columns: dict[str, list[Any]] = {}
-    for key in sorted({key for row in rows for key in row if key != "prompt"}):
-        columns[key] = [row.get(key) for row in rows]
+    columns = reward_columns(rows)
     matrix, failures = score_completions(
         reward_funcs,
         prompts=[row["prompt"] for row in rows],
