@@ -89,8 +89,12 @@ def test_outcome_reward():
         "<answer>045</answer>",
         "17+8=25\n<answer>44</answer>",
         "no answer",
+        "<answer>44</answer>\n<answer>45</answer>",  # the last tag counts
+        "<answer>45</answer>\n<answer>44</answer>",
+        "<answer>50-5</answer>",  # equal in value, but not an integer answer
     ]
-    assert chain_outcome_reward([""] * 4, completions, None, solution=["45"] * 4) == [1.0, 1.0, 0.0, 0.0]
+    expected = [1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+    assert chain_outcome_reward([""] * 7, completions, None, solution=["45"] * 7) == expected
 
 
 def test_rm_samples_labels_match_the_rewards():

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from grpokit.data.tasks import Task, get_task
+from grpokit.data.tasks.answers import integer_answer
 from grpokit.data.tasks.arithmetic import (
+    ARITHMETIC_FORMAT_PATTERN,
     arithmetic_exact_answer_reward,
     arithmetic_format_reward,
     extract_answer,
@@ -13,6 +17,7 @@ from grpokit.data.tasks.arithmetic import (
     make_arithmetic_splits,
     worked_solution,
 )
+from grpokit.rewards import make_accuracy_reward, make_format_reward
 
 
 def test_same_seed_same_rows_other_seed_other_rows():
@@ -81,7 +86,10 @@ def test_worked_solutions_score_full_marks():
         ("<answer></answer>", None),
         ("632", None),
         ("<answer>632", None),
-        ("<answer>1</answer><answer>2</answer>", "1"),
+        ("<answer>1</answer><answer>2</answer>", "2"),  # the last tag, as grpokit.rewards reads it
+        ("<answer>1</answer><answer>x</answer>", None),
+        ("<answer>347+285</answer>", None),  # an expression is not an answer
+        ("<answer>" + "9" * 65 + "</answer>", None),  # longer than MAX_ANSWER_DIGITS
         ([{"role": "assistant", "content": "<answer>7</answer>"}], "7"),
     ],
 )
@@ -104,6 +112,10 @@ def test_rewards_on_hand_made_completions():
         ("", 0.0, 0.0),
         ([{"role": "assistant", "content": good}], 1.0, 1.0),  # conversational
         ([{"role": "assistant", "content": "<answer>631</answer>"}], 0.0, 0.0),
+        ("<answer>347+285</answer>", 0.0, 0.0),  # copying the question is not paid, though it equals 632
+        ("<answer>632.0</answer>", 0.0, 0.0),
+        (good + "<|endoftext|> <|pad|>\n", 1.0, 1.0),
+        ("7" * 1_000_000 + "<answer>632</answer>", 1.0, 0.0),  # megabyte-long text returns promptly
     ]
     completions = [c for c, _, _ in cases]
     solutions = ["632"] * len(cases)
@@ -121,6 +133,19 @@ def test_invalid_difficulty_is_refused():
         make_arithmetic_splits(num_digits=0)
     with pytest.raises(ValueError, match="only 100 exist"):
         make_arithmetic_splits(num_train=1000, num_test=10, num_digits=1)
+
+
+def test_task_rewards_are_the_library_rewards():
+    """Item 7 of issue #4: the task grades with grpokit.rewards (math-verify accuracy, regex format)."""
+    task = get_task("arithmetic")
+    assert task.extract_answer is extract_answer is integer_answer
+    exact = task.reward_funcs["exact_answer"]
+    assert exact.__name__ == "arithmetic_exact_answer_reward"
+    assert exact.__code__ is make_accuracy_reward().__code__
+    assert task.reward_funcs["format"].__code__ is make_format_reward().__code__
+    assert re.fullmatch(ARITHMETIC_FORMAT_PATTERN, "7+5=12,4+8+1=13,3+2+1=6<answer>632</answer>")
+    # An unparseable gold answer cannot be graded: None, not 0 (the accuracy reward's contract).
+    assert exact(None, ["<answer>1</answer>"], None, solution=[""]) == [None]
 
 
 def test_registry():

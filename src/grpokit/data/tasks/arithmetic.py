@@ -13,6 +13,10 @@ tagged answer, then the tokenizer's EOS token (appended at tokenization; not par
 Every step is a single-digit fact, so a tiny model can learn the procedure quickly; the answer is the last
 column sum followed by the units digit of each lower column. Answers are exact integers. The train and
 held-out splits never share a question.
+
+Rewards are the library's own (:mod:`grpokit.rewards`): ``arithmetic_exact_answer_reward`` is
+``make_accuracy_reward`` on the integer in the last ``<answer>`` tag, ``arithmetic_format_reward`` is
+``make_format_reward`` with :data:`ARITHMETIC_FORMAT_PATTERN`.
 """
 
 from __future__ import annotations
@@ -20,14 +24,15 @@ from __future__ import annotations
 import hashlib
 import random
 import re
-from collections.abc import Sequence
 from typing import Any
 
-from grpokit.rewards.process.steps import completion_text as _text
+from grpokit.data.tasks.answers import integer_answer, make_integer_answer_reward
+from grpokit.rewards.format import make_format_reward
 
 __all__ = [
     "ANSWER_CLOSE",
     "ANSWER_OPEN",
+    "ARITHMETIC_FORMAT_PATTERN",
     "HELD_OUT_FRACTION",
     "arithmetic_exact_answer_reward",
     "arithmetic_format_reward",
@@ -41,14 +46,14 @@ ANSWER_OPEN = "<answer>"
 ANSWER_CLOSE = "</answer>"
 HELD_OUT_FRACTION = 0.1
 
-_INT = r"-?\d+"
 # One column step: "d+d(+d...)=s".
 _STEP = r"\d(?:\+\d)+=\d+"
-# The whole expected completion: steps separated by "," then the tagged answer, nothing else.
-_FORMAT_RE = re.compile(rf"{_STEP}(?:,{_STEP})*{re.escape(ANSWER_OPEN)}\d+{re.escape(ANSWER_CLOSE)}")
-_ANSWER_RE = re.compile(rf"{re.escape(ANSWER_OPEN)}\s*(.*?)\s*{re.escape(ANSWER_CLOSE)}", re.DOTALL)
-# Trailing special-token markers (``<|endoftext|>``, ``<|pad|>``) left by decoding without skipping them.
-_TRAILING_SPECIAL_RE = re.compile(r"(?:<\|[A-Za-z_]+\|>\s*)+$")
+# Special-token markers (``<|endoftext|>``, ``<|pad|>``) left by decoding without skipping them.
+_SPECIAL_MARKER = r"<\|[A-Za-z_]+\|>"
+_TAGGED_ANSWER = rf"{re.escape(ANSWER_OPEN)}\d+{re.escape(ANSWER_CLOSE)}"
+ARITHMETIC_FORMAT_PATTERN = rf"\s*{_STEP}(?:,{_STEP})*{_TAGGED_ANSWER}\s*(?:{_SPECIAL_MARKER}\s*)*"
+"""The whole expected completion: steps separated by ``,``, the tagged answer, then only whitespace and
+special-token markers. Linear-time: after each step the next character decides what follows."""
 
 
 def make_arithmetic_splits(
@@ -128,44 +133,19 @@ def worked_solution(row: dict[str, Any]) -> str:
     return ",".join(steps) + f"{ANSWER_OPEN}{answer}{ANSWER_CLOSE}"
 
 
-def extract_answer(completion: Any) -> str | None:
-    """The integer inside the first ``<answer>...</answer>`` as a normalised string, or None.
+extract_answer = integer_answer
+"""The integer in the last ``<answer>...</answer>``, normalised (``"051"`` -> ``"51"``), or None
+(:func:`grpokit.data.tasks.answers.integer_answer`)."""
 
-    ``"...<answer> 051 </answer>"`` gives ``"51"``; a non-integer or missing answer gives None.
-    """
-    match = _ANSWER_RE.search(_text(completion))
-    if match is None:
-        return None
-    inner = match.group(1)
-    if not re.fullmatch(_INT, inner):
-        return None
-    return str(int(inner))
+arithmetic_exact_answer_reward = make_integer_answer_reward("arithmetic_exact_answer_reward")
+"""1.0 when the answer equals the row's ``solution``, else 0.0 (TRL signature): the library's
+:func:`grpokit.rewards.make_accuracy_reward` (math-verify) reading the integer in the ``<answer>`` tag."""
 
-
-def arithmetic_exact_answer_reward(
-    prompts: Sequence[Any],
-    completions: Sequence[Any],
-    completion_ids: Sequence[Any] | None = None,
-    **kwargs: Any,
-) -> list[float | None]:
-    """1.0 when the extracted answer equals the row's ``solution`` exactly, else 0.0 (TRL signature)."""
-    solutions = kwargs["solution"]
-    rewards: list[float | None] = []
-    for completion, solution in zip(completions, solutions):
-        answer = extract_answer(completion)
-        rewards.append(1.0 if answer is not None and answer == str(solution).strip() else 0.0)
-    return rewards
-
-
-def arithmetic_format_reward(
-    prompts: Sequence[Any],
-    completions: Sequence[Any],
-    completion_ids: Sequence[Any] | None = None,
-    **kwargs: Any,
-) -> list[float | None]:
-    """1.0 when the completion is exactly ``step(,step)*<answer>N</answer>``, each step a column sum
-    ``d+d(+d...)=s`` with single digits, else 0.0. Checks the shape only, not the arithmetic.
-    Surrounding whitespace and trailing special-token markers such as ``<|endoftext|>`` (decoding without
-    ``skip_special_tokens``) are ignored; anything else after ``</answer>`` fails."""
-    texts = [_TRAILING_SPECIAL_RE.sub("", _text(c)).strip() for c in completions]
-    return [1.0 if _FORMAT_RE.fullmatch(t) else 0.0 for t in texts]
+arithmetic_format_reward = make_format_reward(
+    ARITHMETIC_FORMAT_PATTERN, nonempty_groups=False, name="arithmetic_format_reward"
+)
+"""1.0 when the completion is exactly ``step(,step)*<answer>N</answer>``, each step a column sum
+``d+d(+d...)=s`` with single digits, else 0.0 (:func:`grpokit.rewards.make_format_reward` with
+:data:`ARITHMETIC_FORMAT_PATTERN`). Checks the shape only, not the arithmetic. Surrounding whitespace and
+trailing special-token markers such as ``<|endoftext|>`` (decoding without ``skip_special_tokens``) are
+allowed; anything else after ``</answer>`` fails."""

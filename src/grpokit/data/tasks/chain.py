@@ -20,7 +20,8 @@ that would is redrawn).
 
 Rewards:
 
-- ``chain_outcome_reward``: the usual outcome reward, 1.0 when ``<answer>`` holds the exact result.
+- ``chain_outcome_reward``: the usual outcome reward, 1.0 when the last ``<answer>`` holds the exact result
+  (``grpokit.rewards.make_accuracy_reward`` reading a bare integer, see ``answers.py``).
 - ``chain_step_reward`` (process reward, strict "prefix" rule): step k is 1.0 when it is exactly right --
   line k < num_ops writes ``v_k op_k = v_{k+1}`` with the true running value v_k, the k-th operation and
   the true result; line ``num_ops`` is ``<answer>v_final</answer>`` -- and every step before it was right.
@@ -40,7 +41,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from grpokit.rewards.process.steps import completion_text as _text
+from grpokit.data.tasks.answers import integer_answer, make_integer_answer_reward
 
 __all__ = [
     "ANSWER_CLOSE",
@@ -64,7 +65,6 @@ ANSWER_CLOSE = "</answer>"
 HELD_OUT_FRACTION = 0.1
 _LINE_RE = re.compile(r"\s*(-?\d+)([+\-*])(\d+)=(-?\d+)\s*")
 _ANSWER_LINE_RE = re.compile(rf"\s*{re.escape(ANSWER_OPEN)}\s*(-?\d+)\s*{re.escape(ANSWER_CLOSE)}\s*")
-_ANSWER_RE = re.compile(rf"{re.escape(ANSWER_OPEN)}\s*(-?\d+)\s*{re.escape(ANSWER_CLOSE)}")
 # Special-token markers left by decoding without skip_special_tokens (``<|endoftext|>``).
 _SPECIAL_RE = re.compile(r"<\|[A-Za-z_]+\|>")
 
@@ -188,24 +188,12 @@ def worked_solution(row: dict[str, Any]) -> str:
     return "\n".join([*lines, f"{ANSWER_OPEN}{values[-1]}{ANSWER_CLOSE}"])
 
 
-def extract_chain_answer(completion: Any) -> str | None:
-    """The integer in the first ``<answer>...</answer>``, normalised (``"045"`` -> ``"45"``), or None."""
-    match = _ANSWER_RE.search(_text(completion))
-    return None if match is None else str(int(match.group(1)))
+extract_chain_answer = integer_answer
+"""The integer in the last ``<answer>...</answer>``, normalised (``"045"`` -> ``"45"``), or None."""
 
-
-def chain_outcome_reward(
-    prompts: Sequence[Any],
-    completions: Sequence[Any],
-    completion_ids: Sequence[Any] | None = None,
-    **columns: Any,
-) -> list[float | None]:
-    """Outcome reward (TRL signature): 1.0 when the answer equals the row's ``solution`` exactly, else 0.0."""
-    out: list[float | None] = []
-    for completion, solution in zip(completions, columns["solution"]):
-        answer = extract_chain_answer(completion)
-        out.append(1.0 if answer is not None and answer == str(solution).strip() else 0.0)
-    return out
+chain_outcome_reward = make_integer_answer_reward("chain_outcome_reward")
+"""Outcome reward (TRL signature): 1.0 when the answer equals the row's ``solution``, else 0.0; the library's
+:func:`grpokit.rewards.make_accuracy_reward` (math-verify) reading the integer in the ``<answer>`` tag."""
 
 
 def _check_line(
@@ -302,17 +290,20 @@ def make_chain_rm_samples(
     rng = random.Random(f"grpokit-chain-rm-{seed}")
     from grpokit.rewards.process.steps import step_texts
 
-    samples = []
-    for row in rows:
-        completion = worked_solution(row) if rng.random() < correct_fraction else corrupt_solution(row, rng)
-        sample: dict[str, Any] = {"prompt": row["prompt"], "completion": completion}
-        if kind == "outcome":
-            (label,) = chain_outcome_reward([row["prompt"]], [completion], solution=[row["solution"]])
+    completions = []
+    for row in rows:  # one draw per row, then (when corrupted) the corruption's own draws
+        correct = rng.random() < correct_fraction
+        completions.append(worked_solution(row) if correct else corrupt_solution(row, rng))
+    samples = [{"prompt": row["prompt"], "completion": c} for row, c in zip(rows, completions)]
+    if kind == "outcome":
+        prompts, solutions = [row["prompt"] for row in rows], [row["solution"] for row in rows]
+        for sample, label in zip(samples, chain_outcome_reward(prompts, completions, solution=solutions)):
             sample["label"] = label
-        else:
-            steps = [step_texts(completion)]
-            sample["step_labels"] = chain_step_reward(
-                [row["prompt"]], [completion], steps, start=[row["start"]], operations=[row["operations"]]
-            )[0]
-        samples.append(sample)
+        return samples
+    for row, sample in zip(rows, samples):
+        completion = sample["completion"]
+        columns = {"start": [row["start"]], "operations": [row["operations"]]}
+        sample["step_labels"] = chain_step_reward(
+            [row["prompt"]], [completion], [step_texts(completion)], **columns
+        )[0]
     return samples
