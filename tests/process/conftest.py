@@ -4,19 +4,10 @@ BPE tokenizer whose hand-written merges make tokens that straddle step boundarie
 from __future__ import annotations
 
 import pytest
-import torch
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
 from grpokit.models.tiny import build_char_tokenizer
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import yaml
 from grpokit.cli import find_recipe, load_recipe, main
 from grpokit.data.tasks import get_task
 from grpokit.data.tasks.chain import chain_outcome_reward, chain_step_reward
-from grpokit.models.tiny import build_char_tokenizer, build_tiny_model
+from grpokit.models.tiny import build_char_tokenizer
 from grpokit.train.recipe import TrainArgs, process_supervision
 from grpokit.train.reward_model import build_tiny_reward_model, save_reward_model
 
@@ -68,22 +68,10 @@ def test_process_supervision_resolves_task_names(tmp_path):
         assert kwargs == {"iterative_reward_model": str(path), "rm_label_func": expected}
 
 
-@pytest.fixture(scope="module")
-def policy_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-policy")
-    tokenizer = build_char_tokenizer()
-    model = build_tiny_model(
-        tokenizer, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0
-    )
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
-def write_recipe(tmp_path, policy_dir, **extra):
+def write_recipe(tmp_path, tiny_model_dir, **extra):
     path = tmp_path / "recipe.yaml"
     values = {
-        "model": str(policy_dir),
+        "model": str(tiny_model_dir),
         "task": "chain",
         "num_train_examples": 8,
         "num_eval_examples": 2,
@@ -99,9 +87,9 @@ def write_recipe(tmp_path, policy_dir, **extra):
     return path
 
 
-def test_cli_trains_with_process_rewards(tmp_path, policy_dir):
+def test_cli_trains_with_process_rewards(tmp_path, tiny_model_dir):
     recipe = write_recipe(
-        tmp_path, policy_dir, process_reward_funcs=["chain_steps"], outcome_advantage_weight=0.0
+        tmp_path, tiny_model_dir, process_reward_funcs=["chain_steps"], outcome_advantage_weight=0.0
     )
     assert main(["train", str(recipe)]) == 0
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -109,7 +97,7 @@ def test_cli_trains_with_process_rewards(tmp_path, policy_dir):
     assert "rewards/chain_outcome_reward/mean" in lines[-1]  # still logged, weight 0 in the advantage
 
 
-def test_cli_iterative_reward_model(tmp_path, policy_dir):
+def test_cli_iterative_reward_model(tmp_path, tiny_model_dir):
     tokenizer = build_char_tokenizer()
     rm_dir = tmp_path / "prm"
     save_reward_model(
@@ -118,7 +106,7 @@ def test_cli_iterative_reward_model(tmp_path, policy_dir):
         rm_dir,
         kind="process",
     )
-    recipe = write_recipe(tmp_path, policy_dir, iterative_rm=str(rm_dir), iteration_steps=1, beta=0.04)
+    recipe = write_recipe(tmp_path, tiny_model_dir, iterative_rm=str(rm_dir), iteration_steps=1, beta=0.04)
     assert main(["train", str(recipe)]) == 0
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert all("rm/accuracy_after" in line and "process_rewards/prm/mean" in line for line in lines)

@@ -18,7 +18,7 @@ from grpokit.data.tasks.chain import (
     make_chain_rm_samples,
     make_chain_splits,
 )
-from grpokit.models.tiny import build_char_tokenizer, build_tiny_model
+from grpokit.models.tiny import build_char_tokenizer
 from grpokit.rollout.fake import ScriptedBackend
 from grpokit.train.iterative import IterativeRewardModel
 from grpokit.train.reward_model import build_tiny_reward_model
@@ -32,26 +32,6 @@ COMPLETIONS = [
     "2+3=6\n6*2=12\n<answer>12</answer>",  # wrong, wrong, wrong
     "2+3=5",  # one step, right; no answer
 ]
-
-
-@pytest.fixture(scope="module")
-def policy_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-chain-policy")
-    tokenizer = build_char_tokenizer()
-    model = build_tiny_model(
-        tokenizer, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0
-    )
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def scripted(tokenizer):
@@ -73,11 +53,11 @@ def make_config(tmp_path, **overrides):
     return GRPOConfig(**values)
 
 
-def make_trainer(policy_dir, tmp_path, reward_funcs=(chain_outcome_reward,), **kwargs):
+def make_trainer(tiny_model_dir, tmp_path, reward_funcs=(chain_outcome_reward,), **kwargs):
     config = kwargs.pop("config", None) or make_config(tmp_path)
     tokenizer = build_char_tokenizer()
     trainer = GRPOTrainer(
-        str(policy_dir),
+        str(tiny_model_dir),
         list(reward_funcs),
         config,
         train_dataset=[ROW],
@@ -139,10 +119,10 @@ def expected_advantages(text: str, outcome_weight: float, width: int) -> list[fl
     return out
 
 
-def test_per_token_advantages_reach_the_loss(policy_dir, tmp_path, monkeypatch):
+def test_per_token_advantages_reach_the_loss(tiny_model_dir, tmp_path, monkeypatch):
     calls = record_loss_inputs(monkeypatch)
     config = make_config(tmp_path, outcome_advantage_weight=0.5, process_advantage_weight=1.0)
-    trainer = make_trainer(policy_dir, tmp_path, config=config, process_reward_funcs=["chain_steps"])
+    trainer = make_trainer(tiny_model_dir, tmp_path, config=config, process_reward_funcs=["chain_steps"])
     history = trainer.train()
     assert len(calls) == 1
     advantages, batch = calls[0]["advantages"], calls[0]["batch"]
@@ -161,11 +141,11 @@ def test_per_token_advantages_reach_the_loss(policy_dir, tmp_path, monkeypatch):
     assert math.isfinite(metrics["loss"])
 
 
-def test_pure_process_supervision_without_outcome_rewards(policy_dir, tmp_path, monkeypatch):
+def test_pure_process_supervision_without_outcome_rewards(tiny_model_dir, tmp_path, monkeypatch):
     calls = record_loss_inputs(monkeypatch)
     config = make_config(tmp_path, outcome_advantage_weight=0.0)
     trainer = make_trainer(
-        policy_dir, tmp_path, reward_funcs=[], config=config, process_reward_funcs=[chain_step_reward]
+        tiny_model_dir, tmp_path, reward_funcs=[], config=config, process_reward_funcs=[chain_step_reward]
     )
     trainer.train()
     advantages, batch = calls[0]["advantages"], calls[0]["batch"]
@@ -175,24 +155,24 @@ def test_pure_process_supervision_without_outcome_rewards(policy_dir, tmp_path, 
         torch.testing.assert_close(advantages[row], expected, atol=1e-5, rtol=1e-5)
 
 
-def test_outcome_only_keeps_sequence_advantages(policy_dir, tmp_path, monkeypatch):
+def test_outcome_only_keeps_sequence_advantages(tiny_model_dir, tmp_path, monkeypatch):
     calls = record_loss_inputs(monkeypatch)
-    make_trainer(policy_dir, tmp_path).train()
+    make_trainer(tiny_model_dir, tmp_path).train()
     assert calls[0]["advantages"].shape == (4,)
 
 
-def test_process_configuration_errors(policy_dir, tmp_path):
+def test_process_configuration_errors(tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match="process_reward_weights has 2 values"):
         make_trainer(
-            policy_dir,
+            tiny_model_dir,
             tmp_path,
             config=make_config(tmp_path, process_reward_weights=[1.0, 1.0]),
             process_reward_funcs=["chain_steps"],
         )
     with pytest.raises(ValueError, match="reward_funcs: at least one"):
-        make_trainer(policy_dir, tmp_path, reward_funcs=[])
+        make_trainer(tiny_model_dir, tmp_path, reward_funcs=[])
     with pytest.raises(ValueError, match="iteration_steps > 0 needs an iterative_reward_model"):
-        make_trainer(policy_dir, tmp_path, config=make_config(tmp_path, iteration_steps=2))
+        make_trainer(tiny_model_dir, tmp_path, config=make_config(tmp_path, iteration_steps=2))
 
 
 @pytest.mark.parametrize(
@@ -241,7 +221,7 @@ def params_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     return all(torch.equal(p, other[name]) for name, p in a.named_parameters())
 
 
-def test_iterative_rm_update_replay_and_reference_reset(policy_dir, tmp_path, monkeypatch):
+def test_iterative_rm_update_replay_and_reference_reset(tiny_model_dir, tmp_path, monkeypatch):
     trained_on = []
     original_train = iterative_module.train_reward_model
 
@@ -254,7 +234,7 @@ def test_iterative_rm_update_replay_and_reference_reset(policy_dir, tmp_path, mo
     historical = [json.dumps(s, sort_keys=True) for s in rm.buffer.samples]
     config = make_config(tmp_path, iteration_steps=2, max_steps=4, beta=0.04, outcome_advantage_weight=0.0)
     trainer = make_trainer(
-        policy_dir, tmp_path, config=config, iterative_reward_model=rm, rm_label_func="chain_steps"
+        tiny_model_dir, tmp_path, config=config, iterative_reward_model=rm, rm_label_func="chain_steps"
     )
     # the PRM being trained is the process reward that scores (same module, nothing to swap)
     assert trainer.process.funcs[-1].model is rm.model
@@ -286,10 +266,10 @@ def test_iterative_rm_update_replay_and_reference_reset(policy_dir, tmp_path, mo
     assert all(json.dumps(s, sort_keys=True) in historical for s in first[8:])
 
 
-def test_iterative_training_logs_and_saves_the_reward_model(policy_dir, tmp_path):
+def test_iterative_training_logs_and_saves_the_reward_model(tiny_model_dir, tmp_path):
     config = make_config(tmp_path, iteration_steps=1, max_steps=2, beta=0.04, replay_ratio=0.1)
     trainer = make_trainer(
-        policy_dir, tmp_path, config=config, iterative_reward_model=iterative_rm(history_size=8),
+        tiny_model_dir, tmp_path, config=config, iterative_reward_model=iterative_rm(history_size=8),
         rm_label_func=chain_step_reward,
     )  # fmt: skip
     trainer.train()
@@ -304,16 +284,16 @@ def test_iterative_training_logs_and_saves_the_reward_model(policy_dir, tmp_path
     assert len((saved / "replay_buffer.jsonl").read_text().splitlines()) == 16
 
 
-def test_iterative_needs_a_label_function(policy_dir, tmp_path):
+def test_iterative_needs_a_label_function(tiny_model_dir, tmp_path):
     config = make_config(tmp_path, iteration_steps=1, beta=0.04)
     with pytest.raises(ValueError, match="rm_label_func is required"):
-        make_trainer(policy_dir, tmp_path, config=config, iterative_reward_model=iterative_rm(8))
+        make_trainer(tiny_model_dir, tmp_path, config=config, iterative_reward_model=iterative_rm(8))
 
 
-def test_iterative_state_survives_a_resume(policy_dir, tmp_path):
+def test_iterative_state_survives_a_resume(tiny_model_dir, tmp_path):
     config = make_config(tmp_path, iteration_steps=2, max_steps=1, save_steps=1, beta=0.04)
     first = make_trainer(
-        policy_dir,
+        tiny_model_dir,
         tmp_path,
         config=config,
         iterative_reward_model=iterative_rm(8),
@@ -322,7 +302,7 @@ def test_iterative_state_survives_a_resume(policy_dir, tmp_path):
     first.train()  # one step: 4 completions observed, no update yet; checkpoint-1 written
     assert len(first.iterative.pending) == 4
     second = make_trainer(
-        policy_dir,
+        tiny_model_dir,
         tmp_path,
         config=make_config(tmp_path, iteration_steps=2, max_steps=2, beta=0.04),
         iterative_reward_model=iterative_rm(8),

@@ -21,14 +21,6 @@ VOCAB = 48
 PAD, EOS = 0, 1
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matmuls: one thread is fastest and immune to a busy machine
-    yield
-    torch.set_num_threads(threads)
-
-
 def _tokenizer(path) -> PreTrainedTokenizerFast:
     vocab = {"<pad>": PAD, "<eos>": EOS, "<unk>": 2}
     vocab.update({f"t{i}": i for i in range(3, VOCAB)})

@@ -1,21 +1,6 @@
-"""A tiny Qwen2 policy saved to disk (the real from_pretrained path) and a few arithmetic rows."""
+"""A few arithmetic rows and a reward for the trainer tests (the tiny policy is in tests/conftest.py)."""
 
 import pytest
-import torch
-
-from grpokit.models.tiny import build_char_tokenizer, build_tiny_model
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-policy")
-    tokenizer = build_char_tokenizer()
-    model = build_tiny_model(
-        tokenizer, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0
-    )
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 @pytest.fixture
@@ -34,8 +19,3 @@ def digit_reward(prompts, completions, completion_ids, solution, **kwargs):
         (1.0 if s in c else 0.0) + 0.1 * (sum(ids) % 5)
         for c, s, ids in zip(completions, solution, completion_ids)
     ]
-
-
-@pytest.fixture(autouse=True)
-def _few_threads():
-    torch.set_num_threads(1)

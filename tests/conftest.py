@@ -1,0 +1,31 @@
+"""Fixtures every test package uses: one torch thread, and a tiny policy saved to disk."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpokit.models.tiny import build_char_tokenizer, build_tiny_model
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny matmuls: one thread is fastest, immune to a busy machine, and gives the same numbers every run."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A 2-layer Llama-architecture policy (hidden 32) and the character tokenizer, saved with
+    ``save_pretrained`` so tests go through the real ``from_pretrained`` path."""
+    path = tmp_path_factory.mktemp("tiny-policy")
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(
+        tokenizer, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0
+    )
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
