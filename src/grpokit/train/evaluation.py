@@ -7,7 +7,6 @@ from typing import Any
 import torch
 
 from grpokit.core import combine_rewards
-from grpokit.train.scoring import score_rollout
 
 
 def evaluate_rewards(trainer: Any, rows: list[dict[str, Any]], batch_size: int = 64) -> dict[str, float]:
@@ -18,15 +17,7 @@ def evaluate_rewards(trainer: Any, rows: list[dict[str, Any]], batch_size: int =
         chunk = rows[start : start + batch_size]
         prompt_ids = [trainer.encode_prompt(row["prompt"]) for row in chunk]
         generated = trainer.backend.generate(prompt_ids, 1, params)
-        texts = trainer.tokenizer.batch_decode(generated.completion_ids, skip_special_tokens=True)
-        matrix, _ = score_rollout(
-            trainer.reward_funcs,
-            chunk,
-            texts,
-            generated.completion_ids,
-            trainer_state={"global_step": trainer.step, "max_steps": trainer.max_steps},
-            on_error=trainer.args.reward_failure,
-        )
+        _, matrix, _ = trainer.decode_and_score(chunk, generated.completion_ids)
         matrices.append(matrix)
     matrix = torch.cat(matrices)  # [len(rows), F]
     combined = combine_rewards(matrix, trainer.reward_weights)  # [len(rows)]

@@ -209,15 +209,7 @@ class GRPOTrainer:
         time_generate = time.perf_counter() - start
         # 3. score every completion with every reward function -> [n, F]
         repeated_rows = [row for row in rows for _ in range(self.args.num_generations)]
-        texts = self.tokenizer.batch_decode(generated.completion_ids, skip_special_tokens=True)
-        rewards, failures = score_rollout(
-            self.reward_funcs,
-            repeated_rows,
-            texts,
-            generated.completion_ids,
-            trainer_state={"global_step": self.step, "max_steps": self.max_steps},
-            on_error=self.args.reward_failure,
-        )
+        texts, rewards, failures = self.decode_and_score(repeated_rows, generated.completion_ids)
         process = (
             self.process.score(repeated_rows, texts, generated.completion_ids, self.tokenizer)
             if self.process
@@ -275,6 +267,22 @@ class GRPOTrainer:
         return metrics
 
     # ------------------------------------------------------------------------------------------------
+    def decode_and_score(
+        self, rows: list[dict[str, Any]], completion_ids: list[list[int]]
+    ) -> tuple[list[str], torch.Tensor, dict[str, int]]:
+        """Decode completions (one per row) and score them with every reward function: ``(texts, rewards
+        [n, F] with NaN for None, failures per reward name)``, under the run's ``reward_failure`` policy."""
+        texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        rewards, failures = score_rollout(
+            self.reward_funcs,
+            rows,
+            texts,
+            completion_ids,
+            trainer_state={"global_step": self.step, "max_steps": self.max_steps},
+            on_error=self.args.reward_failure,
+        )
+        return texts, rewards, failures
+
     def encode_prompt(self, prompt: Any) -> list[int]:
         """Token ids of a prompt (chat template for message lists), cut from the left to max_prompt_length."""
         text = render_prompt(prompt, self.tokenizer)
