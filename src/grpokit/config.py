@@ -174,6 +174,10 @@ class GRPOConfig:
     """Gradient clipping by global norm; 0 disables."""
     mixed_precision: Literal["no", "fp16", "bf16"] = "no"
     """accelerate mixed precision."""
+    use_cpu: bool = False
+    """Train on the CPU even when a GPU is present (TRL's name). A multi-process launch (``torchrun``,
+    ``accelerate launch``) on a machine without an accelerator runs on CPU processes talking over gloo
+    either way."""
     gradient_checkpointing: bool = False
     """Trade compute for memory in the policy's backward."""
 

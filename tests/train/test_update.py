@@ -6,6 +6,7 @@ from transformers import AutoModelForCausalLM
 
 from grpokit import GRPOConfig
 from grpokit.train.batch import RolloutBatch
+from grpokit.train.forward import PolicyLogprobs
 from grpokit.train.update import UpdateContext, run_update
 
 
@@ -40,7 +41,7 @@ def gradients(model_dir, batch, **config_values):
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     config = GRPOConfig(num_generations=2, beta=0.0, max_completion_length=5, **config_values)
     ctx = UpdateContext(
-        model=model,
+        policy=PolicyLogprobs(model),
         optimizer=optimizer,
         scheduler=scheduler,
         backward=lambda loss: loss.backward(),

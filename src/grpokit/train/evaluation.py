@@ -16,7 +16,8 @@ def evaluate_rewards(trainer: Any, rows: list[dict[str, Any]], batch_size: int =
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
         prompt_ids = [trainer.encode_prompt(row["prompt"]) for row in chunk]
-        generated = trainer.backend.generate(prompt_ids, 1, params)
+        with trainer.accelerator.autocast():
+            generated = trainer.backend.generate(prompt_ids, 1, params)
         _, matrix, _ = trainer.decode_and_score(chunk, generated.completion_ids)
         matrices.append(matrix)
     matrix = torch.cat(matrices)  # [len(rows), F]

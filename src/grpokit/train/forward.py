@@ -28,7 +28,13 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-__all__ = ["completion_logprobs", "micro_batch_rows", "no_grad_logprobs", "shared_prefix_pays"]
+__all__ = [
+    "PolicyLogprobs",
+    "completion_logprobs",
+    "micro_batch_rows",
+    "no_grad_logprobs",
+    "shared_prefix_pays",
+]
 
 HEAD_CHUNK_ROWS = 512
 """Rows (completion positions) per LM-head chunk: the chunk's float32 logits are [rows, V]."""
@@ -84,6 +90,33 @@ def completion_logprobs(
         with_entropy=with_entropy,
         chunk_size=chunk_size,
     )
+
+
+class PolicyLogprobs(torch.nn.Module):
+    """The policy with :func:`completion_logprobs` as its ``forward``: what the trainer hands to
+    ``accelerator.prepare``.
+
+    The lean forward reaches into the model (backbone, LM head) instead of calling ``model(...)``. Under
+    ``DistributedDataParallel`` gradients are only averaged across processes for computations that run
+    inside the wrapped module's ``forward``, so the wrapped module must be this one, not the bare model.
+    ``self(prompt_ids, prompt_mask, completion_ids, completion_mask, **options)`` returns what
+    ``completion_logprobs(model, ...)`` returns.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        completion_ids: torch.Tensor,
+        completion_mask: torch.Tensor,
+        **options: object,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        ids_and_masks = (prompt_ids, prompt_mask, completion_ids, completion_mask)
+        return completion_logprobs(self.model, *ids_and_masks, **options)
 
 
 def no_grad_logprobs(

@@ -186,7 +186,8 @@ def run_training(args: TrainArgs) -> dict[str, Any]:
         **process_supervision(args),
     )
     output_dir = Path(config.output_dir)
-    print(f"grpokit: {trainer.plan.describe()}; {trainer.max_steps} steps; output in {output_dir}")
+    if trainer.accelerator.is_main_process:
+        print(f"grpokit: {trainer.plan.describe()}; {trainer.max_steps} steps; output in {output_dir}")
     summary: dict[str, Any] = {"model": args.model, "task": args.task}
     evaluating = args.evaluate and eval_rows is not None and trainer.accelerator.is_main_process
     max_new = args.eval_max_new_tokens or config.max_completion_length

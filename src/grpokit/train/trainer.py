@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator
 from accelerate.utils import gather_object, set_seed
 from tqdm.auto import tqdm
 from transformers import get_scheduler
@@ -31,7 +30,9 @@ from grpokit.train.checkpoint import (
     prune_checkpoints,
     save_checkpoint,
 )
+from grpokit.train.distributed import make_accelerator, merge_process_metrics
 from grpokit.train.evaluation import evaluate_rewards
+from grpokit.train.forward import PolicyLogprobs
 from grpokit.train.iterative_loop import IterativeLoop
 from grpokit.train.logging import MetricsLogger, plot_metrics
 from grpokit.train.models import load_policy, load_tokenizer, make_backend
@@ -95,7 +96,7 @@ class GRPOTrainer:
                     "base model with the adapter disabled, so there is nothing separate to reset"
                 )
         set_seed(self.args.seed)
-        self.accelerator = Accelerator(mixed_precision=self.args.mixed_precision)
+        self.accelerator = make_accelerator(self.args.mixed_precision, self.args.use_cpu)
         self.plan = self.args.batch_plan(self.accelerator.num_processes)
         self.train_rows = load_rows(train_dataset, name="train_dataset")
         self.eval_rows = load_rows(eval_dataset, name="eval_dataset") if eval_dataset is not None else None
@@ -128,8 +129,10 @@ class GRPOTrainer:
             num_warmup_steps=math.ceil(self.args.warmup_ratio * total_optimizer_steps),
             num_training_steps=total_optimizer_steps,
         )
-        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(
-            self.model, self.optimizer, self.scheduler
+        # The policy is prepared (DDP under several processes) inside PolicyLogprobs, whose forward is the
+        # lean log-prob pass, so DDP sees that pass; self.model stays the bare model, moved in place.
+        self.policy, self.optimizer, self.scheduler = self.accelerator.prepare(
+            PolicyLogprobs(self.model), self.optimizer, self.scheduler
         )
         if self.ref_model is not None:
             self.ref_model.to(self.accelerator.device)
@@ -144,7 +147,8 @@ class GRPOTrainer:
     # ------------------------------------------------------------------------------------------------
     @property
     def unwrapped_model(self) -> torch.nn.Module:
-        return self.accelerator.unwrap_model(self.model)
+        """The policy itself (a ``transformers`` or PEFT model), not wrapped by DDP."""
+        return self.model
 
     def sampling_params(self, greedy: bool = False) -> SamplingParams:
         eos = self.tokenizer.eos_token_id
@@ -205,7 +209,8 @@ class GRPOTrainer:
         rows = self.prompts.next_local_rows(self.train_rows, self.accelerator)
         prompt_ids = [self.encode_prompt(row["prompt"]) for row in rows]
         # 2. generate G completions per prompt with the current policy (pi_old = pi_theta)
-        generated = self.backend.generate(prompt_ids, self.args.num_generations, self.sampling_params())
+        with self.accelerator.autocast():  # mixed precision applies to every model pass, not only the update
+            generated = self.backend.generate(prompt_ids, self.args.num_generations, self.sampling_params())
         time_generate = time.perf_counter() - start
         # 3. score every completion with every reward function -> [n, F]
         repeated_rows = [row for row in rows for _ in range(self.args.num_generations)]
@@ -229,7 +234,8 @@ class GRPOTrainer:
         first = self.accelerator.process_index * len(repeated_rows)
         local_advantages = advantages[first : first + len(repeated_rows)]  # [n]
         # 5. one RolloutBatch: padded ids, masks, advantages, old (mu > 1) and reference (beta > 0) log-probs
-        batch = build_rollout_batch(self, prompt_ids, generated, local_advantages)
+        with self.accelerator.autocast():
+            batch = build_rollout_batch(self, prompt_ids, generated, local_advantages)
         if process is not None:  # process supervision: per-token advantages [n, C] (train/process.py)
             batch.advantages = self.process.advantages(process, local_advantages, batch.completion_mask)
         # 6. mu epochs of clipped policy-gradient updates
@@ -264,6 +270,8 @@ class GRPOTrainer:
             "time/step": elapsed,
             "tokens_per_second": batch.num_completion_tokens() / max(elapsed, 1e-9),
         }
+        if self.accelerator.num_processes > 1:  # describe the whole batch, the same on every process
+            metrics = merge_process_metrics(gather_object([metrics]))
         return metrics
 
     # ------------------------------------------------------------------------------------------------
@@ -310,7 +318,7 @@ class GRPOTrainer:
             return torch.nn.utils.clip_grad_norm_(params, float("inf"))
 
         return UpdateContext(
-            model=self.model,
+            policy=self.policy,
             optimizer=self.optimizer,
             scheduler=self.scheduler,
             backward=self.accelerator.backward,

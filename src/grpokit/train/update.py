@@ -11,14 +11,13 @@ import torch
 from grpokit.config import GRPOConfig
 from grpokit.core import aggregation_is_global, policy_loss, top_entropy_mask
 from grpokit.train.batch import RolloutBatch, micro_batch_indices
-from grpokit.train.forward import completion_logprobs
 
 
 @dataclass
 class UpdateContext:
     """What an update needs besides the batch: the model, its optimizer and how to step them."""
 
-    model: torch.nn.Module
+    policy: torch.nn.Module  # PolicyLogprobs, possibly wrapped by DistributedDataParallel
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     backward: Callable[[torch.Tensor], None]  # accelerator.backward
@@ -34,7 +33,7 @@ def run_update(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext) -> d
     rows_per_optimizer_step = config.per_device_train_batch_size * config.gradient_accumulation_steps
     sums: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
-    ctx.model.train()
+    ctx.policy.train()
     for _epoch in range(config.num_iterations):
         order = shuffled_rows(len(batch), config, ctx.generator)
         for rows in order.split(rows_per_optimizer_step):
@@ -55,7 +54,7 @@ def _optimizer_step(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext)
     divide_by_micro_batches = not aggregation_is_global(config.loss_type)
     metric_sums: dict[str, float] = defaultdict(float)
     for rows in micro_batches:
-        loss, metrics = _micro_batch_loss(batch.select(rows), config, ctx.model, num_items)
+        loss, metrics = _micro_batch_loss(batch.select(rows), config, ctx.policy, num_items)
         if divide_by_micro_batches:
             loss = loss / len(micro_batches)
         ctx.backward(loss)
@@ -87,11 +86,10 @@ def shuffled_rows(num_rows: int, config: GRPOConfig, generator: torch.Generator)
 
 
 def _micro_batch_loss(
-    batch: RolloutBatch, config: GRPOConfig, model: torch.nn.Module, num_items: float
+    batch: RolloutBatch, config: GRPOConfig, policy: torch.nn.Module, num_items: float
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     mask = batch.completion_mask.float()  # [n, C]
-    logps, entropy = completion_logprobs(
-        model,
+    logps, entropy = policy(  # PolicyLogprobs: completion_logprobs through the (DDP) module's forward
         batch.prompt_ids,
         batch.prompt_mask,
         batch.completion_ids,

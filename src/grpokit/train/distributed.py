@@ -1,0 +1,65 @@
+"""Several training processes: which device they use, and one set of logged metrics from all of them.
+
+Each process generates, scores and updates on its own share of the prompts (whole groups); rewards are
+gathered before the advantages (``GRPOTrainer.training_step``) and DDP averages the gradients, so the
+optimisation is that of one big batch. What each process measures on its own share (completion lengths, the
+loss, KL, clip ratios, process-reward statistics, failures) is merged here so the log describes the whole
+batch, and every process ends the step with the same metrics.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+
+import torch
+from accelerate import Accelerator
+
+__all__ = ["make_accelerator", "merge_process_metrics", "needs_cpu_processes"]
+
+
+def needs_cpu_processes() -> bool:
+    """True for a multi-process launch (``WORLD_SIZE`` > 1) on a machine with no CUDA/XPU/MPS device:
+    accelerate then only forms a process group (gloo) when told to use the CPU."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    accelerator_api = getattr(torch, "accelerator", None)  # torch >= 2.6
+    if accelerator_api is not None:
+        return not accelerator_api.is_available()
+    return not torch.cuda.is_available()
+
+
+def make_accelerator(mixed_precision: str, use_cpu: bool) -> Accelerator:
+    """The run's ``Accelerator``: on the CPU when asked, or when processes share a CPU-only machine."""
+    return Accelerator(mixed_precision=mixed_precision, cpu=use_cpu or needs_cpu_processes())
+
+
+def _merge_one(name: str, values: list[float]) -> float:
+    """How one metric combines over processes (each holds the same number of completions)."""
+    finite = [v for v in values if not math.isnan(v)]
+    if not finite:
+        return math.nan
+    leaf = name.rsplit("/", 1)[-1]
+    if leaf == "failures" or name == "tokens_per_second":
+        return float(sum(finite))  # counts and throughputs add up
+    if leaf.startswith("min"):
+        return float(min(finite))
+    if leaf.startswith("max") or name.startswith("time/"):
+        return float(max(finite))  # the slowest process sets the pace
+    return float(sum(finite) / len(finite))
+
+
+def merge_process_metrics(per_process: Sequence[dict[str, float]]) -> dict[str, float]:
+    """One metrics dict from each process's (keys in first-seen order).
+
+    ``.../failures`` and ``tokens_per_second``: sum. Names whose last part starts with ``min`` / ``max``:
+    min / max. ``time/...``: max. Everything else: the mean over processes, ignoring NaN. Per-completion
+    means are then exact (every process holds the same number of completions); per-token and per-step
+    means (loss, KL, entropy, process rewards) weight each process equally, as TRL's logging does.
+    Metrics already computed on gathered data (rewards, advantages) are equal on every process and stay so.
+    """
+    names: dict[str, None] = {}
+    for metrics in per_process:
+        names.update(dict.fromkeys(metrics))
+    return {name: _merge_one(name, [float(m[name]) for m in per_process if name in m]) for name in names}

@@ -1,0 +1,61 @@
+"""Run by tests/train/test_multiprocess.py under ``torchrun --nproc_per_node 2``: two GRPO steps on CPU
+processes (gloo), each writing what it saw to ``<out>/rank<k>.json``."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+from grpokit import GRPOConfig, GRPOTrainer
+
+
+def reward(prompts, completions, completion_ids, solution, **kwargs):
+    """Solution present (1.0) plus a token-id term, so groups of a random policy differ."""
+    return [
+        (1.0 if s in c else 0.0) + 0.1 * (sum(i) % 5)
+        for c, s, i in zip(completions, solution, completion_ids)
+    ]
+
+
+def main(policy_dir: str, out: str) -> None:
+    torch.set_num_threads(1)
+    rows = [{"prompt": f"{a}+{b}=", "solution": str(a + b)} for a in range(4) for b in range(4)]
+    config = GRPOConfig(
+        output_dir=f"{out}/run",
+        max_steps=2,
+        num_generations=4,
+        per_device_train_batch_size=8,  # 2 prompts x G=4 on each of the 2 processes
+        max_completion_length=6,
+        beta=0.04,
+        learning_rate=1e-2,
+        disable_tqdm=True,
+        seed=0,
+    )
+    trainer = GRPOTrainer(model=policy_dir, reward_funcs=[reward], args=config, train_dataset=rows)
+    seen: list[list[str]] = []
+    next_local_rows = trainer.prompts.next_local_rows
+
+    def recording(rows_, accelerator):
+        local = next_local_rows(rows_, accelerator)
+        seen.append([row["prompt"] for row in local])
+        return local
+
+    trainer.prompts.next_local_rows = recording
+    history = trainer.train()
+    params = torch.cat([p.detach().flatten() for p in trainer.unwrapped_model.parameters()])
+    rank = trainer.accelerator.process_index
+    record = {
+        "rank": rank,
+        "num_processes": trainer.accelerator.num_processes,
+        "prompts": seen,
+        "param_checksum": [float(params.sum()), float(params.abs().sum())],
+        "history": history,
+    }
+    with open(f"{out}/rank{rank}.json", "w") as f:
+        json.dump(record, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

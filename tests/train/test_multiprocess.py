@@ -1,0 +1,92 @@
+"""GRPO on two CPU processes (torchrun, gloo): prompts are split, parameters stay identical, the log
+describes the whole batch; and the rules that merge per-process metrics."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grpokit.train.distributed import merge_process_metrics, needs_cpu_processes
+
+WORKER = Path(__file__).with_name("_two_process_worker.py")
+
+
+def test_merge_rules_on_hand_made_metrics():
+    rank0 = {
+        "loss": 0.2,
+        "completions/min_length": 3.0,
+        "completions/max_length": 9.0,
+        "rewards/acc/failures": 1.0,
+        "time/step": 1.5,
+        "tokens_per_second": 100.0,
+        "kl": math.nan,
+    }
+    rank1 = {
+        "loss": 0.4,
+        "completions/min_length": 2.0,
+        "completions/max_length": 7.0,
+        "rewards/acc/failures": 2.0,
+        "time/step": 2.5,
+        "tokens_per_second": 50.0,
+        "kl": 0.1,
+        "only_here": 5.0,
+    }
+    merged = merge_process_metrics([rank0, rank1])
+    assert merged == pytest.approx(
+        {
+            "loss": 0.3,
+            "completions/min_length": 2.0,
+            "completions/max_length": 9.0,
+            "rewards/acc/failures": 3.0,
+            "time/step": 2.5,
+            "tokens_per_second": 150.0,
+            "kl": 0.1,
+            "only_here": 5.0,
+        }
+    )
+    assert list(merged)[:2] == ["loss", "completions/min_length"]
+    assert math.isnan(merge_process_metrics([{"kl": math.nan}, {"kl": math.nan}])["kl"])
+
+
+def test_cpu_processes_only_for_a_multi_process_launch(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert not needs_cpu_processes()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert needs_cpu_processes() is (not __import__("torch").accelerator.is_available())
+
+
+def test_two_processes_train_as_one_batch(tiny_model_dir, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK"))}
+    env["OMP_NUM_THREADS"] = "1"
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(WORKER),
+        str(tiny_model_dir),
+        str(tmp_path),
+    ]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in (0, 1)]
+    assert [r["num_processes"] for r in ranks] == [2, 2]
+    for step in range(2):  # each step's 4 prompts are split into two disjoint shares of 2
+        share0, share1 = ranks[0]["prompts"][step], ranks[1]["prompts"][step]
+        assert len(share0) == len(share1) == 2 and not set(share0) & set(share1)
+    # DDP: the same gradient everywhere, so the same parameters after the updates
+    assert ranks[0]["param_checksum"] == pytest.approx(ranks[1]["param_checksum"], rel=1e-6)
+    # merged metrics: identical on both processes, for the whole batch of 16 completions per step
+    assert ranks[0]["history"] == ranks[1]["history"]
+    last = ranks[0]["history"][-1]
+    assert last["step"] == 2 and last["completions/max_length"] <= 6
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2  # written by the main process only
