@@ -87,6 +87,12 @@ def test_help_lists_options_with_their_docs(capsys):
         "arithmetic-sapo",
         "deepseekmath-rl-7b",
         "r1-zero",
+        "chain-outcome",
+        "chain-process-rule",
+        "chain-process-prm",
+        "chain-iterative-prm",
+        "chain-outcome-orm",
+        "chain-iterative-orm",
     ],
 )
 def test_shipped_recipes_load(name):
