@@ -58,6 +58,10 @@ def test_generation_batch_size_derives_steps_per_generation():
         ({"sync_ref_model": True, "beta": 0.0}, "sync_ref_model"),
         ({"temperature": 0.0}, "temperature"),
         ({"max_steps": 0}, "max_steps"),
+        ({"bf16": True, "fp16": True}, "bf16"),
+        ({"bf16": True, "mixed_precision": "fp16"}, "bf16"),
+        ({"fp16": True, "mixed_precision": "bf16"}, "fp16"),
+        ({"warmup_steps": -1}, "warmup_steps"),
     ],
 )
 def test_invalid_combinations_name_the_field(kwargs, field):
@@ -79,3 +83,21 @@ def test_unknown_yaml_field_is_named(tmp_path):
     path.write_text("beta: 0.1\nbetta: 0.2\n")
     with pytest.raises(ValueError, match="betta"):
         GRPOConfig.from_yaml(path)
+
+
+def test_trl_precision_and_warmup_names():
+    assert GRPOConfig(bf16=True).mixed_precision == "bf16"
+    assert GRPOConfig(fp16=True).mixed_precision == "fp16"
+    assert GRPOConfig(bf16=True, mixed_precision="bf16").mixed_precision == "bf16"
+    assert GRPOConfig().num_warmup_steps(100) == 0
+    assert GRPOConfig(warmup_ratio=0.1).num_warmup_steps(95) == 10  # ceil(9.5)
+    assert (
+        GRPOConfig(warmup_ratio=0.1, warmup_steps=3).num_warmup_steps(95) == 3
+    )  # steps win, as in transformers
+
+
+def test_yaml_round_trip_keeps_model_init_kwargs_and_precision(tmp_path):
+    config = GRPOConfig(bf16=True, model_init_kwargs={"dtype": "bfloat16", "trust_remote_code": True})
+    path = tmp_path / "config.yaml"
+    config.to_yaml(path)
+    assert GRPOConfig.from_yaml(path) == config

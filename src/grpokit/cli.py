@@ -66,7 +66,7 @@ def load_recipe(path: Path) -> TrainArgs:
 
 
 def to_flag_arguments(overrides: list[str]) -> list[str]:
-    """``key=value`` -> ``--key value`` (YAML-typed: a list value becomes several arguments)."""
+    """``key=value`` -> ``--key value`` (YAML-typed: a list or a mapping value becomes several arguments)."""
     arguments: list[str] = []
     for item in overrides:
         if item.startswith("-") or "=" not in item:
@@ -77,6 +77,8 @@ def to_flag_arguments(overrides: list[str]) -> list[str]:
         value = yaml.safe_load(raw) if raw.strip() else raw
         if isinstance(value, list):
             arguments.extend(_scalar_text(v) for v in value)
+        elif isinstance(value, dict):  # {dtype: bfloat16, ...} -> key value pairs
+            arguments.extend(_scalar_text(v) for pair in value.items() for v in pair)
         elif isinstance(value, bool):  # YAML's true/false/yes/no -> the True/False tyro expects
             arguments.append(str(value))
         else:

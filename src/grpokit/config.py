@@ -19,6 +19,7 @@ steps; each optimizer step accumulates gradients over ``gradient_accumulation_st
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -164,6 +165,8 @@ class GRPOConfig:
     """Learning-rate schedule over the optimizer steps of the run."""
     warmup_ratio: float = 0.0
     """Fraction of optimizer steps spent warming up linearly from 0."""
+    warmup_steps: int = 0
+    """Optimizer steps of linear warm-up; when > 0 it replaces warmup_ratio (as in transformers)."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     adam_beta1: float = 0.9
@@ -173,7 +176,16 @@ class GRPOConfig:
     max_grad_norm: float = 1.0
     """Gradient clipping by global norm; 0 disables."""
     mixed_precision: Literal["no", "fp16", "bf16"] = "no"
-    """accelerate mixed precision."""
+    """accelerate mixed precision (autocast over generation, log-prob passes and the update)."""
+    bf16: bool = False
+    """TRL/transformers name for ``mixed_precision="bf16"``."""
+    fp16: bool = False
+    """TRL/transformers name for ``mixed_precision="fp16"``."""
+    model_init_kwargs: dict[str, str | int | float | bool] | None = None
+    """Keyword arguments of ``from_pretrained`` when the policy is given as a path or hub id (TRL's name),
+    e.g. ``{"dtype": "bfloat16", "attn_implementation": "sdpa"}``. Without ``dtype`` the weights load in
+    float32. Strings ``"true"``/``"false"`` become booleans. Command line:
+    ``model_init_kwargs={dtype: bfloat16}``."""
     use_cpu: bool = False
     """Train on the CPU even when a GPU is present (TRL's name). A multi-process launch (``torchrun``,
     ``accelerate launch``) on a machine without an accelerator runs on CPU processes talking over gloo
@@ -214,7 +226,24 @@ class GRPOConfig:
     """Most samples the replay buffer keeps (a uniform reservoir of all history); None keeps all."""
 
     def __post_init__(self) -> None:
+        self._resolve_precision_aliases()
         self._validate()
+
+    def _resolve_precision_aliases(self) -> None:
+        """bf16/fp16 (TRL's booleans) -> mixed_precision, refusing contradictions."""
+        _require(not (self.bf16 and self.fp16), "bf16", "and fp16 cannot both be true")
+        for flag, mode in ((self.bf16, "bf16"), (self.fp16, "fp16")):
+            if flag:
+                _require(
+                    self.mixed_precision in ("no", mode),
+                    mode,
+                    f"=True contradicts mixed_precision={self.mixed_precision!r}",
+                )
+                self.mixed_precision = mode
+
+    def num_warmup_steps(self, total_optimizer_steps: int) -> int:
+        """Warm-up length in optimizer steps: warmup_steps if > 0, else ceil(warmup_ratio * total)."""
+        return self.warmup_steps or math.ceil(self.warmup_ratio * total_optimizer_steps)
 
     @property
     def clip_high(self) -> float:
@@ -245,6 +274,7 @@ class GRPOConfig:
         _require(self.max_completion_length >= 1, "max_completion_length", "must be >= 1")
         _require(self.learning_rate >= 0, "learning_rate", "must be >= 0")
         _require(0 <= self.warmup_ratio < 1, "warmup_ratio", "must be in [0, 1)")
+        _require(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
         _require(self.max_steps != 0, "max_steps", "must be positive, or -1 to use num_train_epochs")
         _require(self.max_steps > 0 or self.num_train_epochs > 0, "num_train_epochs", "must be > 0")
         _require(0 < self.ref_model_mixup_alpha <= 1, "ref_model_mixup_alpha", "must be in (0, 1]")

@@ -25,12 +25,31 @@ def load_tokenizer(model: str | Path | torch.nn.Module) -> Any:
     return tokenizer
 
 
+def model_init_kwargs(args: GRPOConfig) -> dict[str, Any]:
+    """``from_pretrained`` keyword arguments: ``args.model_init_kwargs`` with ``dtype`` (or TRL's older
+    ``torch_dtype``) as a torch dtype (``"auto"`` kept; default float32), "true"/"false" as booleans."""
+    kwargs: dict[str, Any] = {}
+    for key, value in (args.model_init_kwargs or {}).items():
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            value = value.lower() == "true"
+        kwargs["dtype" if key == "torch_dtype" else key] = value
+    dtype = kwargs.get("dtype", torch.float32)
+    if isinstance(dtype, str) and dtype != "auto":
+        resolved = getattr(torch, dtype.removeprefix("torch."), None)
+        if not isinstance(resolved, torch.dtype):
+            raise ValueError(f"model_init_kwargs: dtype {dtype!r} is not a torch dtype ('bfloat16', 'auto')")
+        dtype = resolved
+    kwargs["dtype"] = dtype
+    return kwargs
+
+
 def load_policy(
     model: str | Path | torch.nn.Module, args: GRPOConfig, peft_config: Any = None
 ) -> torch.nn.Module:
-    """A causal LM from a path / hub id (float32 weights; accelerate handles mixed precision) or as given."""
+    """A causal LM from a path / hub id (``from_pretrained`` with ``args.model_init_kwargs``; float32 weights
+    unless they name a ``dtype``; accelerate handles mixed precision) or the module as given."""
     if isinstance(model, (str, Path)):
-        policy = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
+        policy = AutoModelForCausalLM.from_pretrained(str(model), **model_init_kwargs(args))
     elif isinstance(model, (PreTrainedModel, torch.nn.Module)):
         policy = model
     else:

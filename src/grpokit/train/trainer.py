@@ -126,7 +126,7 @@ class GRPOTrainer:
         self.scheduler = get_scheduler(
             self.args.lr_scheduler_type,
             self.optimizer,
-            num_warmup_steps=math.ceil(self.args.warmup_ratio * total_optimizer_steps),
+            num_warmup_steps=self.args.num_warmup_steps(total_optimizer_steps),
             num_training_steps=total_optimizer_steps,
         )
         # The policy is prepared (DDP under several processes) inside PolicyLogprobs, whose forward is the
