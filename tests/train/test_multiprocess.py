@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from grpokit.train.distributed import merge_process_metrics, needs_cpu_processes
+from grpokit.train.distributed import make_accelerator, merge_process_metrics, needs_cpu_processes
 
 WORKER = Path(__file__).with_name("_two_process_worker.py")
 
@@ -59,6 +59,13 @@ def test_cpu_processes_only_for_a_multi_process_launch(monkeypatch):
     assert not needs_cpu_processes()
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert needs_cpu_processes() is (not __import__("torch").accelerator.is_available())
+
+
+def test_a_later_trainer_may_change_precision_in_one_process():
+    """accelerate refuses a second precision in one process; grpokit resets its state when single-process."""
+    assert make_accelerator("no", use_cpu=False).mixed_precision == "no"
+    assert make_accelerator("bf16", use_cpu=False).mixed_precision == "bf16"
+    assert make_accelerator("no", use_cpu=False).mixed_precision == "no"
 
 
 def test_two_processes_train_as_one_batch(tiny_model_dir, tmp_path):

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import torch
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 
 __all__ = ["make_accelerator", "merge_process_metrics", "needs_cpu_processes"]
 
@@ -31,8 +32,25 @@ def needs_cpu_processes() -> bool:
 
 
 def make_accelerator(mixed_precision: str, use_cpu: bool) -> Accelerator:
-    """The run's ``Accelerator``: on the CPU when asked, or when processes share a CPU-only machine."""
-    return Accelerator(mixed_precision=mixed_precision, cpu=use_cpu or needs_cpu_processes())
+    """The run's ``Accelerator``: on the CPU when asked, or when processes share a CPU-only machine.
+
+    accelerate keeps one process-wide state and refuses a second ``Accelerator`` with another precision.
+    In a single process (a notebook training twice) that state is reset first, so a later trainer may use
+    another ``mixed_precision``; under several processes accelerate's own error stands.
+    """
+    cpu = use_cpu or needs_cpu_processes()
+    _forget_single_process_state(mixed_precision, cpu)
+    return Accelerator(mixed_precision=mixed_precision, cpu=cpu)
+
+
+def _forget_single_process_state(mixed_precision: str, cpu: bool) -> None:
+    state = AcceleratorState._shared_state  # accelerate's singleton storage (empty before the first use)
+    if not state or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return
+    current = AcceleratorState()
+    changed_device = cpu and current.device.type != "cpu"
+    if str(current.mixed_precision) != mixed_precision or changed_device:
+        AcceleratorState._reset_state(reset_partial_state=changed_device)
 
 
 def _merge_one(name: str, values: list[float]) -> float:
