@@ -80,6 +80,20 @@ def test_every_scale_and_importance_level_runs(tiny_model_dir, rows, tmp_path, s
     assert torch.isfinite(torch.tensor(history[-1]["loss"]))
 
 
+@pytest.mark.parametrize("backend", ["transformers", "fast"])
+@pytest.mark.parametrize("precision", [{"model_init_kwargs": {"dtype": "bfloat16"}}, {"bf16": True}])
+def test_bf16_weights_or_autocast_train(tiny_model_dir, rows, tmp_path, backend, precision):
+    """bf16 weights (model_init_kwargs) or bf16 autocast (bf16=True) through generation, the reference and
+    old-policy passes and the update, on either sampler."""
+    config = make_config(tmp_path, generation_backend=backend, num_iterations=2, beta=0.04, **precision)
+    trainer = GRPOTrainer(str(tiny_model_dir), [digit_reward], config, train_dataset=rows)
+    history = trainer.train()
+    assert all(torch.isfinite(torch.tensor(history[-1][k])) for k in ("loss", "kl", "grad_norm"))
+    weights = {p.dtype for p in trainer.unwrapped_model.parameters()}
+    assert weights == ({torch.bfloat16} if "model_init_kwargs" in precision else {torch.float32})
+    assert trainer.accelerator.mixed_precision == ("bf16" if precision.get("bf16") else "no")
+
+
 def test_beta_zero_builds_and_runs_no_reference(tiny_model_dir, rows, tmp_path, monkeypatch):
     import grpokit.train.trainer as trainer_module
 
