@@ -62,6 +62,7 @@ def test_generation_batch_size_derives_steps_per_generation():
         ({"bf16": True, "mixed_precision": "fp16"}, "bf16"),
         ({"fp16": True, "mixed_precision": "bf16"}, "fp16"),
         ({"warmup_steps": -1}, "warmup_steps"),
+        ({"num_completions_to_print": -1}, "num_completions_to_print"),
     ],
 )
 def test_invalid_combinations_name_the_field(kwargs, field):

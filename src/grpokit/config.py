@@ -75,6 +75,11 @@ class GRPOConfig:
     """Extra metric sinks besides metrics.jsonl: "tensorboard" and/or "wandb" (optional extras)."""
     disable_tqdm: bool = False
     """Hide the progress bar."""
+    log_completions: bool = False
+    """At each logged step, append every completion (prompt, text, each reward, advantage) to
+    ``<output_dir>/completions.jsonl`` (TRL's name; TRL sends them to W&B as a table)."""
+    num_completions_to_print: int | None = None
+    """At each logged step, print this many of the step's completions with their rewards (None: none)."""
 
     # ---- batch sizing -----------------------------------------------------------------------------
     num_generations: int = 8
@@ -275,6 +280,8 @@ class GRPOConfig:
         _require(self.learning_rate >= 0, "learning_rate", "must be >= 0")
         _require(0 <= self.warmup_ratio < 1, "warmup_ratio", "must be in [0, 1)")
         _require(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
+        if self.num_completions_to_print is not None:
+            _require(self.num_completions_to_print >= 0, "num_completions_to_print", "must be >= 0")
         _require(self.max_steps != 0, "max_steps", "must be positive, or -1 to use num_train_epochs")
         _require(self.max_steps > 0 or self.num_train_epochs > 0, "num_train_epochs", "must be > 0")
         _require(0 < self.ref_model_mixup_alpha <= 1, "ref_model_mixup_alpha", "must be in (0, 1]")

@@ -31,6 +31,7 @@ def main(policy_dir: str, out: str) -> None:
         beta=0.04,
         learning_rate=1e-2,
         disable_tqdm=True,
+        log_completions=True,
         seed=0,
     )
     trainer = GRPOTrainer(model=policy_dir, reward_funcs=[reward], args=config, train_dataset=rows)

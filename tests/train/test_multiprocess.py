@@ -99,3 +99,8 @@ def test_two_processes_train_as_one_batch(tiny_model_dir, tmp_path):
     assert last["step"] == 2 and last["completions/max_length"] <= 6
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 2  # written by the main process only
+    logged = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    for step in (1, 2):  # the whole batch: both processes' prompts, G=4 completions each, in process order
+        prompts = [r["prompt"] for r in logged if r["step"] == step]
+        shares = ranks[0]["prompts"][step - 1] + ranks[1]["prompts"][step - 1]
+        assert prompts == [p for p in shares for _ in range(4)]

@@ -1,6 +1,7 @@
 """GRPOTrainer end to end on a tiny model: variants, reference/old log-prob rules, rewards, saving."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -261,3 +262,47 @@ def test_eval_dataset_is_scored_greedily_every_eval_steps(tiny_model_dir, rows, 
     assert "eval/reward" not in history[0]
     assert history[1]["eval/reward"] == 0.5
     assert history[1]["eval/rewards/has_seven/mean"] == 0.5
+
+
+def test_completions_are_logged_and_printed(tiny_model_dir, tmp_path, capsys):
+    """log_completions writes every completion of each logged step with its rewards and advantage;
+    num_completions_to_print prints that many."""
+
+    def exact(prompts, completions, completion_ids, solution, **kwargs):
+        return [1.0 if c == s else 0.0 for c, s in zip(completions, solution)]
+
+    def only_first_prompt(prompts, completions, completion_ids, **kwargs):
+        return [0.5 if p == "1+1=" else None for p in prompts]
+
+    rows = [{"prompt": "1+1=", "solution": "2"}, {"prompt": "2+2=", "solution": "4"}]
+    config = make_config(
+        tmp_path,
+        shuffle_dataset=False,
+        max_steps=3,
+        logging_steps=2,
+        log_completions=True,
+        num_completions_to_print=2,
+    )
+    trainer = GRPOTrainer(str(tiny_model_dir), [exact, only_first_prompt], config, train_dataset=rows)
+    answers = {"1+1=": "2", "2+2=": "4"}
+    trainer.backend = ScriptedBackend(trainer.tokenizer, lambda p, i: answers[p] if i % 2 == 0 else "9")
+    trainer.train()
+    records = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [2] * 8 + [3] * 8  # logged steps only: 2 (every 2) and 3 (last)
+    first = records[:4]  # prompt "1+1=", completions right, wrong, right, wrong
+    assert [r["completion"] for r in first] == ["2", "9", "2", "9"]
+    assert all(r["prompt"] == "1+1=" for r in first)
+    assert [r["rewards"] for r in first[:2]] == [
+        {"exact": 1.0, "only_first_prompt": 0.5},
+        {"exact": 0.0, "only_first_prompt": 0.5},
+    ]
+    assert records[4]["rewards"] == {"exact": 1.0, "only_first_prompt": None}  # None stays null
+    assert [r["reward"] for r in first] == [1.5, 0.5, 1.5, 0.5]
+    # group advantages: rewards [1.5, 0.5, 1.5, 0.5] -> (r - 1) / (unbiased std 0.5774 + 1e-4)
+    expected = 0.5 / (math.sqrt(1 / 3) + 1e-4)
+    assert [r["advantage"] for r in first] == pytest.approx(
+        [expected, -expected, expected, -expected], rel=1e-5
+    )
+    printed = capsys.readouterr().out
+    assert printed.count("[step 2]") == 2 and printed.count("[step 3]") == 2
+    assert "completion: '2'" in printed

@@ -30,6 +30,7 @@ from grpokit.train.checkpoint import (
     prune_checkpoints,
     save_checkpoint,
 )
+from grpokit.train.completion_log import CompletionLog, completion_records
 from grpokit.train.distributed import make_accelerator, merge_process_metrics
 from grpokit.train.evaluation import evaluate_rewards
 from grpokit.train.forward import PolicyLogprobs
@@ -139,6 +140,13 @@ class GRPOTrainer:
         self.backend = rollout_backend or make_backend(self.unwrapped_model, self.args)
         self.prompts = PromptSampler(len(self.train_rows), self.plan.prompts, self.args)
         self.generator = torch.Generator().manual_seed(self.args.seed)
+        self.completion_log = CompletionLog(
+            self.args.output_dir,
+            self.args.log_completions,
+            self.args.num_completions_to_print,
+            self.accelerator.is_main_process,
+        )
+        self._completions: list[dict[str, Any]] = []
         self.logger = MetricsLogger(
             self.args.output_dir, self.args.report_to, self.accelerator.is_main_process
         )
@@ -189,8 +197,9 @@ class GRPOTrainer:
                 kl=f"{metrics.get('kl', 0.0):.4f}",
                 loss=f"{metrics['loss']:.4f}",
             )
-            if self.step % self.args.logging_steps == 0 or self.step == self.max_steps:
+            if self._is_logged(self.step):
                 self.logger.log(self.step, metrics)
+                self.completion_log.log(self.step, self._completions)
                 history.append({"step": self.step, **metrics})
             if self.args.save_steps and self.step % self.args.save_steps == 0:
                 self.save_checkpoint()
@@ -272,7 +281,24 @@ class GRPOTrainer:
         }
         if self.accelerator.num_processes > 1:  # describe the whole batch, the same on every process
             metrics = merge_process_metrics(gather_object([metrics]))
+        if self.completion_log.wanted and self._is_logged(self.step + 1):
+            self._completions = self._completion_records(
+                repeated_rows, texts, all_rewards, combined, advantages
+            )
         return metrics
+
+    def _is_logged(self, step: int) -> bool:
+        """Whether the metrics (and sample completions) of GRPO step ``step`` (1-based) are logged."""
+        return step % self.args.logging_steps == 0 or step == self.max_steps
+
+    def _completion_records(self, rows, texts, rewards, combined, advantages) -> list[dict[str, Any]]:
+        """Records of the whole batch: this process's prompts and texts gathered in process order, which
+        is the order of the gathered rewards [N, F], combined [N] and advantages [N]."""
+        pairs = [(row["prompt"], text) for row, text in zip(rows, texts)]
+        if self.accelerator.num_processes > 1:
+            pairs = gather_object(pairs)
+        prompts, completions = [p for p, _ in pairs], [t for _, t in pairs]
+        return completion_records(prompts, completions, self.reward_names, rewards, combined, advantages)
 
     # ------------------------------------------------------------------------------------------------
     def decode_and_score(
