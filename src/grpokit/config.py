@@ -158,6 +158,9 @@ class GRPOConfig:
     """Min-p filter; 0 disables."""
     repetition_penalty: float = 1.0
     """Repetition penalty (1.0 disables)."""
+    chat_template_kwargs: dict[str, str | int | float | bool] | None = None
+    """Extra variables for the chat template of conversational prompts (TRL's name), e.g.
+    ``{"enable_thinking": False}`` for Qwen3."""
     generation_backend: Literal["transformers", "fast"] = "transformers"
     """transformers: ``model.generate``. fast: grpokit's sampler (shared prompt prefill, KV cache)."""
     generation_micro_batch_size: int | None = None
@@ -197,6 +200,9 @@ class GRPOConfig:
     either way."""
     gradient_checkpointing: bool = False
     """Trade compute for memory in the policy's backward."""
+    disable_dropout: bool = False
+    """Set every dropout probability of the policy to 0 (TRL's name), so the update's log-probs match the
+    sampling ones."""
 
     # ---- evaluation ----------------------------------------------------------------------------------------
     eval_steps: int = 0

@@ -52,3 +52,64 @@ def test_recipe_mapping_survives_the_command_line(tmp_path):
     args = parse_train_args([str(recipe), "beta=0.1"])
     assert args.config.model_init_kwargs == {"dtype": "bfloat16", "trust_remote_code": True}
     assert args.config.beta == 0.1
+
+
+def test_disable_dropout_zeroes_modules_attributes_and_config():
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    from grpokit.train.models import disable_dropout
+
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=32,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            attention_dropout=0.3,
+        )
+    )
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=32, n_embd=16, n_layer=1, n_head=2, resid_pdrop=0.2))
+    for model in (llama, gpt2):
+        disable_dropout(model)
+        rates = [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+        rates += [
+            v for m in model.modules() for k, v in vars(m).items() if "dropout" in k and isinstance(v, float)
+        ]
+        rates += [v for k, v in vars(model.config).items() if "dropout" in k and isinstance(v, float)]
+        assert rates and all(r == 0.0 for r in rates)
+
+
+def test_load_policy_disables_dropout_only_when_asked(tiny_model_dir):
+    loaded = load_policy(str(tiny_model_dir), GRPOConfig(model_init_kwargs={"attention_dropout": 0.25}))
+    assert loaded.config.attention_dropout == 0.25
+    loaded = load_policy(
+        str(tiny_model_dir), GRPOConfig(disable_dropout=True, model_init_kwargs={"attention_dropout": 0.25})
+    )
+    assert loaded.config.attention_dropout == 0.0
+    assert all(m.attention_dropout == 0.0 for m in loaded.modules() if hasattr(m, "attention_dropout"))
+
+
+def test_chat_template_kwargs_reach_the_template(tiny_model_dir, rows, tmp_path):
+    from grpokit import GRPOTrainer
+    from grpokit.data.loading import render_prompt
+
+    from .conftest import digit_reward
+
+    template = (
+        "{%- for m in messages -%}{{ m['content'] }}{%- endfor -%}"
+        "{%- if add_generation_prompt and enable_thinking is defined and not enable_thinking -%}"
+        "<answer>{%- endif -%}"
+    )
+    messages = [{"role": "user", "content": "1+1="}]
+    config = GRPOConfig(
+        output_dir=str(tmp_path),
+        num_generations=2,
+        per_device_train_batch_size=2,
+        chat_template_kwargs={"enable_thinking": False},
+    )
+    trainer = GRPOTrainer(str(tiny_model_dir), [digit_reward], config, train_dataset=rows)
+    trainer.tokenizer.chat_template = template
+    assert render_prompt(messages, trainer.tokenizer) == "1+1="
+    assert render_prompt(messages, trainer.tokenizer, {"enable_thinking": False}) == "1+1=<answer>"
+    assert trainer.tokenizer.decode(trainer.encode_prompt(messages)) == "1+1=<answer>"

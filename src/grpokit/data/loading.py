@@ -84,13 +84,18 @@ def is_conversational(row: dict[str, Any]) -> bool:
     return isinstance(row["prompt"], list)
 
 
-def render_prompt(prompt: str | list[dict[str, str]], tokenizer: Any) -> str:
-    """The text the policy sees: the prompt itself, or the chat template applied with a generation prompt."""
+def render_prompt(
+    prompt: str | list[dict[str, str]], tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None
+) -> str:
+    """The text the policy sees: the prompt itself, or the chat template applied with a generation prompt
+    (``chat_template_kwargs`` are passed to the template, e.g. ``{"enable_thinking": False}`` for Qwen3)."""
     if isinstance(prompt, str):
         return prompt
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError("conversational prompts need a tokenizer with a chat_template")
-    return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(
+        prompt, tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {})
+    )
 
 
 def reward_columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:

@@ -319,7 +319,7 @@ class GRPOTrainer:
 
     def encode_prompt(self, prompt: Any) -> list[int]:
         """Token ids of a prompt (chat template for message lists), cut from the left to max_prompt_length."""
-        text = render_prompt(prompt, self.tokenizer)
+        text = render_prompt(prompt, self.tokenizer, self.args.chat_template_kwargs)
         ids = self.tokenizer(text, add_special_tokens=isinstance(prompt, str))["input_ids"]
         limit = self.args.max_prompt_length
         return ids[-limit:] if limit is not None and len(ids) > limit else ids
