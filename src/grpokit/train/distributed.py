@@ -20,10 +20,15 @@ from accelerate.state import AcceleratorState
 __all__ = ["make_accelerator", "merge_process_metrics", "needs_cpu_processes"]
 
 
+def _launched_processes() -> int:
+    """Processes of this launch as torchrun / accelerate launch announce it (1 when run plainly)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def needs_cpu_processes() -> bool:
     """True for a multi-process launch (``WORLD_SIZE`` > 1) on a machine with no CUDA/XPU/MPS device:
     accelerate then only forms a process group (gloo) when told to use the CPU."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    if _launched_processes() <= 1:
         return False
     accelerator_api = getattr(torch, "accelerator", None)  # torch >= 2.6
     if accelerator_api is not None:
@@ -45,7 +50,7 @@ def make_accelerator(mixed_precision: str, use_cpu: bool) -> Accelerator:
 
 def _forget_single_process_state(mixed_precision: str, cpu: bool) -> None:
     state = AcceleratorState._shared_state  # accelerate's singleton storage (empty before the first use)
-    if not state or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if not state or _launched_processes() > 1:
         return
     current = AcceleratorState()
     changed_device = cpu and current.device.type != "cpu"

@@ -46,11 +46,11 @@ def model_init_kwargs(args: GRPOConfig) -> dict[str, Any]:
 def disable_dropout(model: torch.nn.Module) -> None:
     """p = 0 for every ``nn.Dropout``, and 0.0 for every float attribute named ``*dropout*`` of a module or of
     the model's config (attention layers keep their rate as a plain attribute, e.g. ``attention_dropout``)."""
-    holders: list[Any] = [*model.modules(), getattr(model, "config", None)]
-    for holder in holders:
+    config = getattr(model, "config", None)
+    for holder in [*model.modules(), *([config] if config is not None else [])]:
         if isinstance(holder, torch.nn.Dropout):
             holder.p = 0.0
-        for name, value in list(vars(holder).items()) if holder is not None else []:
+        for name, value in list(vars(holder).items()):
             if "dropout" in name and isinstance(value, float):
                 setattr(holder, name, 0.0)
 
@@ -66,8 +66,6 @@ def load_policy(
         policy = model
     else:
         raise TypeError(f"model: expected a path, a hub id or a PreTrainedModel, got {type(model).__name__}")
-    if args.disable_dropout:
-        disable_dropout(policy)
     if args.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
         policy.config.use_cache = False
@@ -77,6 +75,8 @@ def load_policy(
         except ImportError as err:
             raise ImportError("peft_config needs `pip install grpokit[peft]`") from err
         policy = get_peft_model(policy, peft_config)
+    if args.disable_dropout:  # after PEFT, so adapter dropout (lora_dropout) goes too
+        disable_dropout(policy)
     return policy
 
 

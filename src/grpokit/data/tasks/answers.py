@@ -17,8 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from grpokit.rewards import make_accuracy_reward
-from grpokit.rewards._text import completion_text
+from grpokit.rewards import completion_text, make_accuracy_reward
 from grpokit.rewards.accuracy import RewardFunc
 from grpokit.rewards.extract import extract_answer_tag
 
