@@ -32,9 +32,13 @@ def main(policy_dir: str, out: str) -> None:
         learning_rate=1e-2,
         disable_tqdm=True,
         log_completions=True,
+        eval_steps=1,
         seed=0,
     )
-    trainer = GRPOTrainer(model=policy_dir, reward_funcs=[reward], args=config, train_dataset=rows)
+    eval_rows = [{"prompt": f"{a}+{a}=", "solution": str(2 * a)} for a in range(5)]  # 3 + 2 rows per process
+    trainer = GRPOTrainer(
+        model=policy_dir, reward_funcs=[reward], args=config, train_dataset=rows, eval_dataset=eval_rows
+    )
     seen: list[list[str]] = []
     next_local_rows = trainer.prompts.next_local_rows
 

@@ -97,6 +97,7 @@ def test_two_processes_train_as_one_batch(tiny_model_dir, tmp_path):
     assert ranks[0]["history"] == ranks[1]["history"]
     last = ranks[0]["history"][-1]
     assert last["step"] == 2 and last["completions/max_length"] <= 6
+    assert "eval/reward" in last  # eval rows split over the processes, then gathered (equal on both)
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 2  # written by the main process only
     logged = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
