@@ -147,14 +147,48 @@ def test_batch_runs_on_several_workers(verifier):
 def test_hard_timeout_kills_the_stuck_worker():
     # sympy comparing 3 with 9**(9**(9**9)) sits in C code where math-verify's own alarm cannot interrupt it
     pool = MathVerifier(max_workers=1)
-    try:
-        assert pool.check("3", "3", timeout=1.0) == 1.0
+    try:  # "\frac{6}{2}" is not a plain integer, so it goes to the worker (plain integers never do)
+        assert pool.check("3", r"\frac{6}{2}", timeout=1.0) == 1.0
         stuck = pool._workers[0].proc
         start = time.monotonic()
         assert pool.check("3", r"\boxed{9^{9^{9^{9}}}}", timeout=1.0) == 0.0
         assert time.monotonic() - start < 2.0
         assert stuck.poll() is not None  # killed and reaped
-        assert pool.check("3", "3", timeout=1.0) == 1.0  # a fresh worker took over
+        assert pool.check("3", r"\frac{6}{2}", timeout=1.0) == 1.0  # a fresh worker took over
         assert pool._workers[0].proc.pid != stuck.pid
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize(
+    ("gold", "answer"),
+    [
+        ("632", "632"),
+        ("632", "0632"),
+        ("632", "633"),
+        ("-5", "-5"),
+        ("-5", "5"),
+        ("0", "-0"),
+        (" 42 ", "42"),
+        ("123456789012345678901234567890", "123456789012345678901234567890"),
+        ("123456789012345678901234567890", "123456789012345678901234567891"),
+    ],
+)
+def test_integer_fast_path_agrees_with_math_verify(gold, answer):
+    """Plain integers are compared in-process; the verdict is the one math-verify gives."""
+    from math_verify import parse, verify
+
+    from grpokit.rewards.verifier import integer_verdict
+
+    assert integer_verdict(gold, answer) == float(verify(parse(gold), parse(answer)))
+
+
+def test_integer_fast_path_needs_no_worker():
+    from grpokit.rewards.verifier import MathVerifier, integer_verdict
+
+    verifier = MathVerifier(max_workers=2)
+    assert verifier.check_many([("632", "632"), ("632", "0632"), ("7", "8")]) == [1.0, 1.0, 0.0]
+    assert verifier.gold_parses("632") and verifier.check("632", "632") == 1.0
+    assert all(worker.proc is None for worker in verifier._workers)  # no process was started
+    assert integer_verdict("1,234", "1234") is None  # anything but plain integers goes to math-verify
+    assert integer_verdict("3/4", "0.75") is None and integer_verdict("9" * 1001, "1") is None
