@@ -158,8 +158,9 @@ class MathVerifier:
 
     def check_many(self, pairs: list[tuple[str, str]], timeout: float = 5.0) -> list[float | None]:
         """:meth:`check` for each (gold, answer) pair, ``max_workers`` at a time, in order."""
-        if all(integer_verdict(gold, answer) is not None for gold, answer in pairs):
-            return [integer_verdict(gold, answer) for gold, answer in pairs]
+        quick = [integer_verdict(gold, answer) for gold, answer in pairs]
+        if None not in quick:  # all plain integers: no worker, no thread pool
+            return quick
         if len(pairs) <= 1 or self.max_workers == 1:
             return [self.check(gold, answer, timeout) for gold, answer in pairs]
         with ThreadPoolExecutor(self.max_workers) as pool:
