@@ -5,6 +5,7 @@ Standard library only, so it imports in the TRL environment and in grpokit's ali
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import resource
@@ -52,6 +53,18 @@ WORKLOADS = {
 
 NUM_DATASET_PROMPTS = 64
 """Distinct synthetic prompts per workload; steps cycle through them."""
+
+
+def side_arguments() -> argparse.ArgumentParser:
+    """The command-line options every side (grpokit, TRL) takes; a side may add its own."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--workload", required=True, choices=sorted(WORKLOADS))
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", required=True)
+    return ap
 
 
 def reward_fn(prompts, completions, completion_ids, **kwargs) -> list[float]:

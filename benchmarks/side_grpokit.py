@@ -13,7 +13,6 @@ Usage: python side_grpokit.py --model DIR --workload W1 --steps 3 --warmup 1 --o
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -21,7 +20,15 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import NUM_DATASET_PROMPTS, WORKLOADS, PhaseTimer, Workload, reward_fn, write_result
+from common import (
+    NUM_DATASET_PROMPTS,
+    WORKLOADS,
+    PhaseTimer,
+    Workload,
+    reward_fn,
+    side_arguments,
+    write_result,
+)
 from tiny_model import synthetic_prompts
 
 
@@ -183,14 +190,8 @@ def run_trainer(model_dir: str, wl: Workload, steps: int, seed: int, timer: Phas
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--workload", required=True, choices=sorted(WORKLOADS))
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=0)
+    ap = side_arguments()
     ap.add_argument("--impl", choices=("loop", "trainer"), default="loop")
-    ap.add_argument("--out", required=True)
     a = ap.parse_args()
     wl = WORKLOADS[a.workload]
     timer = PhaseTimer()

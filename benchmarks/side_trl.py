@@ -5,7 +5,6 @@ Usage: python side_trl.py --model DIR --workload W1 --steps 3 --warmup 1 --out r
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -13,19 +12,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import NUM_DATASET_PROMPTS, WORKLOADS, PhaseTimer, reward_fn, write_result
+from common import NUM_DATASET_PROMPTS, WORKLOADS, PhaseTimer, reward_fn, side_arguments, write_result
 from tiny_model import synthetic_prompts
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--workload", required=True, choices=sorted(WORKLOADS))
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", required=True)
-    a = ap.parse_args()
+    a = side_arguments().parse_args()
 
     import datasets
     import torch
