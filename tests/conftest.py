@@ -1,4 +1,4 @@
-"""Fixtures every test package uses: one torch thread, and a tiny policy saved to disk."""
+"""Fixtures every test package uses: one torch thread, a tiny policy saved to disk, a character tokenizer."""
 
 from __future__ import annotations
 
@@ -29,3 +29,9 @@ def tiny_model_dir(tmp_path_factory):
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def char_tok():
+    """One token per character; ``<answer>``, ``</answer>`` and ``<step>`` one token each."""
+    return build_char_tokenizer(tags=("<answer>", "</answer>", "<step>"))

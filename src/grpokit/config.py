@@ -256,10 +256,15 @@ class GRPOConfig:
         """Warm-up length in optimizer steps: warmup_steps if > 0, else ceil(warmup_ratio * total)."""
         return self.warmup_steps or math.ceil(self.warmup_ratio * total_optimizer_steps)
 
-    @property
-    def clip_high(self) -> float:
-        """The upper clip range actually used: epsilon_high, or epsilon when that is None."""
-        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+    def _validate_loss(self) -> None:
+        """The loss fields are validated where the loss is defined: by building the run's PolicyLoss."""
+        from grpokit.core.losses import LossConfigError, PolicyLoss  # torch: imported at first use, not by
+        # `import grpokit`
+
+        try:
+            PolicyLoss.from_config(self)
+        except LossConfigError as err:
+            raise ValueError(f"GRPOConfig.{err.field} {err.why}") from None
 
     # -- validation ------------------------------------------------------------------------------------------
     def _validate(self) -> None:
@@ -267,15 +272,7 @@ class GRPOConfig:
         _require(self.per_device_train_batch_size >= 1, "per_device_train_batch_size", "must be >= 1")
         _require(self.gradient_accumulation_steps >= 1, "gradient_accumulation_steps", "must be >= 1")
         _require(self.num_iterations >= 1, "num_iterations", "must be >= 1")
-        _require(self.beta >= 0, "beta", "must be >= 0")
-        _require(0 <= self.epsilon < 1, "epsilon", "must be in [0, 1)")
-        _require(
-            self.clip_high >= self.epsilon or self.loss_type == "cispo",
-            "epsilon_high",
-            f"({self.epsilon_high}) must be >= epsilon ({self.epsilon})",
-        )
-        if self.delta is not None:
-            _require(self.delta > 1 + self.clip_high, "delta", "must exceed 1 + epsilon_high")
+        self._validate_loss()
         _require(0 < self.top_entropy_quantile <= 1, "top_entropy_quantile", "must be in (0, 1]")
         _require(self.temperature > 0, "temperature", "must be > 0 (use greedy evaluation instead)")
         _require(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
@@ -394,10 +391,6 @@ class GRPOConfig:
         if not isinstance(values, dict):
             raise ValueError(f"{path}: expected a mapping of GRPOConfig fields, got {type(values).__name__}")
         return cls.from_dict(values)
-
-
-def config_field_names() -> set[str]:
-    return {f.name for f in dataclasses.fields(GRPOConfig)}
 
 
 def _require(condition: bool, name: str, why: str) -> None:

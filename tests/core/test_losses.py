@@ -7,7 +7,8 @@ import torch
 
 from grpokit.core import (
     LOSS_PRESETS,
-    aggregation_is_global,
+    LossConfigError,
+    PolicyLoss,
     bnpo_aggregation,
     dapo_aggregation,
     dr_grpo_aggregation,
@@ -76,12 +77,16 @@ def test_policy_loss_aggregates_by_hand(loss_type, expected):
     scalar(loss, expected)
 
 
+def is_global(loss_type: str) -> bool:
+    return PolicyLoss(**kwargs_for(loss_type)).is_global
+
+
 def test_aggregation_is_global():
-    assert aggregation_is_global("dapo") and aggregation_is_global("cispo")
-    assert not any(aggregation_is_global(t) for t in ["grpo", "bnpo", "dr_grpo", "sapo"])
+    assert is_global("dapo") and is_global("cispo")
+    assert not any(is_global(t) for t in ["grpo", "bnpo", "dr_grpo", "sapo"])
     assert set(LOSS_PRESETS) == set(ALL_LOSS_TYPES)
     with pytest.raises(ValueError, match="loss_type"):
-        aggregation_is_global("ppo")
+        PolicyLoss(loss_type="ppo")
 
 
 # --- gradients ------------------------------------------------------------------------------------------
@@ -433,7 +438,7 @@ def test_dapo_micro_batches_sum_to_the_full_batch(loss_type):
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "sapo"])
 def test_local_aggregations_divide_by_the_number_of_micro_batches(loss_type):
     # Local aggregation over equal-sized micro-batches: the full loss is the mean of the micro-batch losses.
-    assert not aggregation_is_global(loss_type)
+    assert not is_global(loss_type)
     b = random_batch(8, 6, seed=4)
     kw = kwargs_for(loss_type)
     full, _ = policy_loss(b["logps"], b["old_logps"], b["advantages"], b["mask"], **kw)
@@ -546,3 +551,53 @@ def test_top_entropy_mask_matches_torch_quantile_and_edge_cases():
     assert not top_entropy_mask(ent, torch.zeros_like(mask), 0.2).any()
     with pytest.raises(ValueError, match="quantile"):
         top_entropy_mask(ent, mask, 1.5)
+
+
+# --- the loss spec: hyperparameters once, tensors per call ------------------------------------------------
+
+
+@pytest.mark.parametrize("loss_type", ALL_LOSS_TYPES)
+def test_loss_spec_equals_the_functional_form(loss_type):
+    b = random_batch(4, 5, seed=9)
+    spec = PolicyLoss(**{"beta": 0.04, "epsilon_high": 0.28, **kwargs_for(loss_type)})
+    hyper = {f: getattr(spec, f) for f in ("loss_type", "epsilon_high", "beta", "max_completion_length")}
+    ref = b["logps"].detach() - 0.1
+    by_spec, m1 = spec(
+        b["logps"], b["old_logps"], b["advantages"], b["mask"], ref_logps=ref, num_items_in_batch=7
+    )
+    by_fn, m2 = policy_loss(
+        b["logps"], b["old_logps"], b["advantages"], b["mask"], ref_logps=ref, num_items_in_batch=7, **hyper
+    )
+    assert torch.equal(by_spec, by_fn)
+    assert m1.keys() == m2.keys() and all(torch.equal(m1[k], m2[k]) for k in m1)
+
+
+@pytest.mark.parametrize(
+    ("hyper", "field"),
+    [
+        ({"delta": 1.1}, "delta"),  # must exceed 1 + epsilon_high = 1.2, not just 1
+        ({"delta": 1.3, "epsilon_high": 0.3}, "delta"),
+        ({"loss_type": "cispo"}, "epsilon_high"),  # the IS-weight cap has no default
+        ({"epsilon": 1.0}, "epsilon"),
+        ({"beta": -1.0}, "beta"),
+        ({"kl_estimator": "k4"}, "kl_estimator"),
+        ({"sapo_temperature_neg": 0.0}, "sapo_temperature_neg"),
+        ({"importance_sampling_level": "batch"}, "importance_sampling_level"),
+    ],
+)
+def test_loss_spec_refuses_bad_hyperparameters_naming_the_field(hyper, field):
+    with pytest.raises(LossConfigError) as caught:
+        PolicyLoss(**hyper)
+    assert caught.value.field == field
+
+
+def test_loss_spec_reads_a_config():
+    class Config:  # any object with the field names, e.g. GRPOConfig
+        loss_type, epsilon, epsilon_high, delta, beta = "dapo", 0.2, 0.28, 1.5, 0.0
+        importance_sampling_level, max_completion_length = "token", 16
+        sapo_temperature_pos, sapo_temperature_neg = 1.0, 1.05
+        output_dir = "ignored"
+
+    spec = PolicyLoss.from_config(Config())
+    assert (spec.loss_type, spec.clip_high, spec.delta, spec.kl_estimator) == ("dapo", 0.28, 1.5, "k3")
+    assert spec.is_global

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from grpokit.data.tasks.arithmetic import arithmetic_exact_answer_reward, make_arithmetic_splits
 from grpokit.eval import evaluate_accuracy
 from grpokit.models import build_char_tokenizer, build_tiny_model
+from grpokit.rewards.extract import extract_answer_tag
 
 
 class ScriptedLM(torch.nn.Module):
@@ -64,7 +68,9 @@ def test_greedy_accuracy_and_left_padding(tok):
     }
     model = ScriptedLM(tok, script)
     model.train()
-    out = evaluate_accuracy(model, tok, rows, batch_size=2, return_completions=True)
+    out = evaluate_accuracy(
+        model, tok, rows, batch_size=2, return_completions=True, extract_fn=extract_answer_tag
+    )
     assert out["accuracy"] == pytest.approx(2 / 4)
     assert out["num_examples"] == 4 and out["format_rate"] == pytest.approx(3 / 4)
     assert out["truncated_rate"] == 0.0
@@ -85,7 +91,9 @@ def test_sampling_metrics_and_reward_fn(tok):
         # prompt 2: right, right, wrong, right -> c=3 of 4; majority "4" (right)
         "2+2=": ["<answer>4</answer>", "<answer>4</answer>", "x", "<answer>4</answer>"],
     }
-    out = evaluate_accuracy(ScriptedLM(tok, script), tok, rows, num_samples=4, temperature=1.0)
+    out = evaluate_accuracy(
+        ScriptedLM(tok, script), tok, rows, num_samples=4, temperature=1.0, extract_fn=extract_answer_tag
+    )
     assert out["mean@4"] == pytest.approx((1 / 4 + 3 / 4) / 2)
     assert out["accuracy"] == pytest.approx(out["mean@4"])
     assert out["pass@4"] == pytest.approx(1.0)
@@ -103,30 +111,47 @@ def test_sampling_metrics_and_reward_fn(tok):
         reward_fn=arithmetic_exact_answer_reward,
     )
     assert by_reward["mean@4"] == pytest.approx(out["mean@4"])
+    assert by_reward["pass@4"] == pytest.approx(out["pass@4"])
+    # without an answer extractor there is nothing to vote on or to call a format
+    assert "maj@4" not in by_reward and "format_rate" not in by_reward
     with pytest.raises(ValueError, match="greedy"):
-        evaluate_accuracy(ScriptedLM(tok, script), tok, rows, num_samples=4, temperature=0.0)
+        evaluate_accuracy(
+            ScriptedLM(tok, script), tok, rows, num_samples=4, temperature=0.0, extract_fn=extract_answer_tag
+        )
+    with pytest.raises(ValueError, match="reward_fn or an extract_fn"):
+        evaluate_accuracy(ScriptedLM(tok, script), tok, rows)
+
+
+def test_evaluation_knows_no_task():
+    """grpokit.eval grades with what it is given: importing it loads no built-in task."""
+    code = "import sys, grpokit.eval; print(any(m.startswith('grpokit.data.tasks') for m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def test_real_tiny_model_returns_fractions(tok):
     _, test = make_arithmetic_splits(seed=0, num_train=1, num_test=6, num_digits=2)
     model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2)
-    greedy = evaluate_accuracy(model, tok, test, batch_size=4, max_new_tokens=6)
+    grade = {"extract_fn": extract_answer_tag}
+    greedy = evaluate_accuracy(model, tok, test, batch_size=4, max_new_tokens=6, **grade)
     assert 0.0 <= greedy["accuracy"] <= 1.0 and greedy["num_examples"] == 6
     assert greedy["mean_completion_tokens"] <= 6
     sampled = evaluate_accuracy(
-        model, tok, test, batch_size=8, max_new_tokens=6, num_samples=3, temperature=1.0, seed=5
+        model, tok, test, batch_size=8, max_new_tokens=6, num_samples=3, temperature=1.0, seed=5, **grade
     )
     again = evaluate_accuracy(
-        model, tok, test, batch_size=8, max_new_tokens=6, num_samples=3, temperature=1.0, seed=5
+        model, tok, test, batch_size=8, max_new_tokens=6, num_samples=3, temperature=1.0, seed=5, **grade
     )
     assert sampled == again  # seeded sampling is reproducible
     for key in ("pass@3", "maj@3", "mean@3"):
         assert 0.0 <= sampled[key] <= 1.0
     # conversational prompts render to the same ids, so greedy results are identical
     chat = [{**r, "prompt": [{"role": "user", "content": r["prompt"]}]} for r in test]
-    chat_greedy = evaluate_accuracy(model, tok, chat, batch_size=4, max_new_tokens=6, return_completions=True)
+    chat_greedy = evaluate_accuracy(
+        model, tok, chat, batch_size=4, max_new_tokens=6, return_completions=True, **grade
+    )
     plain_greedy = evaluate_accuracy(
-        model, tok, test, batch_size=4, max_new_tokens=6, return_completions=True
+        model, tok, test, batch_size=4, max_new_tokens=6, return_completions=True, **grade
     )
     assert [c["completions"] for c in chat_greedy["completions"]] == [
         c["completions"] for c in plain_greedy["completions"]

@@ -17,8 +17,8 @@ except ImportError:
 
 import torch
 
-from grpokit.rewards.sandbox import MARKER
-from grpokit.rewards.verifier import MathVerifier
+from grpokit.rewards.isolation.sandbox import MARKER
+from grpokit.rewards.isolation.verifier import MathVerifier
 
 SANDBOX_UID = 65534
 

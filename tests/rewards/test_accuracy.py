@@ -5,7 +5,7 @@ import time
 import pytest
 
 from grpokit.rewards import accuracy_reward, make_accuracy_reward
-from grpokit.rewards.verifier import MathVerifier
+from grpokit.rewards.isolation.verifier import MathVerifier
 
 
 @pytest.fixture(scope="module")
@@ -178,13 +178,13 @@ def test_integer_fast_path_agrees_with_math_verify(gold, answer):
     """Plain integers are compared in-process; the verdict is the one math-verify gives."""
     from math_verify import parse, verify
 
-    from grpokit.rewards.verifier import integer_verdict
+    from grpokit.rewards.isolation.verifier import integer_verdict
 
     assert integer_verdict(gold, answer) == float(verify(parse(gold), parse(answer)))
 
 
 def test_integer_fast_path_needs_no_worker():
-    from grpokit.rewards.verifier import MathVerifier, integer_verdict
+    from grpokit.rewards.isolation.verifier import MathVerifier, integer_verdict
 
     verifier = MathVerifier(max_workers=2)
     assert verifier.check_many([("632", "632"), ("632", "0632"), ("7", "8")]) == [1.0, 1.0, 0.0]

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from grpokit.cli import parse_train_args
+from grpokit.cli.train_command import training_data
 from grpokit.rewards import combine_rewards, resolve_reward, score_completions
-from grpokit.train.recipe import training_data
 
 
 @pytest.fixture(scope="module")

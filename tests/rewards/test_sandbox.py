@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from grpokit.rewards.sandbox import (
+from grpokit.rewards.isolation.sandbox import (
     SandboxError,
     SandboxLimits,
     namespaces_available,
@@ -306,7 +306,7 @@ def test_forged_and_erased_reports_do_not_count():
 
 
 def test_task_count_sees_our_own_threads():
-    from grpokit.rewards.sandbox import _task_count
+    from grpokit.rewards.isolation.sandbox import _task_count
 
     assert _task_count(os.getuid()) >= 1
 
@@ -319,7 +319,7 @@ def test_limits_are_validated():
 
 
 def test_sandbox_failure_is_an_error_not_a_zero(monkeypatch):
-    import grpokit.rewards.sandbox as sandbox
+    import grpokit.rewards.isolation.sandbox as sandbox
 
     monkeypatch.setattr(sandbox, "_RUNNER_SOURCE", "raise SystemExit(3)")
     with pytest.raises(SandboxError, match="before it was ready"):

@@ -14,8 +14,8 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
+from grpokit.rollout import FastSampler, process_logits
 from grpokit.rollout.base import GenerationOutput, RolloutBackend, SamplingParams
-from grpokit.rollout.fast import FastSampler, process_logits
 
 VOCAB = 48
 PAD, EOS = 0, 1

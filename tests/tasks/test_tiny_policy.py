@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import grpokit.models.tiny as tiny
+import grpokit.models.cold_start as cold_start
 from grpokit.data.tasks.arithmetic import make_arithmetic_splits, worked_solution
 from grpokit.models import build_char_tokenizer, build_tiny_model, cold_start_policy
 
@@ -109,7 +109,7 @@ def test_cold_start_trains_once_then_reuses_the_cache(tmp_path, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("a cached cold start must not train again")
 
-    monkeypatch.setattr(tiny, "_run_cold_start", no_training)
+    monkeypatch.setattr(cold_start, "_run_cold_start", no_training)
     assert cold_start_policy("arithmetic", cache_dir=tmp_path, seed=0, progress=False, **TINY_SFT) == path
     # other settings, other directory (and here: training would be needed)
     with pytest.raises(AssertionError, match="must not train"):

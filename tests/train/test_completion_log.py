@@ -43,9 +43,15 @@ def test_size_mismatch_is_refused():
         completion_records(["p"], ["a", "b"], ["acc"], torch.zeros(2, 1), torch.zeros(2), torch.zeros(2))
 
 
+def make_log(tmp_path, write, num_to_print, enabled=True):
+    return CompletionLog(
+        tmp_path, write, num_to_print, reward_names=["acc"], is_logged=lambda step: True, enabled=enabled
+    )
+
+
 def test_disabled_log_writes_nothing(tmp_path):
-    log = CompletionLog(tmp_path, write=True, num_to_print=None, enabled=False)
+    log = make_log(tmp_path, write=True, num_to_print=None, enabled=False)
     assert log.wanted  # every process still collects (the gather is collective) ...
     log.log(1, [{"prompt": "p", "completion": "a", "rewards": {}, "reward": 0.0, "advantage": 0.0}])
     assert not (tmp_path / "completions.jsonl").exists()  # ... but only the main process writes
-    assert not CompletionLog(tmp_path, write=False, num_to_print=0).wanted
+    assert not make_log(tmp_path, write=False, num_to_print=0).wanted

@@ -3,7 +3,9 @@
 Plain = ``model(input_ids, attention_mask, position_ids).logits`` over [prompt | completion], log_softmax,
 gather: the textbook computation, written out in this file. The lean forward (completion positions only,
 chunked LM head under checkpointing, shared prefix per group) must give the same log-probs, the same
-entropy and the same gradient on every parameter, to float tolerance.
+entropy and the same gradient on every parameter, to float tolerance. A second reference is
+``grpokit.core.logprobs_and_entropy`` on the full logits (the memory-lean log-softmax for loops that have
+the logits), which the lean forward's fused head computes without them.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from grpokit.core import logprobs_and_entropy
 from grpokit.train.forward import completion_logprobs, no_grad_logprobs, shared_prefix_pays
 
 VOCAB = 61
@@ -117,6 +120,36 @@ def test_lean_forward_equals_plain_logprobs_entropy_and_gradients(model, shared_
     # The prompt's gradient reaches the embeddings of prompt tokens (shared path: summed over the G rows).
     prompt_tokens = p_ids[p_mask.bool()].unique()
     assert g["model.embed_tokens.weight"][prompt_tokens].abs().sum() > 0
+
+
+def test_fused_head_equals_core_logprobs_on_the_full_logits(model):
+    """The lean forward and core.logprobs_and_entropy over the full forward's logits: same log-probs, entropy
+    and parameter gradients (two chunked custom-backward implementations of one quantity)."""
+    p_ids, p_mask, c_ids, c_mask = _batch(seed=5)
+    weights = torch.randn(c_ids.shape, generator=torch.Generator().manual_seed(2))
+
+    def full_logits_path():
+        input_ids, attention_mask = torch.cat([p_ids, c_ids], 1), torch.cat([p_mask, c_mask], 1)
+        position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+        lp, ent = logprobs_and_entropy(
+            logits[:, p_ids.shape[1] - 1 : -1], c_ids, temperature=0.9, with_entropy=True, chunk_size=5
+        )
+        return lp * c_mask, ent * c_mask
+
+    ref_lp, ref_ent, ref_g = _grads(model, full_logits_path, weights)
+    lp, ent, g = _grads(
+        model,
+        lambda: completion_logprobs(
+            model, p_ids, p_mask, c_ids, c_mask, temperature=0.9, with_entropy=True, chunk_size=7
+        ),
+        weights,
+    )
+    torch.testing.assert_close(lp, ref_lp, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent, ref_ent, atol=1e-5, rtol=1e-5)
+    for name in ref_g:
+        scale = ref_g[name].abs().max().clamp(min=1e-6)
+        torch.testing.assert_close(g[name] / scale, ref_g[name] / scale, atol=2e-5, rtol=0, msg=name)
 
 
 def test_shared_prefix_equals_plain_path(model):

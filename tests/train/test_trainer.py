@@ -7,8 +7,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import grpokit.train.update as update_module
+import grpokit.train.reference as reference_module
 from grpokit import GRPOConfig, GRPOTrainer
+from grpokit.core import PolicyLoss
 from grpokit.rollout.fake import ScriptedBackend
 
 from .conftest import digit_reward
@@ -96,25 +97,24 @@ def test_bf16_weights_or_autocast_train(tiny_model_dir, rows, tmp_path, backend,
 
 
 def test_beta_zero_builds_and_runs_no_reference(tiny_model_dir, rows, tmp_path, monkeypatch):
-    import grpokit.train.trainer as trainer_module
-
     def forbidden(*args, **kwargs):
         raise AssertionError("a reference model was built with beta=0")
 
-    monkeypatch.setattr(trainer_module, "make_reference", forbidden)
+    monkeypatch.setattr(reference_module, "make_reference", forbidden)
     trainer = GRPOTrainer(
         str(tiny_model_dir), [digit_reward], make_config(tmp_path, beta=0.0), train_dataset=rows
     )
-    assert trainer.reference_model is None
+    assert trainer.reference is None
     history = trainer.train()
     assert "kl" not in history[-1]
 
 
 def _record_policy_loss(monkeypatch):
+    """Every call of the run's PolicyLoss: its old log-probs, ratio and mask."""
     calls = []
-    original = update_module.policy_loss
+    original = PolicyLoss.__call__
 
-    def spy(logps, old_logps, advantages, mask, **kwargs):
+    def spy(self, logps, old_logps, advantages, mask, **kwargs):
         calls.append(
             {
                 "old_logps": old_logps,
@@ -123,9 +123,9 @@ def _record_policy_loss(monkeypatch):
                 "kwargs": kwargs,
             }
         )
-        return original(logps, old_logps, advantages, mask, **kwargs)
+        return original(self, logps, old_logps, advantages, mask, **kwargs)
 
-    monkeypatch.setattr(update_module, "policy_loss", spy)
+    monkeypatch.setattr(PolicyLoss, "__call__", spy)
     return calls
 
 
@@ -246,7 +246,7 @@ def test_reference_sync_makes_reference_equal_policy(tiny_model_dir, rows, tmp_p
     trainer = GRPOTrainer(str(tiny_model_dir), [digit_reward], config, train_dataset=rows)
     trainer.train()
     policy = trainer.unwrapped_model.state_dict()
-    for key, value in trainer.ref_model.state_dict().items():
+    for key, value in trainer.reference.model.state_dict().items():
         assert torch.equal(value, policy[key]), key
 
 

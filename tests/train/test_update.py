@@ -5,6 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from grpokit import GRPOConfig
+from grpokit.core import PolicyLoss
 from grpokit.train.batch import RolloutBatch
 from grpokit.train.forward import PolicyLogprobs
 from grpokit.train.update import UpdateContext, run_update
@@ -41,6 +42,7 @@ def gradients(model_dir, batch, **config_values):
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     config = GRPOConfig(num_generations=2, beta=0.0, max_completion_length=5, **config_values)
     ctx = UpdateContext(
+        loss=PolicyLoss.from_config(config),
         policy=PolicyLogprobs(model),
         optimizer=optimizer,
         scheduler=scheduler,

@@ -1,6 +1,13 @@
-"""Pure GRPO tensor math: advantages, KL estimators, policy losses, log-probs. Imports torch only."""
+"""Pure GRPO tensor math: advantages, KL estimators, policy losses, log-probs, padding. Imports torch only:
+no models, files or globals."""
 
-from .advantages import combine_rewards, group_advantages, multi_reward_advantages, process_advantages
+from .advantages import (
+    combine_outcome_and_process,
+    combine_rewards,
+    group_advantages,
+    multi_reward_advantages,
+    process_advantages,
+)
 from .aggregation import (
     AGGREGATION_IS_GLOBAL,
     AGGREGATIONS,
@@ -9,16 +16,18 @@ from .aggregation import (
     dr_grpo_aggregation,
     grpo_aggregation,
 )
-from .kl import kl_penalty
+from .kl import KL_ESTIMATORS, kl_penalty
 from .logprobs import entropy_from_logits, logprobs_and_entropy, selective_log_softmax
 from .losses import (
     LOSS_PRESETS,
-    aggregation_is_global,
+    LossConfigError,
+    PolicyLoss,
     importance_sampling_weights,
     policy_loss,
     top_entropy_mask,
 )
 from .objectives import (
+    IMPORTANCE_SAMPLING_LEVELS,
     OBJECTIVES,
     ObjectiveParams,
     cispo_objective,
@@ -26,17 +35,22 @@ from .objectives import (
     importance_ratio,
     sapo_objective,
 )
+from .padding import pad_left, pad_right, trim_at_eos
 
 __all__ = [
     "AGGREGATIONS",
     "AGGREGATION_IS_GLOBAL",
+    "IMPORTANCE_SAMPLING_LEVELS",
+    "KL_ESTIMATORS",
     "LOSS_PRESETS",
     "OBJECTIVES",
+    "LossConfigError",
     "ObjectiveParams",
-    "aggregation_is_global",
+    "PolicyLoss",
     "bnpo_aggregation",
     "cispo_objective",
     "clipped_objective",
+    "combine_outcome_and_process",
     "combine_rewards",
     "dapo_aggregation",
     "dr_grpo_aggregation",
@@ -48,9 +62,12 @@ __all__ = [
     "kl_penalty",
     "logprobs_and_entropy",
     "multi_reward_advantages",
+    "pad_left",
+    "pad_right",
     "policy_loss",
     "process_advantages",
     "sapo_objective",
     "selective_log_softmax",
     "top_entropy_mask",
+    "trim_at_eos",
 ]

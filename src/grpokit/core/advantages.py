@@ -1,4 +1,4 @@
-"""Group-relative advantages: outcome supervision, several rewards, process supervision.
+"""Group-relative advantages: outcome supervision, several rewards, process supervision and the two combined.
 
 DeepSeekMath (arXiv:2402.03300), section 4.1.2 and 4.1.3. Groups are contiguous: rows k*G .. k*G+G-1 answer
 the same prompt. Every std here is the unbiased (Bessel, divide by n-1) std. NaN marks "no reward" (a reward
@@ -205,3 +205,35 @@ def process_advantages(
             # A[i, t] = sum over steps ending at or after t: a reversed cumulative sum.
             out[i] = at_end.flip(0).cumsum(0).flip(0)
     return out.to(device=device, dtype=dtype)
+
+
+def combine_outcome_and_process(
+    outcome_adv: torch.Tensor,
+    process_adv: torch.Tensor,
+    mask: torch.Tensor,
+    outcome_weight: float = 1.0,
+    process_weight: float = 1.0,
+) -> torch.Tensor:
+    """Per-token advantages from both kinds of supervision: a weighted sum, masked. Returns [N, T] float32.
+
+        A[i, t] = mask[i, t] * (outcome_weight * A_outcome[i] + process_weight * A_process[i, t])
+
+    Each part is normalised within its group on its own first (``group_advantages`` over the outcome
+    rewards, ``process_advantages`` over the pooled step rewards), so the weights set their relative scale.
+    Note the process part sums the normalised rewards of every step at or after t, so early tokens of a
+    long chain carry larger magnitudes than the outcome part; weight accordingly.
+    outcome_adv: [N]; process_adv, mask: [N, T].
+    """
+    if outcome_adv.dim() != 1:
+        raise ValueError(f"outcome_adv must be [N], got shape {tuple(outcome_adv.shape)}")
+    if process_adv.dim() != 2 or process_adv.shape[0] != outcome_adv.shape[0]:
+        raise ValueError(
+            f"process_adv must be [N={outcome_adv.shape[0]}, T], got shape {tuple(process_adv.shape)}"
+        )
+    if mask.shape != process_adv.shape:
+        raise ValueError(
+            f"mask shape {tuple(mask.shape)} must equal process_adv shape {tuple(process_adv.shape)}"
+        )
+    outcome = outcome_adv.to(torch.float32)[:, None]  # [N, 1]
+    combined = outcome_weight * outcome + process_weight * process_adv.to(torch.float32)  # [N, T]
+    return combined * mask.to(torch.float32)  # [N, T]

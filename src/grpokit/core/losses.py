@@ -1,56 +1,29 @@
-"""The GRPO policy loss and its helpers: presets, off-policy correction weights, the entropy mask.
+"""The GRPO policy loss (:class:`PolicyLoss`, functional form :func:`policy_loss`) and its helpers:
+presets, off-policy correction weights, the entropy mask.
 
 ``loss_type`` is a preset over two orthogonal choices: the per-token objective
-(``objectives.OBJECTIVES``) and the aggregation (``aggregation.AGGREGATIONS``).
-DeepSeekMath (arXiv:2402.03300) eq. 3:
-
-    J(theta) = 1/G sum_i 1/|o_i| sum_t [ min(r_it A_it, clip(r_it, 1-eps, 1+eps) A_it) - beta D_KL_it ]
-
-and ``policy_loss`` returns -J (for loss_type="grpo") with the variants one argument away.
+(``objectives.OBJECTIVES``) and the aggregation (``aggregation.AGGREGATIONS``). Hyperparameters are
+validated once, when a :class:`PolicyLoss` is built; GRPOConfig validates its loss fields by building one.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+from typing import Any
+
 import torch
 from torch import Tensor
 
-from .aggregation import (
-    AGGREGATION_IS_GLOBAL,
-    AGGREGATIONS,
-    bnpo_aggregation,
-    dapo_aggregation,
-    dr_grpo_aggregation,
-    grpo_aggregation,
-)
-from .kl import kl_penalty
-from .objectives import (
-    IMPORTANCE_SAMPLING_LEVELS,
-    OBJECTIVES,
-    ObjectiveParams,
-    cispo_objective,
-    clipped_objective,
-    importance_ratio,
-    sapo_objective,
-)
+from .aggregation import AGGREGATION_IS_GLOBAL, AGGREGATIONS
+from .kl import KL_ESTIMATORS, kl_penalty
+from .objectives import IMPORTANCE_SAMPLING_LEVELS, OBJECTIVES, ObjectiveParams, importance_ratio
 
 __all__ = [
-    "AGGREGATIONS",
-    "AGGREGATION_IS_GLOBAL",
-    "IMPORTANCE_SAMPLING_LEVELS",
     "LOSS_PRESETS",
-    "OBJECTIVES",
-    "ObjectiveParams",
-    "aggregation_is_global",
-    "bnpo_aggregation",
-    "cispo_objective",
-    "clipped_objective",
-    "dapo_aggregation",
-    "dr_grpo_aggregation",
-    "grpo_aggregation",
-    "importance_ratio",
+    "LossConfigError",
+    "PolicyLoss",
     "importance_sampling_weights",
     "policy_loss",
-    "sapo_objective",
     "top_entropy_mask",
 ]
 
@@ -63,17 +36,6 @@ LOSS_PRESETS: dict[str, tuple[str, str]] = {
     "sapo": ("sapo", "grpo"),  # TRL: SAPO aggregates like grpo
 }
 """loss_type -> (objective name in OBJECTIVES, aggregation name in AGGREGATIONS)."""
-
-
-def aggregation_is_global(loss_type: str) -> bool:
-    """True when ``loss_type``'s aggregation already normalises by the whole optimizer step (dapo, cispo).
-
-    Otherwise the loss is normalised by its local micro-batch and a trainer accumulating M micro-batches
-    divides it by M. A global aggregation needs ``num_items_in_batch`` from the trainer.
-    """
-    if loss_type not in LOSS_PRESETS:
-        raise ValueError(f"loss_type must be one of {tuple(LOSS_PRESETS)}, got {loss_type!r}")
-    return AGGREGATION_IS_GLOBAL[LOSS_PRESETS[loss_type][1]]
 
 
 def _check_like(name: str, x: Tensor | None, shape: torch.Size) -> None:
@@ -100,20 +62,175 @@ def _validate(
         )
 
 
-def _resolve_epsilon_high(objective_name: str, epsilon: float, epsilon_high: float | None) -> float:
-    """epsilon_high as the objective reads it: the clip-higher offset (default epsilon), or CISPO's cap."""
-    if epsilon < 0:
-        raise ValueError(f"epsilon must be >= 0, got {epsilon}")
-    if objective_name == "cispo":
-        if epsilon_high is None or epsilon_high <= 0:
-            raise ValueError(
-                f"loss_type='cispo' needs epsilon_high > 0 (the IS-weight cap, e.g. 5.0), got {epsilon_high}"
+class LossConfigError(ValueError):
+    """An invalid loss hyperparameter; ``field`` names it (GRPOConfig reports ``GRPOConfig.<field>``)."""
+
+    def __init__(self, field: str, why: str) -> None:
+        super().__init__(f"{field} {why}")
+        self.field, self.why = field, why
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """The GRPO-family policy loss: hyperparameters fixed (and validated, once) at construction, tensors
+    given per call. DeepSeekMath (arXiv:2402.03300) eq. 3:
+
+        J(theta) = 1/G sum_i 1/|o_i| sum_t [ min(r_it A_it, clip(r_it, 1-eps, 1+eps) A_it) - beta D_KL_it ]
+
+    and a call returns -J (for loss_type="grpo") with the variants one field away. ``loss_type`` is a preset
+    (``LOSS_PRESETS``) over the per-token objective and the aggregation. ``PolicyLoss.from_config(config)``
+    reads the fields of the same names from a GRPOConfig.
+    """
+
+    loss_type: str = "grpo"
+    """grpo, bnpo, dr_grpo, dapo, cispo or sapo (see ``LOSS_PRESETS``)."""
+    epsilon: float = 0.2
+    """Lower clip range, in [0, 1): the ratio is clipped to [1 - epsilon, 1 + epsilon_high]."""
+    epsilon_high: float | None = None
+    """Upper clip range (>= epsilon; None: epsilon). For cispo: the cap on the IS weight itself (required)."""
+    delta: float | None = None
+    """Optional cap on the unclipped ratio (two-sided clipping); must exceed 1 + epsilon_high."""
+    importance_sampling_level: str = "token"
+    """token, sequence (GSPO) or sequence_token (GSPO-token)."""
+    beta: float = 0.0
+    """KL coefficient (>= 0); > 0 needs ref_logps at each call."""
+    max_completion_length: int | None = None
+    """The constant normaliser of dr_grpo (required there)."""
+    kl_estimator: str = "k3"
+    """k1, k2 or k3 (Schulman); the paper uses k3."""
+    sapo_temperature_pos: float = 1.0
+    """SAPO gate temperature for A > 0."""
+    sapo_temperature_neg: float = 1.05
+    """SAPO gate temperature for A <= 0."""
+
+    def __post_init__(self) -> None:
+        if self.loss_type not in LOSS_PRESETS:
+            raise LossConfigError(
+                "loss_type", f"must be one of {tuple(LOSS_PRESETS)}, got {self.loss_type!r}"
             )
-        return epsilon_high
-    eps_high = epsilon if epsilon_high is None else epsilon_high
-    if eps_high < epsilon:
-        raise ValueError(f"epsilon_high ({eps_high}) must be >= epsilon ({epsilon})")
-    return eps_high
+        if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+            raise LossConfigError(
+                "importance_sampling_level",
+                f"must be one of {IMPORTANCE_SAMPLING_LEVELS}, got {self.importance_sampling_level!r}",
+            )
+        if not 0 <= self.epsilon < 1:
+            raise LossConfigError("epsilon", f"must be in [0, 1), got {self.epsilon}")
+        if self.objective == "cispo":
+            if self.epsilon_high is None or self.epsilon_high <= 0:
+                raise LossConfigError(
+                    "epsilon_high",
+                    f"must be > 0 with loss_type='cispo': it is the IS-weight cap (e.g. 5.0), got "
+                    f"{self.epsilon_high}",
+                )
+        elif self.clip_high < self.epsilon:
+            raise LossConfigError("epsilon_high", f"({self.clip_high}) must be >= epsilon ({self.epsilon})")
+        if self.delta is not None and self.delta <= 1 + self.clip_high:
+            raise LossConfigError(
+                "delta", f"must exceed 1 + epsilon_high = {1 + self.clip_high}, got {self.delta}"
+            )
+        if self.beta < 0:
+            raise LossConfigError("beta", f"must be >= 0, got {self.beta}")
+        if self.aggregation == "dr_grpo" and (self.max_completion_length or 0) <= 0:
+            raise LossConfigError(
+                "max_completion_length",
+                f"must be > 0 for {self.loss_type!r}, got {self.max_completion_length}",
+            )
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise LossConfigError(
+                "kl_estimator", f"must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}"
+            )
+        for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
+            if getattr(self, name) <= 0:
+                raise LossConfigError(name, f"must be > 0, got {getattr(self, name)}")
+
+    @classmethod
+    def from_config(cls, config: Any) -> PolicyLoss:
+        """The loss of a GRPOConfig (any object with these field names)."""
+        return cls(
+            **{item.name: getattr(config, item.name) for item in fields(cls) if hasattr(config, item.name)}
+        )
+
+    @property
+    def objective(self) -> str:
+        """The per-token objective's name in ``OBJECTIVES``."""
+        return LOSS_PRESETS[self.loss_type][0]
+
+    @property
+    def aggregation(self) -> str:
+        """The aggregation's name in ``AGGREGATIONS``."""
+        return LOSS_PRESETS[self.loss_type][1]
+
+    @property
+    def clip_high(self) -> float:
+        """The upper clip range in use: epsilon_high, or epsilon when that is None."""
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+    @property
+    def is_global(self) -> bool:
+        """True when the aggregation normalises by the whole optimizer step (dapo, cispo): the trainer passes
+        ``num_items_in_batch`` and does not divide by its number of micro-batches."""
+        return AGGREGATION_IS_GLOBAL[self.aggregation]
+
+    def __call__(
+        self,
+        logps: Tensor,
+        old_logps: Tensor | None,
+        advantages: Tensor,
+        mask: Tensor,
+        *,
+        ref_logps: Tensor | None = None,
+        num_items_in_batch: int | float | Tensor | None = None,
+        token_weights: Tensor | None = None,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """The loss to MINIMISE and its metrics.
+
+        logps, old_logps, ref_logps, mask, token_weights: [N, T]; advantages: [N] (broadcast over tokens) or
+        [N, T] (process supervision). old_logps=None means on-policy: pi_old = sg[pi_theta], so r = 1 and the
+        gradient is the plain advantage-weighted policy gradient. Per token (only where mask is set):
+
+            l_it = objective(r_it, A_it) * w_it + beta * KL_it        (w = token_weights, 1 if None)
+            loss = aggregation(l, mask)                              (preset of ``loss_type``)
+
+        As in TRL, token_weights (entropy mask, off-policy IS weights) scale the policy term only, not the KL.
+        ``num_items_in_batch``: completion tokens of the whole optimizer step (dapo, cispo). Padded positions
+        may hold any value (even NaN): they are never read.
+
+        Metrics (detached 0-dim float32, means over masked tokens): "ratio_mean", "clip_ratio/low_mean" (A < 0
+        and r < 1-eps), "clip_ratio/high_mean" (A > 0 and r > 1+eps_high; for cispo: r > epsilon_high, the cap
+        is active), "clip_ratio/region_mean" (either), and "kl" when ref_logps is given.
+        """
+        _validate(logps, old_logps, advantages, mask, ref_logps, token_weights)
+        if self.beta > 0 and ref_logps is None:
+            raise ValueError("ref_logps is required when beta > 0")
+        valid = mask.to(device=logps.device).bool()  # [N, T]
+        m = valid.to(torch.float32)  # [N, T]
+
+        def clean(x: Tensor) -> Tensor:  # float32, zero (and gradient-free) at padded positions
+            return torch.where(valid, x.to(device=logps.device, dtype=torch.float32), 0.0)
+
+        lp = clean(logps)  # [N, T]
+        old = lp.detach() if old_logps is None else clean(old_logps).detach()  # [N, T]
+        adv = advantages.to(device=logps.device, dtype=torch.float32)
+        adv = clean(adv.unsqueeze(-1).expand_as(lp) if adv.dim() == 1 else adv)  # [N, T]
+
+        ratio = importance_ratio(lp, old, m, self.importance_sampling_level)  # [N, T]
+        params = ObjectiveParams(
+            self.epsilon, self.clip_high, self.delta, self.sapo_temperature_pos, self.sapo_temperature_neg
+        )
+        per_token = OBJECTIVES[self.objective](ratio, adv, lp, params)  # [N, T]
+        if token_weights is not None:
+            per_token = per_token * clean(token_weights)
+        kl = None
+        if ref_logps is not None:  # [N, T]; with beta = 0 it is only a metric, so no graph
+            kl = kl_penalty(
+                lp if self.beta > 0 else lp.detach(), clean(ref_logps).detach(), self.kl_estimator
+            )
+        if self.beta > 0 and kl is not None:
+            per_token = per_token + self.beta * kl
+        loss = AGGREGATIONS[self.aggregation](per_token, m, self.max_completion_length, num_items_in_batch)
+        cispo = self.objective == "cispo"
+        metrics = _loss_metrics(ratio, adv, m, kl, cispo=cispo, low=self.epsilon, high=self.clip_high)
+        return loss, metrics
 
 
 @torch.no_grad()
@@ -162,68 +279,31 @@ def policy_loss(
     sapo_temperature_pos: float = 1.0,
     sapo_temperature_neg: float = 1.05,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """GRPO-family policy loss to MINIMISE, and its metrics.
+    """The functional form of :class:`PolicyLoss`: ``PolicyLoss(hyperparameters)(tensors)``.
 
-    logps, old_logps, ref_logps, mask, token_weights: [N, T]; advantages: [N] (broadcast over tokens) or
-    [N, T] (process supervision). old_logps=None means on-policy: pi_old = sg[pi_theta], so r = 1 and the
-    gradient is the plain advantage-weighted policy gradient. Per token (only where mask is set):
-
-        l_it = objective(r_it, A_it) * w_it + beta * KL_it        (w = token_weights, 1 if None)
-        loss = aggregation(l, mask)                              (preset of ``loss_type``, see LOSS_PRESETS)
-
-    As in TRL, token_weights (entropy mask, off-policy IS weights) scale the policy term only, not the KL.
-    epsilon_high defaults to epsilon (clip range [1-epsilon, 1+epsilon_high]); for loss_type="cispo" it is the
-    IS-weight cap and must be given. KL_it = kl_penalty(logps, ref_logps, kl_estimator) (k3 by default);
-    ref_logps is required when beta > 0. Padded positions may hold any value (even NaN): they are never read.
-
-    Metrics (detached 0-dim float32, means over masked tokens): "ratio_mean", "clip_ratio/low_mean" (A < 0 and
-    r < 1-eps), "clip_ratio/high_mean" (A > 0 and r > 1+eps_high; for cispo: r > epsilon_high, the cap is
-    active), "clip_ratio/region_mean" (either), and "kl" when ref_logps is given.
+    Returns the GRPO-family loss to MINIMISE and its metrics; see :class:`PolicyLoss` for every argument.
     """
-    if loss_type not in LOSS_PRESETS:
-        raise ValueError(f"loss_type must be one of {tuple(LOSS_PRESETS)}, got {loss_type!r}")
-    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
-        raise ValueError(
-            f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}, "
-            f"got {importance_sampling_level!r}"
-        )
-    objective_name, aggregation_name = LOSS_PRESETS[loss_type]
-    _validate(logps, old_logps, advantages, mask, ref_logps, token_weights)
-    eps_high = _resolve_epsilon_high(objective_name, epsilon, epsilon_high)
-    if delta is not None and delta <= 1.0:
-        raise ValueError(f"delta must be > 1 (recommended > 1 + epsilon_high), got {delta}")
-    if beta < 0:
-        raise ValueError(f"beta must be >= 0, got {beta}")
-    if beta > 0 and ref_logps is None:
-        raise ValueError("ref_logps is required when beta > 0")
-    if aggregation_name == "dr_grpo" and (max_completion_length is None or max_completion_length <= 0):
-        raise ValueError(f"{loss_type!r} needs max_completion_length > 0, got {max_completion_length}")
-
-    valid = mask.to(device=logps.device).bool()  # [N, T]
-    m = valid.to(torch.float32)  # [N, T]
-
-    def clean(x: Tensor) -> Tensor:  # float32, zero (and gradient-free) at padded positions
-        return torch.where(valid, x.to(device=logps.device, dtype=torch.float32), 0.0)
-
-    lp = clean(logps)  # [N, T]
-    old = lp.detach() if old_logps is None else clean(old_logps).detach()  # [N, T]
-    adv = advantages.to(device=logps.device, dtype=torch.float32)
-    adv = clean(adv.unsqueeze(-1).expand_as(lp) if adv.dim() == 1 else adv)  # [N, T]
-
-    ratio = importance_ratio(lp, old, m, importance_sampling_level)  # [N, T]
-    params = ObjectiveParams(epsilon, eps_high, delta, sapo_temperature_pos, sapo_temperature_neg)
-    per_token = OBJECTIVES[objective_name](ratio, adv, lp, params)  # [N, T]
-    if token_weights is not None:
-        per_token = per_token * clean(token_weights)
-    kl = None
-    if ref_logps is not None:  # [N, T]; with beta = 0 it is only a metric, so no graph
-        kl = kl_penalty(lp if beta > 0 else lp.detach(), clean(ref_logps).detach(), kl_estimator)
-    if beta > 0 and kl is not None:
-        per_token = per_token + beta * kl
-    loss = AGGREGATIONS[aggregation_name](per_token, m, max_completion_length, num_items_in_batch)
-
-    metrics = _loss_metrics(ratio, adv, m, kl, cispo=objective_name == "cispo", low=epsilon, high=eps_high)
-    return loss, metrics
+    loss = PolicyLoss(
+        loss_type=loss_type,
+        epsilon=epsilon,
+        epsilon_high=epsilon_high,
+        delta=delta,
+        importance_sampling_level=importance_sampling_level,
+        beta=beta,
+        max_completion_length=max_completion_length,
+        kl_estimator=kl_estimator,
+        sapo_temperature_pos=sapo_temperature_pos,
+        sapo_temperature_neg=sapo_temperature_neg,
+    )
+    return loss(
+        logps,
+        old_logps,
+        advantages,
+        mask,
+        ref_logps=ref_logps,
+        num_items_in_batch=num_items_in_batch,
+        token_weights=token_weights,
+    )
 
 
 IS_LEVELS = ("token", "sequence")

@@ -2,16 +2,19 @@
 
 A training dataset is a ``datasets.Dataset``, a list of dicts, or a local json/jsonl/csv/parquet file. Each
 row needs a ``prompt``: a string (standard format) or a list of ``{"role", "content"}`` messages
-(conversational format, rendered with the tokenizer's chat template). Every other column is forwarded to
-the reward functions.
+(conversational format, rendered with the tokenizer's chat template: ``grpokit.chat``). Every other
+column is forwarded to the reward functions.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from grpokit.records import read_jsonl
+
+__all__ = ["load_rows", "reward_columns", "validate_rows"]
 
 _FILE_LOADERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
@@ -41,14 +44,7 @@ def _load_file(path: Path, name: str) -> list[dict[str, Any]]:
     if kind is None:
         raise ValueError(f"{name}: unsupported file type {path.suffix!r}; use one of {sorted(_FILE_LOADERS)}")
     if path.suffix.lower() == ".jsonl":
-        rows = []
-        for line_no, line in enumerate(path.read_text().splitlines(), start=1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{name}: {path} line {line_no} is not valid JSON: {err.msg}") from err
-        return rows
+        return read_jsonl(path, name)
     import datasets
 
     return datasets.load_dataset(kind, data_files=str(path), split="train").to_list()
@@ -78,24 +74,6 @@ def _validate_prompt(prompt: Any, where: str) -> None:
     for turn, message in enumerate(prompt):
         if not isinstance(message, dict) or "role" not in message or "content" not in message:
             raise ValueError(f"{where}: message {turn} must be a dict with 'role' and 'content'")
-
-
-def is_conversational(row: dict[str, Any]) -> bool:
-    return isinstance(row["prompt"], list)
-
-
-def render_prompt(
-    prompt: str | list[dict[str, str]], tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None
-) -> str:
-    """The text the policy sees: the prompt itself, or the chat template applied with a generation prompt
-    (``chat_template_kwargs`` are passed to the template, e.g. ``{"enable_thinking": False}`` for Qwen3)."""
-    if isinstance(prompt, str):
-        return prompt
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError("conversational prompts need a tokenizer with a chat_template")
-    return tokenizer.apply_chat_template(
-        prompt, tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {})
-    )
 
 
 def reward_columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:

@@ -1,6 +1,6 @@
-"""Evaluation: pass@k, maj@k, mean@k and held-out accuracy by generation."""
+"""Evaluation, for any model, data and grader: held-out accuracy by generation, pass@k, maj@k, mean@k."""
 
-from grpokit.eval.evaluate import evaluate_accuracy, prompt_text
+from grpokit.eval.evaluate import evaluate_accuracy
 from grpokit.eval.metrics import maj_at_k, majority_vote, mean_at_k, mean_pass_at_k, pass_at_k
 
 __all__ = [
@@ -10,5 +10,4 @@ __all__ = [
     "mean_at_k",
     "mean_pass_at_k",
     "pass_at_k",
-    "prompt_text",
 ]

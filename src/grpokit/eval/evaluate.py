@@ -1,31 +1,27 @@
-"""Held-out evaluation of a causal LM on rows with a ``prompt`` and a ``solution``.
+"""Held-out evaluation of a causal LM on rows with a ``prompt`` and a ``solution``, graded by a reward
+function or an answer extractor. Knows no task: the caller says how to grade.
 
 Greedy decoding (``temperature=0``, one sample) gives ``accuracy``; sampling ``num_samples`` completions
-per prompt at ``temperature > 0`` adds ``pass@k``, ``maj@k`` and ``mean@k`` with ``k = num_samples``.
+per prompt at ``temperature > 0`` adds ``pass@k`` and ``mean@k`` with ``k = num_samples``, and ``maj@k``
+when an answer extractor is given.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
-from grpokit.data.tasks.arithmetic import extract_answer as _arithmetic_extract
+from grpokit.chat import as_completion, render_prompt
+from grpokit.core import pad_left, trim_at_eos
+from grpokit.data.loading import reward_columns
 from grpokit.eval.metrics import maj_at_k, mean_at_k, mean_pass_at_k
+from grpokit.rewards.base import RewardFunc
+from grpokit.rewards.scoring import score_completions
 
-__all__ = ["evaluate_accuracy", "prompt_text"]
-
-RewardFn = Callable[..., list[float | None]]
-
-
-def prompt_text(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]]) -> str:
-    """A prompt as the text the model sees: strings as is, chat messages through the chat template with
-    the generation prompt appended."""
-    if isinstance(prompt, str):
-        return prompt
-    return tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
+__all__ = ["evaluate_accuracy"]
 
 
 def _rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -38,7 +34,7 @@ def evaluate_accuracy(
     tokenizer: Any,
     rows: Iterable[Mapping[str, Any]],
     *,
-    reward_fn: RewardFn | None = None,
+    reward_fn: RewardFunc | None = None,
     extract_fn: Callable[[str], Any] | None = None,
     correct_threshold: float = 1.0,
     batch_size: int = 256,
@@ -59,9 +55,8 @@ def evaluate_accuracy(
 
     Correctness of one completion: with ``reward_fn`` (TRL signature ``fn(prompts, completions,
     completion_ids, **columns)``, the rows' other columns forwarded), the reward is ``>= correct_threshold``;
-    without it, ``extract_fn(completion) == str(solution)`` where ``extract_fn`` defaults to the arithmetic
-    task's ``extract_answer``. Completions of conversational prompts are passed as
-    ``[{"role": "assistant", "content": text}]``, as TRL does.
+    without it, ``extract_fn(completion) == str(solution)``. One of the two is required. Completions of
+    conversational prompts are passed as ``[{"role": "assistant", "content": text}]``, as TRL does.
 
     Decoding: ``temperature == 0`` is greedy (then ``num_samples`` must be 1); otherwise multinomial
     sampling with ``temperature``, ``top_p`` and ``top_k`` (0 = off), reproducible from ``seed``. Prompts are
@@ -71,9 +66,10 @@ def evaluate_accuracy(
 
     Returns ``accuracy`` (the fraction of correct completions over all samples: greedy accuracy when
     greedy, the single-sample accuracy mean@k when sampling), ``num_examples``, ``num_samples``,
-    ``temperature``, ``format_rate`` (fraction with an extractable answer), ``mean_completion_tokens``,
-    ``truncated_rate`` (no EOS within ``max_new_tokens``), and with ``num_samples = k > 1`` also
-    ``pass@k`` (unbiased estimator), ``maj@k`` and ``mean@k``. ``return_completions=True`` adds
+    ``temperature``, ``mean_completion_tokens``, ``truncated_rate`` (no EOS within ``max_new_tokens``),
+    with ``extract_fn`` also ``format_rate`` (fraction with an extractable answer), and with
+    ``num_samples = k > 1`` ``pass@k`` (unbiased estimator), ``mean@k`` and, with ``extract_fn``, ``maj@k``
+    (majority over the extracted answers). ``return_completions=True`` adds
     ``completions``: per row ``{"prompt", "solution", "completions", "correct"}``.
     """
     rows = _rows(rows)
@@ -88,7 +84,8 @@ def evaluate_accuracy(
         raise ValueError(
             "greedy decoding (temperature=0) gives identical samples; use temperature > 0 for num_samples > 1"
         )
-    extract = extract_fn or _arithmetic_extract
+    if reward_fn is None and extract_fn is None:
+        raise ValueError("evaluate_accuracy needs a reward_fn or an extract_fn to tell right from wrong")
     if device is None:
         device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -107,42 +104,41 @@ def evaluate_accuracy(
             chunks = range(0, len(rows), prompts_per_call)
             for start in tqdm(chunks, desc="eval", disable=not progress, leave=False):
                 chunk = rows[start : start + prompts_per_call]
-                texts = [prompt_text(tokenizer, r["prompt"]) for r in chunk]
-                enc = tokenizer(
-                    texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False
-                ).to(device)
+                texts = [render_prompt(r["prompt"], tokenizer) for r in chunk]
+                prompt_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+                input_ids, attention_mask = pad_left(prompt_ids, pad_id, device)  # [B, P] each
                 sampling = (
                     {"do_sample": False}
                     if greedy
                     else {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": top_k}
                 )
                 out = model.generate(
-                    input_ids=enc["input_ids"],
-                    attention_mask=enc["attention_mask"],
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
                     max_new_tokens=max_new_tokens,
                     num_return_sequences=num_samples,
                     eos_token_id=eos_ids,
                     pad_token_id=pad_id,
                     **sampling,
                 )
-                new = out[:, enc["input_ids"].shape[1] :].tolist()  # [B*num_samples, <=max_new_tokens]
+                new = out[:, input_ids.shape[1] :].tolist()  # [B*num_samples, <=max_new_tokens]
                 for i in range(len(chunk)):
                     ids_i = []
                     for seq in new[i * num_samples : (i + 1) * num_samples]:
-                        ids, ended = _cut_at_eos(seq, eos_ids, pad_id)
-                        truncated += int(not ended)
+                        ids, cut_short = trim_at_eos(seq, eos_ids)
+                        truncated += int(cut_short)
                         ids_i.append(ids)
                     completion_ids.append(ids_i)
                     completions.append(tokenizer.batch_decode(ids_i, skip_special_tokens=True))
     finally:
         model.train(was_training)
 
-    answers = [[extract(c) for c in cs] for cs in completions]
     golds = [str(r["solution"]).strip() for r in rows]
-    if reward_fn is None:
-        correct = [[a is not None and str(a) == g for a in ans] for ans, g in zip(answers, golds)]
-    else:
+    answers = [[extract_fn(c) for c in cs] for cs in completions] if extract_fn is not None else None
+    if reward_fn is not None:
         correct = _correct_by_reward(reward_fn, rows, completions, completion_ids, correct_threshold)
+    else:
+        correct = [[a is not None and str(a) == g for a in ans] for ans, g in zip(answers, golds)]
 
     n_total = len(rows) * num_samples
     result: dict[str, Any] = {
@@ -150,16 +146,17 @@ def evaluate_accuracy(
         "num_examples": len(rows),
         "num_samples": num_samples,
         "temperature": temperature,
-        "format_rate": sum(a is not None for ans in answers for a in ans) / n_total,
         "mean_completion_tokens": sum(len(x) for ids in completion_ids for x in ids) / n_total,
         "truncated_rate": truncated / n_total,
     }
+    if answers is not None:
+        result["format_rate"] = sum(a is not None for ans in answers for a in ans) / n_total
     if num_samples > 1:
         k = num_samples
         result[f"pass@{k}"] = mean_pass_at_k(correct, k)
-        result[f"maj@{k}"] = maj_at_k(
-            [[None if a is None else str(a) for a in ans] for ans in answers], golds
-        )
+        if answers is not None:
+            votes = [[None if a is None else str(a) for a in ans] for ans in answers]
+            result[f"maj@{k}"] = maj_at_k(votes, golds)
         result[f"mean@{k}"] = mean_at_k(correct)
     if return_completions:
         result["completions"] = [
@@ -181,33 +178,23 @@ def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
     return ids
 
 
-def _cut_at_eos(seq: list[int], eos_ids: list[int], pad_id: int) -> tuple[list[int], bool]:
-    """Completion ids up to and including the first EOS; (ids, ended_with_eos). Without EOS, trailing pad
-    ids (a finished batch neighbour's fill) cannot occur, so the sequence is kept whole."""
-    for j, t in enumerate(seq):
-        if t in eos_ids:
-            return seq[: j + 1], True
-    return seq, False
-
-
 def _correct_by_reward(
-    reward_fn: RewardFn,
+    reward_fn: RewardFunc,
     rows: list[dict[str, Any]],
     completions: list[list[str]],
     completion_ids: list[list[list[int]]],
     threshold: float,
 ) -> list[list[bool]]:
+    """Whether each completion's reward reaches ``threshold`` (None never does); checked like training
+    rewards (:func:`grpokit.rewards.score_completions`, a failure raises)."""
     k = len(completions[0])
-    prompts = [r["prompt"] for r in rows for _ in range(k)]
-    flat = [
-        c if isinstance(r["prompt"], str) else [{"role": "assistant", "content": c}]
-        for r, cs in zip(rows, completions)
-        for c in cs
-    ]
-    flat_ids = [ids for per_row in completion_ids for ids in per_row]
-    columns = {key: [r[key] for r in rows for _ in range(k)] for key in rows[0] if key != "prompt"}
-    rewards = reward_fn(prompts=prompts, completions=flat, completion_ids=flat_ids, **columns)
-    if len(rewards) != len(flat):
-        raise ValueError(f"reward_fn returned {len(rewards)} values for {len(flat)} completions")
-    ok = [r is not None and r >= threshold for r in rewards]
+    repeated = [r for r in rows for _ in range(k)]
+    rewards, _ = score_completions(
+        [reward_fn],
+        prompts=[r["prompt"] for r in repeated],
+        completions=[as_completion(c, r["prompt"]) for r, cs in zip(rows, completions) for c in cs],
+        completion_ids=[ids for per_row in completion_ids for ids in per_row],
+        columns=reward_columns(repeated),
+    )
+    ok = (rewards[:, 0] >= threshold).tolist()  # NaN (None) compares False
     return [ok[i * k : (i + 1) * k] for i in range(len(rows))]

@@ -2,20 +2,16 @@
 
 Every reward has the TRL signature
 ``fn(prompts, completions, completion_ids, **columns) -> list[float | None]`` and accepts plain-string and
-conversational completions; ``None`` means "does not apply". The failure policy lives in
-:func:`score_completions`; names and specs resolve through :func:`resolve_reward`. See docs/rewards.md.
+conversational completions; ``None`` means "does not apply" (the contract: :mod:`grpokit.rewards.base`).
+The failure policy lives in :func:`score_completions`; names and specs resolve through
+:func:`resolve_reward`. Rooms: ``isolation/`` runs untrusted work in worker processes (math-verify, the code
+sandbox); ``process_rewards/`` scores steps (process supervision). See docs/rewards.md.
 """
 
-from grpokit.rewards._text import completion_text
+from grpokit.chat import completion_text
 from grpokit.rewards.accuracy import accuracy_reward, make_accuracy_reward
+from grpokit.rewards.base import ProcessRewardFunc, RewardFunc
 from grpokit.rewards.code import code_execution_reward, extract_code, make_code_execution_reward
-from grpokit.rewards.combine import (
-    RewardFunctionError,
-    combine_rewards,
-    reward_name,
-    reward_names,
-    score_completions,
-)
 from grpokit.rewards.extract import EXTRACTORS
 from grpokit.rewards.format import (
     ANSWER_TAG_PATTERN,
@@ -26,11 +22,18 @@ from grpokit.rewards.format import (
     tag_count_reward,
     think_format_reward,
 )
+from grpokit.rewards.isolation.sandbox import SandboxError, SandboxLimits, SandboxResult, run_python_tests
+from grpokit.rewards.isolation.verifier import MathVerifier
 from grpokit.rewards.length import cosine_scaled_reward, repetition_penalty_reward, soft_overlong_punishment
-from grpokit.rewards.models import RewardModel
-from grpokit.rewards.registry import BUILTIN_REWARDS, resolve_reward
-from grpokit.rewards.sandbox import SandboxError, SandboxLimits, SandboxResult, run_python_tests
-from grpokit.rewards.verifier import MathVerifier
+from grpokit.rewards.registry import BUILTIN_REWARDS, resolve_reward, resolve_rewards
+from grpokit.rewards.reward_model import RewardModel
+from grpokit.rewards.scoring import (
+    RewardFunctionError,
+    combine_rewards,
+    reward_name,
+    reward_names,
+    score_completions,
+)
 
 __all__ = [
     "ANSWER_TAG_PATTERN",
@@ -38,6 +41,8 @@ __all__ = [
     "EXTRACTORS",
     "THINK_PATTERN",
     "MathVerifier",
+    "ProcessRewardFunc",
+    "RewardFunc",
     "RewardFunctionError",
     "RewardModel",
     "SandboxError",
@@ -56,6 +61,7 @@ __all__ = [
     "make_tag_count_reward",
     "repetition_penalty_reward",
     "resolve_reward",
+    "resolve_rewards",
     "reward_name",
     "reward_names",
     "run_python_tests",

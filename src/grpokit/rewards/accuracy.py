@@ -4,20 +4,20 @@
           0.0  if not, if no answer can be extracted, or if the check does not finish within ``timeout``
           None if the gold solution itself does not parse (the sample cannot be graded: not counted as 0)
 
-Every parse/verify runs in a worker process with a hard time limit (see :mod:`grpokit.rewards.verifier`), so
-adversarial answers (``9^{9^{9^9}}``, deeply nested LaTeX, megabyte strings) return within ``timeout``.
+Every parse/verify runs in a worker process with a hard time limit (see
+:mod:`grpokit.rewards.isolation.verifier`), so adversarial answers (``9^{9^{9^9}}``, deeply nested
+LaTeX, megabyte strings) return within ``timeout``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from grpokit.rewards._text import column, completion_texts
+from grpokit.chat import completion_texts
+from grpokit.rewards.base import RewardFunc, column
 from grpokit.rewards.extract import Extractor, get_extractor
-from grpokit.rewards.verifier import MathVerifier, shared_verifier
-
-RewardFunc = Callable[..., list[float | None]]
+from grpokit.rewards.isolation.verifier import MathVerifier, shared_verifier
 
 
 def make_accuracy_reward(

@@ -5,7 +5,7 @@
 The program is the completion's last fenced ``python`` block (also ``py``/``python3``), or the whole
 completion when it has none. It runs once, then each test statement runs separately in the program's
 namespace, so one failing assert does not hide the others (partial credit). Everything runs in
-:func:`grpokit.rewards.sandbox.run_python_tests`; a batch uses a small pool of concurrent sandboxes.
+:func:`grpokit.rewards.isolation.sandbox.run_python_tests`; a batch uses a small pool of concurrent sandboxes.
 """
 
 from __future__ import annotations
@@ -13,15 +13,14 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
-from grpokit.rewards._text import column, completion_texts
-from grpokit.rewards.sandbox import SandboxLimits, run_python_tests
-
-RewardFunc = Callable[..., list[float | None]]
+from grpokit.chat import completion_texts
+from grpokit.rewards.base import RewardFunc, column
+from grpokit.rewards.isolation.sandbox import SandboxLimits, run_python_tests
 
 _OPENER = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\n", re.IGNORECASE)
 

@@ -10,12 +10,11 @@ cannot contain a tag, so there is one way to split the text and no catastrophic 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from grpokit.rewards._text import completion_texts
-
-RewardFunc = Callable[..., list[float | None]]
+from grpokit.chat import completion_texts
+from grpokit.rewards.base import RewardFunc
 
 _NO_TAG = r"(?:(?!</?think>|</?answer>).)*"
 THINK_PATTERN = rf"\s*<think>({_NO_TAG})</think>({_NO_TAG})"

@@ -6,12 +6,11 @@ Lengths are token counts, ``L_i = len(completion_ids[i])``, so the shaping match
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from grpokit.rewards._text import completion_texts
-
-RewardFunc = Callable[..., list[float | None]]
+from grpokit.chat import completion_texts
+from grpokit.rewards.base import RewardFunc
 
 
 def _lengths(completion_ids: Sequence[Sequence[int]] | None, n: int, name: str) -> list[int]:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from grpokit.rewards.accuracy import accuracy_reward, make_accuracy_reward
+from grpokit.rewards.base import RewardFunc
 from grpokit.rewards.code import code_execution_reward, make_code_execution_reward
 from grpokit.rewards.format import (
     ANSWER_TAG_PATTERN,
@@ -20,8 +21,6 @@ from grpokit.rewards.format import (
     think_format_reward,
 )
 from grpokit.rewards.length import cosine_scaled_reward, repetition_penalty_reward, soft_overlong_punishment
-
-RewardFunc = Callable[..., list[float | None]]
 
 
 def _think_format(**kwargs: Any) -> RewardFunc:
@@ -118,7 +117,7 @@ def resolve_reward(spec: Any, **kwargs: Any) -> Any:
     if name in BUILTIN_REWARDS:
         return _builtin(name, kwargs)
     if _is_model_dir(text):
-        from grpokit.rewards.models import RewardModel
+        from grpokit.rewards.reward_model import RewardModel
 
         return RewardModel(text, **kwargs)
     target = _import(text) if ("." in text or ":" in text) else None
@@ -128,3 +127,17 @@ def resolve_reward(spec: Any, **kwargs: Any) -> Any:
         f"unknown reward {text!r}: not a built-in ({', '.join(sorted(BUILTIN_REWARDS))}), "
         "not a directory holding a sequence-classification model, and not an importable module:attr path"
     )
+
+
+def resolve_rewards(specs: Any, *, device: Any = None, allow_empty: bool = False) -> list[Any]:
+    """A list of reward specifications (or one) -> reward functions (:func:`resolve_reward` each; None entries
+    skipped); reward models are moved to ``device``. An empty list is an error unless ``allow_empty``."""
+    funcs = [f for f in (specs if isinstance(specs, (list, tuple)) else [specs]) if f is not None]
+    if not funcs and not allow_empty:
+        raise ValueError("reward_funcs: at least one reward function is required (or process_reward_funcs)")
+    resolved = [resolve_reward(func) for func in funcs]
+    if device is not None:
+        from grpokit.rewards.reward_model import RewardModel
+
+        resolved = [func.to(device) if isinstance(func, RewardModel) else func for func in resolved]
+    return resolved

@@ -1,0 +1,23 @@
+"""Generation backends behind one protocol (:class:`RolloutBackend`): ``transformers``' ``generate``
+(``hf``), grpokit's fast sampler (``fast``, with ``native_decode`` for Llama-family models and ``logits`` for
+the sampling distribution), and a scripted in-memory backend for tests (``fake``)."""
+
+from grpokit.rollout.backends import GENERATION_BACKENDS, make_backend
+from grpokit.rollout.base import GenerationOutput, RolloutBackend, SamplingParams
+from grpokit.rollout.fake import ScriptedBackend
+from grpokit.rollout.fast import FastSampler
+from grpokit.rollout.hf import TransformersBackend
+from grpokit.rollout.logits import process_logits, sample_token
+
+__all__ = [
+    "GENERATION_BACKENDS",
+    "FastSampler",
+    "GenerationOutput",
+    "RolloutBackend",
+    "SamplingParams",
+    "ScriptedBackend",
+    "TransformersBackend",
+    "make_backend",
+    "process_logits",
+    "sample_token",
+]

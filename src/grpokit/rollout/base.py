@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = ["GenerationOutput", "RolloutBackend", "SamplingParams"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,25 @@ class SamplingParams:
     """Token ids that end a completion. The EOS token is kept as the last completion token."""
     pad_token_id: int = 0
     """Id used to pad prompts on the left for batched generation."""
+
+    @classmethod
+    def from_config(cls, config: Any, tokenizer: Any, *, greedy: bool = False) -> SamplingParams:
+        """A GRPOConfig's sampling fields (``max_completion_length``, ``temperature``, ``top_p``, ``top_k``,
+        ``min_p``, ``repetition_penalty``) with the tokenizer's EOS (ends a completion) and pad (else EOS,
+        else 0). ``greedy``: argmax decoding, for evaluation."""
+        eos = tokenizer.eos_token_id
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+        return cls(
+            max_new_tokens=config.max_completion_length,
+            temperature=config.temperature,
+            top_p=config.top_p,
+            top_k=config.top_k,
+            min_p=config.min_p,
+            repetition_penalty=config.repetition_penalty,
+            do_sample=not greedy,
+            eos_token_ids=(eos,) if eos is not None else (),
+            pad_token_id=pad if pad is not None else 0,
+        )
 
 
 @dataclass

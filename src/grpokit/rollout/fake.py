@@ -7,6 +7,8 @@ from typing import Any
 
 from grpokit.rollout.base import GenerationOutput, SamplingParams
 
+__all__ = ["ScriptedBackend"]
+
 
 class ScriptedBackend:
     """``respond(prompt_text, sample_index) -> completion_text``; EOS is appended unless the text is cut at
@@ -15,12 +17,10 @@ class ScriptedBackend:
     def __init__(self, tokenizer: Any, respond: Callable[[str, int], str]) -> None:
         self.tokenizer = tokenizer
         self.respond = respond
-        self.calls = 0
 
     def generate(
         self, prompt_ids: Sequence[Sequence[int]], num_generations: int, params: SamplingParams
     ) -> GenerationOutput:
-        self.calls += 1
         completions: list[list[int]] = []
         truncated: list[bool] = []
         for ids in prompt_ids:

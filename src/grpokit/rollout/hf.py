@@ -7,43 +7,10 @@ from collections.abc import Sequence
 import torch
 from transformers import GenerationConfig
 
+from grpokit.core import pad_left, trim_at_eos
 from grpokit.rollout.base import GenerationOutput, SamplingParams
 
-
-def left_pad(
-    sequences: Sequence[Sequence[int]], pad_id: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack token lists into [B, L] ids and mask, padded on the left."""
-    width = max(len(seq) for seq in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long, device=device)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long, device=device)
-    for row, seq in enumerate(sequences):
-        if len(seq):
-            ids[row, width - len(seq) :] = torch.as_tensor(list(seq), dtype=torch.long, device=device)
-            mask[row, width - len(seq) :] = 1
-    return ids, mask
-
-
-def right_pad(
-    sequences: Sequence[Sequence[int]], pad_id: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack token lists into [B, L] ids and mask, padded on the right (L >= 1)."""
-    width = max(1, max(len(seq) for seq in sequences))
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long, device=device)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long, device=device)
-    for row, seq in enumerate(sequences):
-        if len(seq):
-            ids[row, : len(seq)] = torch.as_tensor(list(seq), dtype=torch.long, device=device)
-            mask[row, : len(seq)] = 1
-    return ids, mask
-
-
-def trim_completion(tokens: list[int], eos_ids: tuple[int, ...]) -> tuple[list[int], bool]:
-    """Cut a generated row after its first EOS (kept). Returns (tokens, truncated)."""
-    for index, token in enumerate(tokens):
-        if token in eos_ids:
-            return tokens[: index + 1], False
-    return tokens, True  # no EOS: every generated position is a real token
+__all__ = ["TransformersBackend", "generation_config"]
 
 
 def generation_config(params: SamplingParams) -> GenerationConfig:
@@ -88,7 +55,7 @@ class TransformersBackend:
         self, rows: list[list[int]], params: SamplingParams
     ) -> tuple[list[list[int]], list[bool]]:
         device = next(self.model.parameters()).device
-        ids, mask = left_pad(rows, params.pad_token_id, device)
+        ids, mask = pad_left(rows, params.pad_token_id, device)
         was_training = self.model.training
         self.model.eval()
         try:
@@ -98,5 +65,5 @@ class TransformersBackend:
         finally:
             self.model.train(was_training)
         generated = out[:, ids.shape[1] :].tolist()
-        pairs = [trim_completion(tokens, params.eos_token_ids) for tokens in generated]
+        pairs = [trim_at_eos(tokens, params.eos_token_ids) for tokens in generated]
         return [tokens for tokens, _ in pairs], [flag for _, flag in pairs]

@@ -1,11 +1,56 @@
-"""RolloutBatch: the one record that travels from generation to the policy update."""
+"""The records of one GRPO step, in the order they appear:
+
+    Samples (what was generated, as token lists and text)
+      -> Scores (rewards [N, F] and advantages [N] over every process's completions)
+      -> RolloutBatch (padded tensors + the fixed log-probs: the one record the update reads)
+
+and the two functions between them: :func:`pad_samples` and :class:`LogprobPass` (pi_old, pi_ref).
+N = prompts x G completions of the whole step, n = this process's share; groups are contiguous.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+from grpokit.core import pad_left, pad_right
+from grpokit.rollout.base import GenerationOutput
+from grpokit.train.forward import no_grad_logprobs
+
+__all__ = ["LogprobPass", "RolloutBatch", "Samples", "Scores", "micro_batch_indices", "pad_samples"]
+
+
+@dataclass
+class Samples:
+    """What one step sampled on this process: n = (its prompts) x G completions, groups contiguous."""
+
+    rows: list[dict[str, Any]]
+    """[n] the dataset rows, each repeated G times (reward functions read their columns)."""
+    prompt_ids: list[list[int]]
+    """[n/G] token ids of the distinct prompts."""
+    generated: GenerationOutput
+    """[n] completion ids, the sampler's log-probs, truncation flags."""
+    texts: list[str]
+    """[n] the decoded completions."""
+
+
+@dataclass
+class Scores:
+    """One step's rewards and advantages over the whole batch: N rows, every process's in process order."""
+
+    rewards: torch.Tensor
+    """[N, F] one column per reward function; NaN where it returned None."""
+    combined: torch.Tensor
+    """[N] the weighted sum the advantages come from (NaN where no function applies)."""
+    advantages: torch.Tensor
+    """[N] group-relative outcome advantages."""
+    failures: dict[str, float]
+    """``rewards/<name>/failures``: failed values on this process (``reward_failure="none"``)."""
+    local: slice
+    """This process's rows within N."""
 
 
 @dataclass
@@ -21,10 +66,9 @@ class RolloutBatch:
     completion_ids: torch.Tensor  # [N, C] long
     completion_mask: torch.Tensor  # [N, C] long
     advantages: torch.Tensor  # [N] (outcome) or [N, C] (process supervision), float32
-    old_logps: torch.Tensor | None = None  # [N, C] log pi_old, only when num_iterations > 1
+    old_logps: torch.Tensor | None = None  # [N, C] log pi_old, only when the update is off-policy
     ref_logps: torch.Tensor | None = None  # [N, C] log pi_ref, only when beta > 0
     sampling_logps: torch.Tensor | None = None  # [N, C] log-probs reported by the sampler, if any
-    rewards: torch.Tensor | None = None  # [N] combined reward (NaN = none), for logging
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -39,6 +83,68 @@ class RolloutBatch:
 
     def num_completion_tokens(self) -> int:
         return int(self.completion_mask.sum())
+
+
+def pad_samples(
+    samples: Samples,
+    advantages: torch.Tensor,
+    *,
+    pad_token_id: int,
+    mask_truncated: bool,
+    device: torch.device,
+) -> RolloutBatch:
+    """Prompts repeated G times and left-padded, completions right-padded; truncated completions masked
+    out of the loss when ``mask_truncated`` (DAPO). advantages: [n] (this process's rows)."""
+    generated = samples.generated
+    group = len(generated.completion_ids) // len(samples.prompt_ids)
+    repeated = [ids for ids in samples.prompt_ids for _ in range(group)]
+    p_ids, p_mask = pad_left(repeated, pad_token_id, device)  # [n, P]
+    c_ids, c_mask = pad_right(generated.completion_ids, pad_token_id, device)  # [n, C]
+    if mask_truncated and generated.truncated:
+        keep = ~torch.tensor(generated.truncated, dtype=torch.bool, device=device)  # [n]
+        c_mask = c_mask * keep[:, None].long()
+    sampling = None
+    if generated.logprobs is not None:
+        sampling = torch.zeros(c_ids.shape, dtype=torch.float32, device=device)  # [n, C]
+        for row, values in enumerate(generated.logprobs):
+            sampling[row, : len(values)] = torch.tensor(values, dtype=torch.float32, device=device)
+    return RolloutBatch(
+        prompt_ids=p_ids,
+        prompt_mask=p_mask,
+        completion_ids=c_ids,
+        completion_mask=c_mask,
+        advantages=advantages.to(device=device, dtype=torch.float32),
+        sampling_logps=sampling,
+    )
+
+
+@dataclass(frozen=True)
+class LogprobPass:
+    """A log-prob pass without gradients over a RolloutBatch (pi_old, pi_ref): ``micro_batch_size`` rows
+    per forward, in eval mode, groups kept whole so the shared-prefix forward applies."""
+
+    temperature: float
+    micro_batch_size: int
+    num_generations: int
+
+    @classmethod
+    def from_config(cls, config: Any) -> LogprobPass:
+        """As wide as a training micro-batch, and at least one group."""
+        micro = max(config.per_device_train_batch_size, config.num_generations)
+        return cls(config.temperature, micro, config.num_generations)
+
+    def __call__(self, model: torch.nn.Module, batch: RolloutBatch) -> torch.Tensor:
+        """Log-probs [N, C] of the batch's completions under ``model``."""
+        return no_grad_logprobs(
+            model,
+            batch.prompt_ids,
+            batch.prompt_mask,
+            batch.completion_ids,
+            batch.completion_mask,
+            temperature=self.temperature,
+            num_generations=self.num_generations,
+            micro_batch_size=self.micro_batch_size,
+        )
 
 
 def micro_batch_indices(

@@ -1,5 +1,6 @@
-"""What the policy writes, in the log: ``completions.jsonl`` (``log_completions``) and a console print of a
-few samples (``num_completions_to_print``), at the steps whose metrics are logged (TRL's two option names).
+"""What the policy writes, in the log (a step hook): ``completions.jsonl`` (``log_completions``) and a
+console print of a few samples (``num_completions_to_print``), at the steps whose metrics are logged (TRL's
+two option names).
 
 One JSON line per completion of the step's whole batch (all processes)::
 
@@ -14,19 +15,18 @@ advantage was computed from, ``advantage`` the group-relative (outcome) advantag
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
+from grpokit.records import append_jsonl, json_number
+from grpokit.train.batch import Samples, Scores
+from grpokit.train.hooks import StepHook
+
 __all__ = ["CompletionLog", "completion_records"]
-
-
-def _number(value: float) -> float | None:
-    return None if math.isnan(value) or math.isinf(value) else round(value, 6)
 
 
 def completion_records(
@@ -47,39 +47,68 @@ def completion_records(
         {
             "prompt": prompt,
             "completion": text,
-            "rewards": {name: _number(v) for name, v in zip(reward_names, row)},
-            "reward": _number(total),
-            "advantage": _number(advantage),
+            "rewards": {name: json_number(v, 6) for name, v in zip(reward_names, row)},
+            "reward": json_number(total, 6),
+            "advantage": json_number(advantage, 6),
         }
         for prompt, text, row, total, advantage in zip(prompts, completions, rewards, combined, advantages)
     ]
 
 
-class CompletionLog:
-    """Writes ``<output_dir>/completions.jsonl`` and/or prints samples; does nothing when ``enabled`` is
-    False (processes other than the main one) or when neither is asked for."""
+class CompletionLog(StepHook):
+    """Writes ``<output_dir>/completions.jsonl`` and/or prints samples at the logged steps. Every process
+    takes part (the batch's completions are gathered in process order); only ``enabled`` (the main
+    process) writes or prints.
+
+    ``is_logged(step)``: whether a step's metrics are logged. ``gather``: collects a list from every process
+    (None with one process).
+    """
 
     def __init__(
-        self, output_dir: str | Path, write: bool, num_to_print: int | None, enabled: bool = True
+        self,
+        output_dir: str | Path,
+        write: bool,
+        num_to_print: int | None,
+        *,
+        reward_names: Sequence[str],
+        is_logged: Callable[[int], bool],
+        gather: Callable[[list[Any]], list[Any]] | None = None,
+        enabled: bool = True,
     ) -> None:
         self.path = Path(output_dir) / "completions.jsonl"
         self.write = write
         self.num_to_print = num_to_print or 0
+        self.reward_names = list(reward_names)
+        self.is_logged = is_logged
+        self.gather = gather
         self.enabled = enabled
 
     @property
     def wanted(self) -> bool:
-        """Whether any process must collect completions for this log (the same answer on every process)."""
+        """Whether completions are logged at all (the same answer on every process)."""
         return self.write or self.num_to_print > 0
+
+    def on_scored(self, step: int, samples: Samples, scores: Scores) -> None:
+        if not (self.wanted and self.is_logged(step)):
+            return
+        pairs = [(row["prompt"], text) for row, text in zip(samples.rows, samples.texts)]
+        if self.gather is not None:
+            pairs = self.gather(pairs)  # every process's, in process order: the order of the scores
+        records = completion_records(
+            [p for p, _ in pairs],
+            [t for _, t in pairs],
+            self.reward_names,
+            scores.rewards,
+            scores.combined,
+            scores.advantages,
+        )
+        self.log(step, records)
 
     def log(self, step: int, records: list[dict[str, Any]]) -> None:
         if not self.enabled:
             return
         if self.write:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("a") as handle:
-                for record in records:
-                    handle.write(json.dumps({"step": step, **record}) + "\n")
+            append_jsonl(self.path, ({"step": step, **record} for record in records))
         for record in records[: self.num_to_print]:
             tqdm.write(_format(step, record))
 

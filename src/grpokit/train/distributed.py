@@ -11,13 +11,21 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
+from accelerate.utils import gather_object
 
-__all__ = ["make_accelerator", "merge_process_metrics", "needs_cpu_processes"]
+__all__ = [
+    "gather_across_processes",
+    "make_accelerator",
+    "merge_process_metrics",
+    "merged_across_processes",
+    "needs_cpu_processes",
+]
 
 
 def _launched_processes() -> int:
@@ -86,3 +94,16 @@ def merge_process_metrics(per_process: Sequence[dict[str, float]]) -> dict[str, 
     for metrics in per_process:
         names.update(dict.fromkeys(metrics))
     return {name: _merge_one(name, [float(m[name]) for m in per_process if name in m]) for name in names}
+
+
+def gather_across_processes(accelerator: Accelerator) -> Callable[[list[Any]], list[Any]] | None:
+    """A function that concatenates a list from every process in process order (``gather_object``), or
+    None when there is one process (then nothing needs gathering)."""
+    return gather_object if accelerator.num_processes > 1 else None
+
+
+def merged_across_processes(accelerator: Accelerator, metrics: dict[str, float]) -> dict[str, float]:
+    """``metrics`` describing the whole batch, the same on every process (:func:`merge_process_metrics`)."""
+    if accelerator.num_processes == 1:
+        return metrics
+    return merge_process_metrics(gather_object([metrics]))

@@ -28,6 +28,8 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from grpokit.models.parts import decoder_of, returned_cache
+
 __all__ = [
     "PolicyLogprobs",
     "completion_logprobs",
@@ -219,11 +221,6 @@ def _choose_shared(prompt_ids, prompt_mask, num_generations, num_completion, sha
     return same
 
 
-def _decoder(model: torch.nn.Module) -> torch.nn.Module:
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-    return decoder if decoder is not None else model.base_model
-
-
 def _full_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
     """Backbone over [prompt | completion]; hidden states at positions P-1 .. P+C-2 -> [B, C, H]."""
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [B, P+C]
@@ -232,7 +229,7 @@ def _full_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)  # [B, P+C]
     width, num_completion = prompt_ids.shape[1], completion_ids.shape[1]
     # The last completion position predicts past the completion: it never needs to be run.
-    out = _decoder(model)(
+    out = decoder_of(model)(
         input_ids=input_ids[:, :-1],
         attention_mask=attention_mask[:, :-1],
         position_ids=position_ids[:, :-1],
@@ -247,13 +244,13 @@ def _shared_prefix_hidden(
     """Prompt once per group, its cache repeated to the G rows, completions on top -> [B, C, H]."""
     from transformers import DynamicCache
 
-    decoder = _decoder(model)
+    decoder = decoder_of(model)
     num_completion = completion_ids.shape[1]
     p_ids, p_mask = prompt_ids[::group], prompt_mask[::group]  # [B/G, P]
     p_pos = (p_mask.cumsum(dim=1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
     out = decoder(input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, cache=cache, use_cache=True)
-    cache = _returned_cache(out, cache)
+    cache = returned_cache(out, cache)
     first = out.last_hidden_state[:, -1:].repeat_interleave(group, dim=0)  # [B, 1, H] predicts token 0
     if num_completion == 1:
         return first
@@ -269,14 +266,6 @@ def _shared_prefix_hidden(
     )
     del cache
     return torch.cat([first, out.last_hidden_state], dim=1)  # [B, C, H]
-
-
-def _returned_cache(out, fallback):
-    for name in ("cache", "past_key_values"):
-        value = getattr(out, name, None)
-        if value is not None:
-            return value
-    return fallback
 
 
 # ---------------------------------------------------------------------- chunked LM head

@@ -1,4 +1,5 @@
-"""Which prompts each step trains on: a seeded shuffle per epoch and a position that checkpoints save."""
+"""Which prompts each step trains on (a seeded shuffle per epoch and a position that checkpoints save), and
+prompts as token ids."""
 
 from __future__ import annotations
 
@@ -6,7 +7,23 @@ from typing import Any
 
 import torch
 
+from grpokit.chat import render_prompt
 from grpokit.config import GRPOConfig
+
+__all__ = ["PromptSampler", "encode_prompt"]
+
+
+def encode_prompt(
+    prompt: Any,
+    tokenizer: Any,
+    max_prompt_length: int | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> list[int]:
+    """Token ids of a prompt (chat template for message lists, without special tokens added twice), cut
+    from the left to ``max_prompt_length``."""
+    text = render_prompt(prompt, tokenizer, chat_template_kwargs)
+    ids = tokenizer(text, add_special_tokens=isinstance(prompt, str))["input_ids"]
+    return ids[-max_prompt_length:] if max_prompt_length is not None and len(ids) > max_prompt_length else ids
 
 
 class PromptSampler:

@@ -1,14 +1,20 @@
-"""The frozen reference policy pi_ref for the KL term, and its periodic reset/mix (sync_ref_model)."""
+"""The reference policy pi_ref of the KL term (built only when beta > 0), its periodic reset or mix
+(``sync_ref_model``), and its log-probs."""
 
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 
+from grpokit.train.batch import LogprobPass, RolloutBatch
+
+__all__ = ["Reference", "make_reference", "refuse_resets_of_adapter_reference", "sync_reference"]
+
 
 def make_reference(policy: torch.nn.Module) -> torch.nn.Module:
-    """A frozen copy of ``policy`` in eval mode (built only when beta > 0)."""
+    """A frozen copy of ``policy`` in eval mode."""
     reference = copy.deepcopy(policy)
     reference.eval()
     reference.requires_grad_(False)
@@ -32,3 +38,52 @@ def sync_reference(reference: torch.nn.Module, policy: torch.nn.Module, alpha: f
     for name, ref_buffer in reference.named_buffers():
         if name in policy_buffers:
             ref_buffer.copy_(policy_buffers[name])
+
+
+class Reference:
+    """pi_ref: a frozen copy of the initial policy, or, when the policy is a PEFT model, the policy itself
+    with its adapter disabled (the base weights are the reference; nothing is copied).
+
+    ``model`` is the frozen copy (None for the adapter case).
+    """
+
+    def __init__(self, policy: torch.nn.Module, *, adapter_disabled: bool = False) -> None:
+        self.policy = policy
+        self.model = None if adapter_disabled else make_reference(policy)
+
+    def to(self, device: torch.device | str) -> Reference:
+        if self.model is not None:
+            self.model.to(device)
+        return self
+
+    def logprobs(self, batch: RolloutBatch, logprob_pass: LogprobPass) -> torch.Tensor:
+        """log pi_ref of the batch's completions, [N, C]."""
+        if self.model is not None:
+            return logprob_pass(self.model, batch)
+        with self.policy.disable_adapter():
+            return logprob_pass(self.policy, batch)
+
+    def reset(self, alpha: float = 1.0) -> None:
+        """ref <- alpha * policy + (1 - alpha) * ref (:func:`sync_reference`)."""
+        if self.model is None:
+            raise ValueError("the reference of a PEFT policy is its base model: it cannot be reset")
+        sync_reference(self.model, self.policy, alpha)
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """The copy's weights (None when the reference is the adapter-disabled policy)."""
+        return None if self.model is None else self.model.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if self.model is not None and state is not None:
+            self.model.load_state_dict(state)
+
+
+def refuse_resets_of_adapter_reference(args: Any, peft_config: Any) -> None:
+    """With PEFT the reference is the base model under the adapter: ``sync_ref_model`` and iterative GRPO's
+    reset have nothing separate to reset, so they are refused up front."""
+    for resets, name in ((args.sync_ref_model, "sync_ref_model"), (args.iteration_steps, "iteration_steps")):
+        if peft_config is not None and resets:
+            raise ValueError(
+                f"GRPOConfig.{name} is not supported with peft_config: the reference is the "
+                "base model with the adapter disabled, so there is nothing separate to reset"
+            )

@@ -1,48 +1,44 @@
 """GRPOTrainer: the GRPO loop, one step read top to bottom (sample, score, advantages, batch, update, log).
 
 DeepSeekMath (arXiv:2402.03300), Algorithm 1: per step set pi_old <- pi_theta, sample G outputs per
-question, score them, normalise rewards per group, then mu policy updates on the same samples.
+question, score them, normalise rewards per group, then mu policy updates on the same samples. The same step
+without the trainer's machinery is ``examples/grpo_minimal.py``; optional behaviour (process supervision,
+reference resets, iterative reward models, the completion log) is in step hooks (``grpokit.train.hooks``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate.utils import gather_object, set_seed
 from tqdm.auto import tqdm
-from transformers import get_scheduler
 
+from grpokit.chat import as_completion
 from grpokit.config import GRPOConfig
-from grpokit.core import combine_rewards, multi_reward_advantages
-from grpokit.data.loading import load_rows, render_prompt
-from grpokit.rewards import RewardModel, resolve_reward, reward_names
-from grpokit.rollout.base import RolloutBackend, SamplingParams
-from grpokit.train.checkpoint import (
-    checkpoint_dir,
-    latest_checkpoint,
-    load_checkpoint,
-    load_model_weights,
-    prune_checkpoints,
-    save_checkpoint,
-)
-from grpokit.train.completion_log import CompletionLog, completion_records
-from grpokit.train.distributed import make_accelerator, merge_process_metrics
-from grpokit.train.evaluation import evaluate_rewards
+from grpokit.core import PolicyLoss, combine_rewards, multi_reward_advantages
+from grpokit.data.loading import load_rows, reward_columns
+from grpokit.rewards import resolve_rewards, reward_names, score_completions
+from grpokit.rollout import RolloutBackend, SamplingParams, make_backend
+from grpokit.train import checkpoint
+from grpokit.train.batch import LogprobPass, Samples, Scores, pad_samples
+from grpokit.train.completion_log import CompletionLog
+from grpokit.train.distributed import gather_across_processes, make_accelerator, merged_across_processes
 from grpokit.train.forward import PolicyLogprobs
-from grpokit.train.iterative_loop import IterativeLoop
-from grpokit.train.logging import MetricsLogger, plot_metrics
-from grpokit.train.models import load_policy, load_tokenizer, make_backend
-from grpokit.train.process import ProcessSupervision
-from grpokit.train.prompts import PromptSampler
-from grpokit.train.reference import make_reference, sync_reference
-from grpokit.train.rollout import build_rollout_batch, completion_metrics
-from grpokit.train.scoring import reward_metrics, score_rollout
+from grpokit.train.hooks import ReferenceSync, StepHook, StepHooks
+from grpokit.train.iterative_grpo import IterativeGRPO
+from grpokit.train.metrics import PhaseTimer, reward_means, step_metrics
+from grpokit.train.metrics_log import MetricsLogger, plot_metrics
+from grpokit.train.optim import build_optimizers
+from grpokit.train.policy import load_policy, load_tokenizer
+from grpokit.train.process_supervision import ProcessSupervision
+from grpokit.train.prompts import PromptSampler, encode_prompt
+from grpokit.train.reference import Reference, refuse_resets_of_adapter_reference
 from grpokit.train.update import UpdateContext, run_update
+
+__all__ = ["GRPOTrainer"]
 
 
 class GRPOTrainer:
@@ -59,10 +55,12 @@ class GRPOTrainer:
         processing_class: the tokenizer (default: loaded from ``model``).
         peft_config: a ``peft`` config to train adapters instead of all weights.
         rollout_backend: override the generation backend (anything with the RolloutBackend protocol).
+        optimizers: TRL's ``(optimizer, lr_scheduler)``; either may be None (default AdamW from ``args``;
+            the ``lr_scheduler_type`` schedule over the run's optimizer steps).
         process_reward_funcs: process rewards (callables ``fn(prompts, completions, steps, **columns) ->
             list[list[float] | None]``, built-in verifier names, or process-reward-model directories).
-            Advantages then become per token [n, C] (see ``grpokit.train.process``); ``reward_funcs`` may
-            be empty for pure process supervision.
+            Advantages then become per token [n, C] (``grpokit.train.process_supervision``);
+            ``reward_funcs`` may be empty for pure process supervision.
         iterative_reward_model: iterative GRPO (``GRPOConfig.iteration_steps``): an ``IterativeRewardModel``
             or a reward-model directory. Its scorer is appended to ``process_reward_funcs`` (process RM) or
             ``reward_funcs`` (outcome RM; weights, if given, list it last) and it is retrained every
@@ -81,21 +79,14 @@ class GRPOTrainer:
         processing_class: Any = None,
         peft_config: Any = None,
         rollout_backend: RolloutBackend | None = None,
+        optimizers: tuple[Any, Any] = (None, None),
         *,
         process_reward_funcs: Any = None,
         iterative_reward_model: Any = None,
         rm_label_func: Any = None,
     ) -> None:
         self.args = args or GRPOConfig()
-        for resets, name in (
-            (self.args.sync_ref_model, "sync_ref_model"),
-            (self.args.iteration_steps, "iteration_steps"),
-        ):
-            if peft_config is not None and resets:
-                raise ValueError(
-                    f"GRPOConfig.{name} is not supported with peft_config: the reference is the "
-                    "base model with the adapter disabled, so there is nothing separate to reset"
-                )
+        refuse_resets_of_adapter_reference(self.args, peft_config)
         set_seed(self.args.seed)
         self.accelerator = make_accelerator(self.args.mixed_precision, self.args.use_cpu)
         self.plan = self.args.batch_plan(self.accelerator.num_processes)
@@ -104,74 +95,51 @@ class GRPOTrainer:
         self.tokenizer = processing_class if processing_class is not None else load_tokenizer(model)
         self.model = load_policy(model, self.args, peft_config)
         device = self.accelerator.device
-        self.iterative = _iterative_loop(iterative_reward_model, rm_label_func, self.args, device)
+        self.iterative = IterativeGRPO.from_config(iterative_reward_model, rm_label_func, self.args, device)
         process_specs = list(process_reward_funcs or [])
         outcome_specs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
         if self.iterative is not None:  # the reward model being trained is the one that scores
             kind_specs = process_specs if self.iterative.kind == "process" else outcome_specs
             kind_specs.append(self.iterative.reward_func)
-        self.process = ProcessSupervision(process_specs, self.args, device) if process_specs else None
-        self.reward_funcs = _resolve_rewards(outcome_specs, device, allow_empty=self.process is not None)
+        self.process = (
+            ProcessSupervision(process_specs, self.args, self.tokenizer, device) if process_specs else None
+        )
+        self.reward_funcs = resolve_rewards(
+            outcome_specs, device=device, allow_empty=self.process is not None
+        )
         self.reward_names = reward_names(self.reward_funcs)
         self.reward_weights = self._reward_weights()
-        self.ref_model = make_reference(self.model) if self.args.beta > 0 and peft_config is None else None
-        self.uses_peft_reference = self.args.beta > 0 and peft_config is not None
+        adapter = peft_config is not None
+        self.reference = Reference(self.model, adapter_disabled=adapter) if self.args.beta > 0 else None
         self.max_steps = self._total_steps()
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],
-            lr=self.args.learning_rate,
-            betas=(self.args.adam_beta1, self.args.adam_beta2),
-            weight_decay=self.args.weight_decay,
-        )
-        total_optimizer_steps = self.max_steps * self.plan.optimizer_steps
-        self.scheduler = get_scheduler(
-            self.args.lr_scheduler_type,
-            self.optimizer,
-            num_warmup_steps=self.args.num_warmup_steps(total_optimizer_steps),
-            num_training_steps=total_optimizer_steps,
+        optimizer, scheduler = build_optimizers(
+            self.model, self.args, self.max_steps * self.plan.optimizer_steps, *optimizers
         )
         # The policy is prepared (DDP under several processes) inside PolicyLogprobs, whose forward is the
         # lean log-prob pass, so DDP sees that pass; self.model stays the bare model, moved in place.
         self.policy, self.optimizer, self.scheduler = self.accelerator.prepare(
-            PolicyLogprobs(self.model), self.optimizer, self.scheduler
+            PolicyLogprobs(self.model), optimizer, scheduler
         )
-        if self.ref_model is not None:
-            self.ref_model.to(self.accelerator.device)
-        self.backend = rollout_backend or make_backend(self.unwrapped_model, self.args)
+        if self.reference is not None:
+            self.reference.to(device)
+        self.backend = rollout_backend or make_backend(
+            self.args.generation_backend, self.model, micro_batch_size=self.args.generation_micro_batch_size
+        )
         self.prompts = PromptSampler(len(self.train_rows), self.plan.prompts, self.args)
         self.generator = torch.Generator().manual_seed(self.args.seed)
-        self.completion_log = CompletionLog(
-            self.args.output_dir,
-            self.args.log_completions,
-            self.args.num_completions_to_print,
-            self.accelerator.is_main_process,
-        )
-        self._completions: list[dict[str, Any]] = []
+        self.loss = PolicyLoss.from_config(self.args)
+        self.logprob_pass = LogprobPass.from_config(self.args)
+        self.update_context = self._update_context()
+        self.hooks = StepHooks(self._step_hooks())
         self.logger = MetricsLogger(
             self.args.output_dir, self.args.report_to, self.accelerator.is_main_process
         )
         self.step = 0
 
-    # ------------------------------------------------------------------------------------------------
     @property
     def unwrapped_model(self) -> torch.nn.Module:
         """The policy itself (a ``transformers`` or PEFT model), not wrapped by DDP."""
         return self.model
-
-    def sampling_params(self, greedy: bool = False) -> SamplingParams:
-        eos = self.tokenizer.eos_token_id
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos
-        return SamplingParams(
-            max_new_tokens=self.args.max_completion_length,
-            temperature=self.args.temperature,
-            top_p=self.args.top_p,
-            top_k=self.args.top_k,
-            min_p=self.args.min_p,
-            repetition_penalty=self.args.repetition_penalty,
-            do_sample=not greedy,
-            eos_token_ids=(eos,) if eos is not None else (),
-            pad_token_id=pad if pad is not None else 0,
-        )
 
     # ------------------------------------------------------------------------------------------------
     def train(self, resume_from_checkpoint: str | bool | None = None) -> list[dict[str, float]]:
@@ -180,17 +148,14 @@ class GRPOTrainer:
         if resume:
             self._resume(resume)
         history: list[dict[str, float]] = []
-        bar = tqdm(
-            total=self.max_steps,
-            initial=self.step,
-            desc="GRPO",
-            disable=self.args.disable_tqdm or not self.accelerator.is_local_main_process,
-        )
+        main = self.accelerator.is_main_process
+        hide = self.args.disable_tqdm or not self.accelerator.is_local_main_process
+        bar = tqdm(total=self.max_steps, initial=self.step, desc="GRPO", disable=hide)
         while self.step < self.max_steps:
             metrics = self.training_step()
             self.step += 1
             if self.eval_rows is not None and self.args.eval_steps and self.step % self.args.eval_steps == 0:
-                metrics.update(evaluate_rewards(self, self.eval_rows))
+                metrics.update(self.evaluate())
             bar.update(1)
             bar.set_postfix(
                 reward=f"{metrics['reward']:.3f}",
@@ -199,142 +164,158 @@ class GRPOTrainer:
             )
             if self._is_logged(self.step):
                 self.logger.log(self.step, metrics)
-                self.completion_log.log(self.step, self._completions)
                 history.append({"step": self.step, **metrics})
             if self.args.save_steps and self.step % self.args.save_steps == 0:
                 self.save_checkpoint()
         bar.close()
         self.save_model(self.args.output_dir)
-        if self.iterative is not None and self.accelerator.is_main_process:
+        if self.iterative is not None and main:
             self.iterative.save(Path(self.args.output_dir) / "reward_model")
-        if self.accelerator.is_main_process:
+        if main:
             plot_metrics(self.logger.read(), Path(self.args.output_dir) / "metrics.png")
         return history
 
     def training_step(self) -> dict[str, float]:
-        """One GRPO step on this process's share of the prompts."""
-        start = time.perf_counter()
-        # 1. sample a batch of prompts (each will get G completions)
-        rows = self.prompts.next_local_rows(self.train_rows, self.accelerator)
-        prompt_ids = [self.encode_prompt(row["prompt"]) for row in rows]
-        # 2. generate G completions per prompt with the current policy (pi_old = pi_theta)
-        with self.accelerator.autocast():  # mixed precision applies to every model pass, not only the update
-            generated = self.backend.generate(prompt_ids, self.args.num_generations, self.sampling_params())
-        time_generate = time.perf_counter() - start
-        # 3. score every completion with every reward function -> [n, F]
-        repeated_rows = [row for row in rows for _ in range(self.args.num_generations)]
-        texts, rewards, failures = self.decode_and_score(repeated_rows, generated.completion_ids)
-        process = (
-            self.process.score(repeated_rows, texts, generated.completion_ids, self.tokenizer)
-            if self.process
-            else None
+        """One GRPO step on this process's share of the prompts; the metrics of the whole batch."""
+        timer, step = PhaseTimer(), self.step + 1
+        # 1. sample prompts, then G completions for each from the current policy (pi_old = pi_theta)
+        with timer.phase("generate"):
+            samples = self.sample(self.prompts.next_local_rows(self.train_rows, self.accelerator))
+        # 2. score every completion with every reward function; 3. group-relative advantages, all processes
+        with timer.phase("reward"):
+            scores = self.score(samples)
+            self.hooks.on_scored(step, samples, scores)  # process rewards, RM samples, completion log
+        # 4. one RolloutBatch: padded ids and masks, this process's advantages
+        with timer.phase("batch"):
+            batch = pad_samples(samples, scores.advantages[scores.local], **self._padding())
+            self.hooks.on_batch(batch)  # process supervision: per-token advantages [n, C]
+        # 5. fixed log-probs: pi_old only when the update is off-policy (mu > 1 or several optimizer steps
+        #    per generation), pi_ref only when beta > 0
+        with timer.phase("old_logprobs"), self.accelerator.autocast():
+            batch.old_logps = self.logprob_pass(self.model, batch) if self.plan.optimizer_steps > 1 else None
+        with timer.phase("reference"), self.accelerator.autocast():
+            batch.ref_logps = self.reference.logprobs(batch, self.logprob_pass) if self.reference else None
+        # 6. mu epochs of clipped policy-gradient updates, then what follows them (reference reset, RM update)
+        with timer.phase("update"):
+            update = run_update(batch, self.args, self.update_context)
+        self.hooks.after_update(step)
+        # 7. metrics describing the whole batch, the same on every process
+        metrics = step_metrics(
+            scores=scores,
+            reward_names=self.reward_names,
+            group_size=self.args.num_generations,
+            generated=samples.generated,
+            update=update,
+            extra=self.hooks.metrics(),
+            learning_rate=self.scheduler.get_last_lr()[0],
+            num_tokens=batch.num_completion_tokens(),
+            timer=timer,
         )
-        time_reward = time.perf_counter() - start - time_generate
-        # 4. group-relative advantages over the whole batch (all processes), then this process's rows
-        all_rewards = self.accelerator.gather(rewards.to(self.accelerator.device))  # [N, F]
+        return merged_across_processes(self.accelerator, metrics)
+
+    # ------------------------------------------------------------------------------------------------
+    def sample(self, rows: list[dict[str, Any]], *, greedy: bool = False) -> Samples:
+        """G completions (one when ``greedy``) for each row's prompt from the current policy, decoded."""
+        group = 1 if greedy else self.args.num_generations
+        prompt_ids = [self.encode_prompt(row["prompt"]) for row in rows]
+        with self.accelerator.autocast():  # mixed precision applies to every model pass, not only the update
+            generated = self.backend.generate(prompt_ids, group, self.sampling_params(greedy))
+        texts = self.tokenizer.batch_decode(generated.completion_ids, skip_special_tokens=True)
+        return Samples([row for row in rows for _ in range(group)], prompt_ids, generated, texts)
+
+    def score(self, samples: Samples) -> Scores:
+        """Rewards of this process's completions, gathered over all processes ([N, F]), and the
+        group-relative advantages of the whole batch ([N])."""
+        local, failures = self.reward_matrix(samples)  # [n, F]
+        rewards = self.accelerator.gather(local.to(self.accelerator.device))  # [N, F]
+        weights = self.reward_weights.to(rewards.device)
         advantages = multi_reward_advantages(
-            all_rewards,
-            self.reward_weights.to(all_rewards.device),
+            rewards,
+            weights,
             self.args.num_generations,
             scale=self.args.scale_rewards,
             aggregation=self.args.multi_objective_aggregation,
             eps=self.args.advantage_epsilon,
+        )  # [N]
+        first = self.accelerator.process_index * len(samples.rows)
+        local_rows = slice(first, first + len(samples.rows))
+        return Scores(rewards, combine_rewards(rewards, weights), advantages, failures, local_rows)
+
+    def reward_matrix(self, samples: Samples) -> tuple[torch.Tensor, dict[str, float]]:
+        """``(rewards [n, F] with NaN for None, rewards/<name>/failures)`` under ``reward_failure``."""
+        rows = samples.rows
+        matrix, failures = score_completions(
+            self.reward_funcs,
+            prompts=[row["prompt"] for row in rows],
+            completions=[as_completion(text, row["prompt"]) for row, text in zip(rows, samples.texts)],
+            completion_ids=samples.generated.completion_ids,
+            columns=reward_columns(rows),
+            trainer_state={"global_step": self.step, "max_steps": self.max_steps},
+            on_error=self.args.reward_failure,
         )
-        first = self.accelerator.process_index * len(repeated_rows)
-        local_advantages = advantages[first : first + len(repeated_rows)]  # [n]
-        # 5. one RolloutBatch: padded ids, masks, advantages, old (mu > 1) and reference (beta > 0) log-probs
-        with self.accelerator.autocast():
-            batch = build_rollout_batch(self, prompt_ids, generated, local_advantages)
-        if process is not None:  # process supervision: per-token advantages [n, C] (train/process.py)
-            batch.advantages = self.process.advantages(process, local_advantages, batch.completion_mask)
-        # 6. mu epochs of clipped policy-gradient updates
-        update_start = time.perf_counter()
-        update_metrics = run_update(batch, self.args, self._update_context())
-        time_update = time.perf_counter() - update_start
-        syncing = self.ref_model is not None and self.args.sync_ref_model
-        if syncing and (self.step + 1) % self.args.ref_model_sync_steps == 0:
-            sync_reference(self.ref_model, self.unwrapped_model, self.args.ref_model_mixup_alpha)
-        iterative_metrics: dict[str, float] = {}
-        if self.iterative is not None:  # iterative GRPO: update the reward model, reset pi_ref to pi_theta
-            self.iterative.observe(repeated_rows, texts, generated.completion_ids)
-            if self.iterative.due(self.step + 1):
-                gather = gather_object if self.accelerator.num_processes > 1 else None
-                iterative_metrics = self.iterative.update(gather)
-                sync_reference(self.ref_model, self.unwrapped_model, 1.0)
-            iterative_metrics.update(self.iterative.step_metrics())
-        # 7. metrics
-        combined = combine_rewards(all_rewards, self.reward_weights.to(all_rewards.device))  # [N]
-        elapsed = time.perf_counter() - start
-        metrics = {
-            **reward_metrics(all_rewards.cpu(), combined.cpu(), self.reward_names, self.args.num_generations),
-            **failures,
-            **completion_metrics(generated),
-            **update_metrics,
-            **(self.process.metrics(process, batch.advantages, batch.completion_mask) if process else {}),
-            **iterative_metrics,
-            "learning_rate": self.scheduler.get_last_lr()[0],
-            "time/generate": time_generate,
-            "time/reward": time_reward,
-            "time/update": time_update,
-            "time/step": elapsed,
-            "tokens_per_second": batch.num_completion_tokens() / max(elapsed, 1e-9),
+        return matrix, {f"rewards/{name}/failures": float(count) for name, count in failures.items()}
+
+    def evaluate(self, eval_dataset: Any = None, batch_size: int = 64) -> dict[str, float]:
+        """``eval/reward`` (weighted sum, mean over rows) and ``eval/rewards/<name>/mean`` of greedy
+        completions of ``eval_dataset`` (default: the trainer's). Under several processes each process
+        generates for every ``num_processes``-th row and the rewards are gathered: every row counts once."""
+        rows = self.eval_rows if eval_dataset is None else load_rows(eval_dataset, name="eval_dataset")
+        if rows is None:
+            raise ValueError("evaluate: no eval_dataset (give one here or to GRPOTrainer)")
+        share = rows[self.accelerator.process_index :: self.accelerator.num_processes]
+        parts = [torch.empty(0, len(self.reward_funcs))]
+        for start in range(0, len(share), batch_size):
+            parts.append(self.reward_matrix(self.sample(share[start : start + batch_size], greedy=True))[0])
+        matrix = torch.cat(parts)  # [len(share), F]
+        if self.accelerator.num_processes > 1:  # every process's rows, in process order
+            matrix = torch.tensor(gather_object(matrix.tolist()), dtype=torch.float32)
+            matrix = matrix.reshape(-1, len(self.reward_funcs))
+        return reward_means(matrix, self.reward_weights, self.reward_names, prefix="eval/")
+
+    def encode_prompt(self, prompt: Any) -> list[int]:
+        """Token ids of a prompt (chat template for message lists), cut from the left to max_prompt_length."""
+        return encode_prompt(
+            prompt, self.tokenizer, self.args.max_prompt_length, self.args.chat_template_kwargs
+        )
+
+    def sampling_params(self, greedy: bool = False) -> SamplingParams:
+        return SamplingParams.from_config(self.args, self.tokenizer, greedy=greedy)
+
+    # ------------------------------------------------------------------------------------------------
+    def _padding(self) -> dict[str, Any]:
+        return {
+            "pad_token_id": self.sampling_params().pad_token_id,
+            "mask_truncated": self.args.mask_truncated_completions,
+            "device": self.accelerator.device,
         }
-        if self.accelerator.num_processes > 1:  # describe the whole batch, the same on every process
-            metrics = merge_process_metrics(gather_object([metrics]))
-        if self.completion_log.wanted and self._is_logged(self.step + 1):
-            self._completions = self._completion_records(
-                repeated_rows, texts, all_rewards, combined, advantages
-            )
-        return metrics
 
     def _is_logged(self, step: int) -> bool:
         """Whether the metrics (and sample completions) of GRPO step ``step`` (1-based) are logged."""
         return step % self.args.logging_steps == 0 or step == self.max_steps
 
-    def _completion_records(self, rows, texts, rewards, combined, advantages) -> list[dict[str, Any]]:
-        """Records of the whole batch: this process's prompts and texts gathered in process order, which
-        is the order of the gathered rewards [N, F], combined [N] and advantages [N]."""
-        pairs = [(row["prompt"], text) for row, text in zip(rows, texts)]
-        if self.accelerator.num_processes > 1:
-            pairs = gather_object(pairs)
-        prompts, completions = [p for p, _ in pairs], [t for _, t in pairs]
-        return completion_records(prompts, completions, self.reward_names, rewards, combined, advantages)
-
-    # ------------------------------------------------------------------------------------------------
-    def decode_and_score(
-        self, rows: list[dict[str, Any]], completion_ids: list[list[int]]
-    ) -> tuple[list[str], torch.Tensor, dict[str, int]]:
-        """Decode completions (one per row) and score them with every reward function: ``(texts, rewards
-        [n, F] with NaN for None, failures per reward name)``, under the run's ``reward_failure`` policy."""
-        texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-        rewards, failures = score_rollout(
-            self.reward_funcs,
-            rows,
-            texts,
-            completion_ids,
-            trainer_state={"global_step": self.step, "max_steps": self.max_steps},
-            on_error=self.args.reward_failure,
+    def _step_hooks(self) -> list[StepHook]:
+        """The optional behaviour this run asked for, in the order it runs."""
+        hooks: list[StepHook] = [self.process] if self.process is not None else []
+        if self.reference is not None and self.args.sync_ref_model:
+            hooks.append(
+                ReferenceSync(self.reference, self.args.ref_model_sync_steps, self.args.ref_model_mixup_alpha)
+            )
+        if self.iterative is not None:
+            self.iterative.reference = self.reference
+            self.iterative.gather = gather_across_processes(self.accelerator)
+            hooks.append(self.iterative)
+        hooks.append(
+            CompletionLog(
+                self.args.output_dir,
+                self.args.log_completions,
+                self.args.num_completions_to_print,
+                reward_names=self.reward_names,
+                is_logged=self._is_logged,
+                gather=gather_across_processes(self.accelerator),
+                enabled=self.accelerator.is_main_process,
+            )
         )
-        return texts, rewards, failures
-
-    def encode_prompt(self, prompt: Any) -> list[int]:
-        """Token ids of a prompt (chat template for message lists), cut from the left to max_prompt_length."""
-        text = render_prompt(prompt, self.tokenizer, self.args.chat_template_kwargs)
-        ids = self.tokenizer(text, add_special_tokens=isinstance(prompt, str))["input_ids"]
-        limit = self.args.max_prompt_length
-        return ids[-limit:] if limit is not None and len(ids) > limit else ids
-
-    def reference_logprobs_context(self):
-        """Context under which ``self.reference_model`` gives pi_ref (PEFT: the adapter disabled)."""
-        if self.uses_peft_reference:
-            return self.unwrapped_model.disable_adapter()
-        return contextlib.nullcontext()
-
-    @property
-    def reference_model(self) -> torch.nn.Module | None:
-        if self.ref_model is not None:
-            return self.ref_model
-        return self.unwrapped_model if self.uses_peft_reference else None
+        return hooks
 
     def _update_context(self) -> UpdateContext:
         def clip(max_norm: float) -> torch.Tensor | None:
@@ -344,6 +325,7 @@ class GRPOTrainer:
             return torch.nn.utils.clip_grad_norm_(params, float("inf"))
 
         return UpdateContext(
+            loss=self.loss,
             policy=self.policy,
             optimizer=self.optimizer,
             scheduler=self.scheduler,
@@ -382,9 +364,9 @@ class GRPOTrainer:
 
     def save_checkpoint(self) -> Path:
         """Everything a resume needs, in ``<output_dir>/checkpoint-<step>``."""
-        path = checkpoint_dir(self.args.output_dir, self.step)
+        path = checkpoint.checkpoint_dir(self.args.output_dir, self.step)
         if self.accelerator.is_main_process:
-            save_checkpoint(
+            checkpoint.save_checkpoint(
                 path,
                 model=self.unwrapped_model,
                 tokenizer=self.tokenizer,
@@ -393,54 +375,24 @@ class GRPOTrainer:
                 trainer_state={"step": self.step, "prompts": self.prompts.state_dict()},
                 extra_tensors={
                     "generator": self.generator.get_state(),
-                    "reference": None if self.ref_model is None else self.ref_model.state_dict(),
-                    "iterative": None if self.iterative is None else self.iterative.state_dict(),
+                    "reference": None if self.reference is None else self.reference.state_dict(),
+                    **self.hooks.state_dict(),
                 },
             )
-            prune_checkpoints(self.args.output_dir, self.args.save_total_limit)
+            checkpoint.prune_checkpoints(self.args.output_dir, self.args.save_total_limit)
         self.accelerator.wait_for_everyone()
         return path
 
     def _resume(self, resume: str | bool) -> None:
-        path = latest_checkpoint(self.args.output_dir) if resume in (True, "latest") else Path(str(resume))
+        output_dir = self.args.output_dir
+        path = checkpoint.latest_checkpoint(output_dir) if resume in (True, "latest") else Path(str(resume))
         if path is None:
-            raise FileNotFoundError(
-                f"resume_from_checkpoint: no checkpoint-* found in {self.args.output_dir}"
-            )
-        load_model_weights(self.unwrapped_model, path)
-        state, extra = load_checkpoint(path, optimizer=self.optimizer, scheduler=self.scheduler)
+            raise FileNotFoundError(f"resume_from_checkpoint: no checkpoint-* found in {output_dir}")
+        checkpoint.load_model_weights(self.unwrapped_model, path)
+        state, extra = checkpoint.load_checkpoint(path, optimizer=self.optimizer, scheduler=self.scheduler)
         self.step = int(state["step"])
         self.prompts.load_state_dict(state["prompts"])
         self.generator.set_state(extra["generator"])
-        if self.ref_model is not None and extra.get("reference") is not None:
-            self.ref_model.load_state_dict(extra["reference"])
-        if self.iterative is not None and extra.get("iterative") is not None:
-            self.iterative.load_state_dict(extra["iterative"])
-
-
-def _resolve_rewards(reward_funcs: Any, device: torch.device, allow_empty: bool = False) -> list[Any]:
-    """Callables, built-in names, import paths or reward-model directories -> callables; reward models
-    are moved to the trainer's device. Empty (or None) only with process rewards."""
-    funcs = [
-        f
-        for f in (reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs])
-        if f is not None
-    ]
-    if not funcs and not allow_empty:
-        raise ValueError("reward_funcs: at least one reward function is required (or process_reward_funcs)")
-    resolved = [resolve_reward(func) for func in funcs]
-    return [func.to(device) if isinstance(func, RewardModel) else func for func in resolved]
-
-
-def _iterative_loop(
-    spec: Any, label_func: Any, args: GRPOConfig, device: torch.device
-) -> IterativeLoop | None:
-    """The iterative-GRPO loop, or None; iteration_steps and an iterative reward model go together."""
-    if spec is None:
-        if args.iteration_steps > 0:
-            raise ValueError(
-                "GRPOConfig.iteration_steps > 0 needs an iterative_reward_model (to reset the reference "
-                "model alone, use sync_ref_model and ref_model_sync_steps)"
-            )
-        return None
-    return IterativeLoop.build(spec, label_func, args, device)
+        if self.reference is not None:
+            self.reference.load_state_dict(extra.get("reference"))
+        self.hooks.load_state_dict(extra)

@@ -9,14 +9,17 @@ from dataclasses import dataclass
 import torch
 
 from grpokit.config import GRPOConfig
-from grpokit.core import aggregation_is_global, policy_loss, top_entropy_mask
+from grpokit.core import PolicyLoss, top_entropy_mask
 from grpokit.train.batch import RolloutBatch, micro_batch_indices
+
+__all__ = ["UpdateContext", "keeps_whole_groups", "run_update", "shuffled_rows"]
 
 
 @dataclass
 class UpdateContext:
-    """What an update needs besides the batch: the model, its optimizer and how to step them."""
+    """What an update needs besides the batch: the loss, the model, its optimizer and how to step them."""
 
+    loss: PolicyLoss  # hyperparameters fixed for the run
     policy: torch.nn.Module  # PolicyLogprobs, possibly wrapped by DistributedDataParallel
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
@@ -51,10 +54,10 @@ def _optimizer_step(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext)
     # processes, so each process divides by (global tokens / num_processes) to get the global token mean.
     global_tokens = ctx.sum_across_processes(batch.completion_mask.sum().float())
     num_items = float(global_tokens) / ctx.num_processes
-    divide_by_micro_batches = not aggregation_is_global(config.loss_type)
+    divide_by_micro_batches = not ctx.loss.is_global
     metric_sums: dict[str, float] = defaultdict(float)
     for rows in micro_batches:
-        loss, metrics = _micro_batch_loss(batch.select(rows), config, ctx.policy, num_items)
+        loss, metrics = _micro_batch_loss(batch.select(rows), config, ctx, num_items)
         if divide_by_micro_batches:
             loss = loss / len(micro_batches)
         ctx.backward(loss)
@@ -86,10 +89,10 @@ def shuffled_rows(num_rows: int, config: GRPOConfig, generator: torch.Generator)
 
 
 def _micro_batch_loss(
-    batch: RolloutBatch, config: GRPOConfig, policy: torch.nn.Module, num_items: float
+    batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext, num_items: float
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     mask = batch.completion_mask.float()  # [n, C]
-    logps, entropy = policy(  # PolicyLogprobs: completion_logprobs through the (DDP) module's forward
+    logps, entropy = ctx.policy(  # PolicyLogprobs: completion_logprobs through the (DDP) module's forward
         batch.prompt_ids,
         batch.prompt_mask,
         batch.completion_ids,
@@ -101,23 +104,14 @@ def _micro_batch_loss(
     token_weights = None
     if config.top_entropy_quantile < 1.0:
         token_weights = top_entropy_mask(entropy.detach(), mask, config.top_entropy_quantile).float()
-    loss, metrics = policy_loss(
+    loss, metrics = ctx.loss(
         logps,
         batch.old_logps,
         batch.advantages,
         mask,
-        loss_type=config.loss_type,
-        epsilon=config.epsilon,
-        epsilon_high=config.clip_high,
-        delta=config.delta,
-        importance_sampling_level=config.importance_sampling_level,
-        beta=config.beta,
         ref_logps=batch.ref_logps,
-        max_completion_length=config.max_completion_length,
         num_items_in_batch=num_items,
         token_weights=token_weights,
-        sapo_temperature_pos=config.sapo_temperature_pos,
-        sapo_temperature_neg=config.sapo_temperature_neg,
     )
     metrics = dict(metrics)
     metrics["entropy"] = (entropy.detach() * mask).sum() / mask.sum().clamp(min=1)

@@ -17,8 +17,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from grpokit.rewards import completion_text, make_accuracy_reward
-from grpokit.rewards.accuracy import RewardFunc
+from grpokit.chat import completion_text
+from grpokit.rewards import make_accuracy_reward
+from grpokit.rewards.base import RewardFunc
 from grpokit.rewards.extract import extract_answer_tag
 
 __all__ = ["MAX_ANSWER_DIGITS", "integer_answer", "make_integer_answer_reward"]

@@ -288,7 +288,7 @@ def make_chain_rm_samples(
     if kind not in ("outcome", "process"):
         raise ValueError(f"kind must be 'outcome' or 'process', got {kind!r}")
     rng = random.Random(f"grpokit-chain-rm-{seed}")
-    from grpokit.rewards.process.steps import step_texts
+    from grpokit.rewards.process_rewards.steps import step_texts
 
     completions = []
     for row in rows:  # one draw per row, then (when corrupted) the corruption's own draws

@@ -1,0 +1,42 @@
+"""Command line: ``grpokit train [RECIPE.yaml] [key=value ...]``, ``grpokit eval``, ``grpokit train-rm``.
+
+Rooms: ``recipes`` (recipe files and the ``train`` command line), ``train_command`` (what ``grpokit train``
+runs), ``eval_command``, ``train_rm_command``.
+
+A recipe is a flat YAML mapping of TrainArgs fields (model, task, dataset, reward_funcs, ...) and GRPOConfig
+fields (beta, loss_type, ...); ``base: other-recipe`` starts from another recipe and overrides it.
+Overrides come after it as ``key=value`` (YAML-typed values, so
+``reward_funcs=[accuracy,think_format]`` and ``epsilon_high=0.28`` both work) or as ``--key value``.
+Parsing and ``--help`` (every option with its docstring) are done by ``tyro``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from grpokit.cli.recipes import find_recipe, load_recipe, parse_train_args, to_flag_arguments
+
+__all__ = ["find_recipe", "load_recipe", "main", "parse_train_args", "to_flag_arguments"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv[0] if argv and not argv[0].startswith("-") else None
+    if command in (None, "train"):
+        from grpokit.cli.train_command import run_training
+
+        run_training(parse_train_args(argv[1:] if command else argv))
+        return 0
+    if command == "eval":
+        from grpokit.cli.eval_command import eval_main
+
+        return eval_main(argv[1:])
+    if command == "train-rm":
+        from grpokit.cli.train_rm_command import train_rm_main
+
+        return train_rm_main(argv[1:])
+    if command in ("-h", "--help", "help"):
+        print(__doc__)
+        return 0
+    print(f"grpokit: unknown command {command!r}; use train, eval or train-rm", file=sys.stderr)
+    return 2

@@ -1,0 +1,55 @@
+"""JSON-lines files (metrics, completions, labelled samples, data sets): one reader, one writer.
+
+Numbers are written with :func:`json_number`: NaN and infinities become ``null`` (JSON has no NaN), so every
+line is valid JSON that any reader accepts. The reader names the file and the line of a malformed record.
+Imports nothing of grpokit's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["append_jsonl", "json_number", "read_jsonl", "write_jsonl"]
+
+
+def json_number(value: float, digits: int | None = None) -> float | None:
+    """``value`` as a JSON number: None for NaN or +-inf, else a float (rounded to ``digits`` if given)."""
+    number = float(value)
+    if math.isnan(number) or math.isinf(number):
+        return None
+    return round(number, digits) if digits is not None else number
+
+
+def read_jsonl(path: str | Path, name: str = "file") -> list[Any]:
+    """The records of a JSON-lines file (blank lines skipped). A malformed line is a ValueError naming
+    ``name``, the path and the line number."""
+    path = Path(path)
+    records = []
+    for line_no, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{name}: {path} line {line_no} is not valid JSON: {err.msg}") from err
+    return records
+
+
+def append_jsonl(path: str | Path, records: Iterable[Any]) -> None:
+    """Append one JSON line per record (creating the file and its directory when missing)."""
+    _write(Path(path), records, "a")
+
+
+def write_jsonl(path: str | Path, records: Iterable[Any]) -> None:
+    """Write one JSON line per record, replacing the file."""
+    _write(Path(path), records, "w")
+
+
+def _write(path: Path, records: Iterable[Any], mode: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open(mode) as handle:
+        for record in records:
+            handle.write(json.dumps(record) + "\n")

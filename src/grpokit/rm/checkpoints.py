@@ -1,0 +1,113 @@
+"""Reward-model checkpoints: a tiny reward model built locally, loading any checkpoint with a one-logit head,
+saving the standard ``transformers`` directory that ``grpokit train-rm`` writes, and telling its kind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpokit.models.loading import load_tokenizer
+from grpokit.rewards.process_rewards.steps import DEFAULT_STEP_DELIMITER
+from grpokit.rm.samples import check_kind
+from grpokit.rm.training import classifier_pad_id
+
+__all__ = ["build_tiny_reward_model", "load_reward_model", "reward_model_kind", "save_reward_model"]
+
+
+def _model_class(kind: str):
+    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
+
+    return AutoModelForSequenceClassification if kind == "outcome" else AutoModelForTokenClassification
+
+
+def build_tiny_reward_model(
+    tokenizer: Any,
+    kind: str = "process",
+    *,
+    arch: str = "qwen2",
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    max_position_embeddings: int = 256,
+    seed: int = 0,
+) -> torch.nn.Module:
+    """A randomly initialised tiny reward model (the backbone config of ``grpokit.models.tiny``) with a
+    one-logit head: sequence classification (outcome) or token classification (process)."""
+    check_kind(kind)
+    from grpokit.models.tiny import build_tiny_model
+
+    config = build_tiny_model(
+        tokenizer,
+        arch=arch,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        max_position_embeddings=max_position_embeddings,
+        seed=seed,
+    ).config
+    config.num_labels = 1
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = _model_class(kind).from_config(config, dtype=torch.float32)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def load_reward_model(path: str, kind: str) -> tuple[torch.nn.Module, Any]:
+    """(model, tokenizer) from a directory. A checkpoint that already has the right head is loaded as is; any
+    other (e.g. a causal LM policy) gets a new one-logit head on its backbone."""
+    check_kind(kind)
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    suffix = "ForSequenceClassification" if kind == "outcome" else "ForTokenClassification"
+    has_head = any(a.endswith(suffix) for a in (getattr(config, "architectures", None) or []))
+    if has_head:
+        model = _model_class(kind).from_pretrained(path)
+    else:
+        model = _model_class(kind).from_pretrained(path, num_labels=1)
+    tokenizer = load_tokenizer(path)
+    classifier_pad_id(model, tokenizer)
+    return model, tokenizer
+
+
+def save_reward_model(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    output_dir: str | Path,
+    *,
+    kind: str,
+    delimiter: str = DEFAULT_STEP_DELIMITER,
+) -> Path:
+    """Save a standard ``transformers`` checkpoint (model + tokenizer). The config also records
+    ``grpokit_reward_kind`` and, for process models, ``step_delimiter`` (read by ``ProcessRewardModel``)."""
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.config.grpokit_reward_kind = kind
+    if kind == "process":
+        model.config.step_delimiter = delimiter
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def reward_model_kind(path: str | Path) -> str:
+    """``"process"`` or ``"outcome"`` for a reward-model checkpoint: ``grpokit_reward_kind`` in its config
+    (written by ``grpokit train-rm``), else its architecture (token / sequence classification)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(path))
+    kind = getattr(config, "grpokit_reward_kind", None)
+    if kind in ("outcome", "process"):
+        return kind
+    architectures = getattr(config, "architectures", None) or []
+    if any(a.endswith("ForTokenClassification") for a in architectures):
+        return "process"
+    if any(a.endswith("ForSequenceClassification") for a in architectures):
+        return "outcome"
+    raise ValueError(
+        f"{path}: not a reward model (no grpokit_reward_kind and architectures {architectures}); train one "
+        "with `grpokit train-rm`"
+    )

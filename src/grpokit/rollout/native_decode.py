@@ -1,0 +1,161 @@
+"""The fast sampler's decode step for Llama-family decoders (``llama``, ``qwen2``, ``qwen3``, ``mistral``
+without a sliding window): the prompt cache kept once per prompt and shared by the G samples of its group,
+the generated keys/values in pre-allocated buffers, fused projections built from the live weights."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from grpokit.models.parts import decoder_of
+
+__all__ = ["NATIVE_MODEL_TYPES", "NativeDecoder", "native_supported"]
+
+NATIVE_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+class NativeDecoder:
+    """Decode step for Llama-family decoders with the prompt cache shared by the G samples of a group.
+
+    Attention of the N = P*G query rows is split in two: over the prompt keys (kept once per prompt, [P, kv,
+    L, d]; one matmul per group with the G*n_rep queries of that group stacked) and over the generated keys
+    (pre-allocated [N, kv, max_new, d]). Both score blocks are joined before one softmax, so the result is the
+    plain softmax attention over [prompt, generated] keys.
+    """
+
+    def __init__(self, model: nn.Module, pre: Any, group: int, max_new: int) -> None:
+        self.model = model
+        self.base = decoder_of(model)
+        self.head = model.get_output_embeddings()
+        self.embed = model.get_input_embeddings()
+        self.pre = pre
+        self.group = group
+        first = self.base.layers[0].self_attn
+        self.head_dim = first.head_dim
+        self.n_rep = first.num_key_value_groups
+        self.scaling = first.scaling
+        num_prompts, kv_heads, _, d = pre.keys[0].shape
+        self.kv_heads = kv_heads
+        rows = num_prompts * group
+        dtype, device = pre.keys[0].dtype, pre.keys[0].device
+        # Pre-allocated caches of the generated tokens, one [N, kv, max_new, d] pair per layer.
+        self.gen_k = [torch.empty(rows, kv_heads, max_new, d, dtype=dtype, device=device) for _ in pre.keys]
+        self.gen_v = [torch.empty(rows, kv_heads, max_new, d, dtype=dtype, device=device) for _ in pre.keys]
+        self.positions = pre.lengths.repeat_interleave(group)[:, None]  # [N, 1] next position per row
+        self.pad_bias = pre.pad_bias.to(dtype)  # [P, 1, 1, L]
+        # Fused projections (one matmul instead of three, resp. two), rebuilt from the live weights per call.
+        self.qkv = [
+            _fuse_linear(a.q_proj, a.k_proj, a.v_proj) for a in (lay.self_attn for lay in self.base.layers)
+        ]
+        self.gate_up = [_fuse_mlp(layer.mlp) for layer in self.base.layers]
+
+    def __call__(self, tokens: torch.Tensor, t: int) -> torch.Tensor:
+        """Feed the token sampled at step t ([N]); return next-token logits [N, V] (float32)."""
+        h = self.embed(tokens[:, None])  # [N, 1, H]
+        cos, sin = self.base.rotary_emb(h, self.positions + t)  # [N, 1, d]
+        cos, sin = cos[:, None], sin[:, None]  # [N, 1, 1, d]
+        for i, layer in enumerate(self.base.layers):
+            residual = h
+            x = layer.input_layernorm(h)
+            x = self._attention(layer.self_attn, x, cos, sin, i, t)
+            h = residual + x
+            residual = h
+            x = layer.post_attention_layernorm(h)
+            fused = self.gate_up[i]
+            if fused is None:
+                h = residual + layer.mlp(x)
+            else:
+                gate, up = torch.nn.functional.linear(x, fused).chunk(2, dim=-1)
+                h = residual + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+        h = self.base.norm(h)
+        return self.head(h[:, 0]).float()  # [N, V]
+
+    def _attention(self, attn: nn.Module, x: torch.Tensor, cos, sin, i: int, t: int) -> torch.Tensor:
+        rows = x.shape[0]
+        d, kvh, rep = self.head_dim, self.kv_heads, self.n_rep
+        num_prompts = rows // self.group
+        w, b = self.qkv[i]
+        q, k, v = torch.nn.functional.linear(x, w, b).split([kvh * rep * d, kvh * d, kvh * d], dim=-1)
+        q = q.reshape(rows, 1, kvh * rep, d)  # [N, 1, h, d]
+        k = k.reshape(rows, 1, kvh, d)
+        v = v.reshape(rows, 1, kvh, d)
+        if hasattr(attn, "q_norm"):
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q = q.transpose(1, 2)  # [N, h, 1, d]
+        k = k.transpose(1, 2)  # [N, kv, 1, d]
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        self.gen_k[i][:, :, t : t + 1] = k
+        self.gen_v[i][:, :, t : t + 1] = v.transpose(1, 2)
+        gk = self.gen_k[i][:, :, : t + 1]  # [N, kv, t+1, d]
+        gv = self.gen_v[i][:, :, : t + 1]
+        pk, pv = self.pre.keys[i], self.pre.values[i]  # [P, kv, L, d]
+        plen = pk.shape[2]
+        # Query heads h = kv*rep + r share kv head kv (as repeat_kv). Group queries per prompt:
+        # [P, kv, G*rep, d].
+        qg = (
+            q.view(num_prompts, self.group, kvh, rep, d)
+            .permute(0, 2, 1, 3, 4)
+            .reshape(num_prompts, kvh, self.group * rep, d)
+        )
+        s_prompt = torch.matmul(qg, pk.transpose(-1, -2)) * self.scaling + self.pad_bias  # [P, kv, G*rep, L]
+        s_prompt = s_prompt.view(num_prompts, kvh, self.group, rep, plen).permute(0, 2, 1, 3, 4)
+        s_prompt = s_prompt.reshape(rows, kvh, rep, plen)  # [N, kv, rep, L]
+        qn = q.view(rows, kvh, rep, d)
+        s_gen = torch.matmul(qn, gk.transpose(-1, -2)) * self.scaling  # [N, kv, rep, t+1]
+        probs = torch.softmax(torch.cat([s_prompt, s_gen], dim=-1), dim=-1, dtype=torch.float32).to(q.dtype)
+        p_prompt = probs[..., :plen].reshape(num_prompts, self.group, kvh, rep, plen).permute(0, 2, 1, 3, 4)
+        p_prompt = p_prompt.reshape(num_prompts, kvh, self.group * rep, plen)
+        o_prompt = torch.matmul(p_prompt, pv)  # [P, kv, G*rep, d]
+        o_prompt = o_prompt.view(num_prompts, kvh, self.group, rep, d).permute(0, 2, 1, 3, 4)
+        o_prompt = o_prompt.reshape(rows, kvh, rep, d)
+        out = o_prompt + torch.matmul(probs[..., plen:], gv)  # [N, kv, rep, d]
+        return attn.o_proj(out.reshape(rows, 1, kvh * rep * d))
+
+
+def _fuse_linear(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    weight = torch.cat([lin.weight for lin in linears])
+    biases = [lin.bias for lin in linears]
+    if all(b is None for b in biases):
+        return weight, None
+    bias = torch.cat(
+        [b if b is not None else weight.new_zeros(lin.weight.shape[0]) for b, lin in zip(biases, linears)]
+    )
+    return weight, bias
+
+
+def _fuse_mlp(mlp: nn.Module) -> torch.Tensor | None:
+    """[gate; up] weight for a gated MLP ``down(act(gate x) * up x)`` without biases, else None."""
+    parts = [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+    if any(p is None or getattr(p, "bias", None) is not None for p in parts) or not hasattr(mlp, "act_fn"):
+        return None
+    return torch.cat([parts[0].weight, parts[1].weight])
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def native_supported(model: nn.Module) -> bool:
+    """True for Llama-family decoders whose every layer is full causal attention with rotary positions."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "model_type", None) not in NATIVE_MODEL_TYPES:
+        return False
+    if any(lt != "full_attention" for lt in (getattr(config, "layer_types", None) or ["full_attention"])):
+        return False
+    if config.model_type == "mistral" and getattr(config, "sliding_window", None) is not None:
+        return False
+    if getattr(config, "use_sliding_window", False):
+        return False
+    base = decoder_of(model) if hasattr(model, "base_model") else None
+    needed = ("layers", "norm", "rotary_emb")
+    if base is None or not all(hasattr(base, n) for n in needed):
+        return False
+    layer = base.layers[0]
+    attn = getattr(layer, "self_attn", None)
+    return all(hasattr(layer, n) for n in ("input_layernorm", "post_attention_layernorm", "mlp")) and all(
+        hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "num_key_value_groups")
+    )

@@ -1,0 +1,92 @@
+"""Optional behaviour around the GRPO step, kept out of the step itself.
+
+``GRPOTrainer.training_step`` is the algorithm; everything a run may add to it is a :class:`StepHook`
+called at three points of the step:
+
+1. ``on_scored(step, samples, scores)``: the completions are scored (process supervision scores their steps;
+   iterative GRPO keeps them for the reward model; the completion log writes them);
+2. ``on_batch(batch)``: the RolloutBatch is built (process supervision replaces the advantages by per-token
+   ones);
+3. ``after_update(step)``: the optimizer steps are done (the reference is reset; the reward model learns).
+
+``metrics()`` then adds the hook's metrics to the step's. ``step`` is the 1-based number of the step being
+run. Hooks with state that a resume needs give ``state_dict`` / ``load_state_dict`` (and a
+``checkpoint_key``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grpokit.train.batch import RolloutBatch, Samples, Scores
+from grpokit.train.reference import Reference
+
+__all__ = ["ReferenceSync", "StepHook", "StepHooks"]
+
+
+class StepHook:
+    """Base class: every method does nothing unless overridden."""
+
+    checkpoint_key: str | None = None
+    """Name of this hook's entry in a checkpoint; None when it has no state to save."""
+
+    def on_scored(self, step: int, samples: Samples, scores: Scores) -> None:
+        """The step's completions are scored."""
+
+    def on_batch(self, batch: RolloutBatch) -> None:
+        """The step's RolloutBatch is built (the hook may change its advantages)."""
+
+    def after_update(self, step: int) -> None:
+        """The step's policy update is done."""
+
+    def metrics(self) -> dict[str, float]:
+        """This step's metrics (read after ``after_update``)."""
+        return {}
+
+    def state_dict(self) -> Any:
+        return None
+
+    def load_state_dict(self, state: Any) -> None:
+        """Restore what ``state_dict`` returned."""
+
+
+class StepHooks:
+    """The run's hooks, called in order."""
+
+    def __init__(self, hooks: list[StepHook]) -> None:
+        self.hooks = hooks
+
+    def on_scored(self, step: int, samples: Samples, scores: Scores) -> None:
+        for hook in self.hooks:
+            hook.on_scored(step, samples, scores)
+
+    def on_batch(self, batch: RolloutBatch) -> None:
+        for hook in self.hooks:
+            hook.on_batch(batch)
+
+    def after_update(self, step: int) -> None:
+        for hook in self.hooks:
+            hook.after_update(step)
+
+    def metrics(self) -> dict[str, float]:
+        return {name: value for hook in self.hooks for name, value in hook.metrics().items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {hook.checkpoint_key: hook.state_dict() for hook in self.hooks if hook.checkpoint_key}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for hook in self.hooks:
+            if hook.checkpoint_key and state.get(hook.checkpoint_key) is not None:
+                hook.load_state_dict(state[hook.checkpoint_key])
+
+
+class ReferenceSync(StepHook):
+    """``sync_ref_model``: every ``every`` steps, ref <- alpha * policy + (1 - alpha) * ref (R1-Zero replaced
+    the reference every 400 steps)."""
+
+    def __init__(self, reference: Reference, every: int, alpha: float) -> None:
+        self.reference, self.every, self.alpha = reference, every, alpha
+
+    def after_update(self, step: int) -> None:
+        if step % self.every == 0:
+            self.reference.reset(self.alpha)

@@ -1,0 +1,39 @@
+"""The optimizer and its learning-rate schedule: AdamW and the ``lr_scheduler_type`` schedule from the
+config, or TRL's ``optimizers=(optimizer, lr_scheduler)`` argument (either may be None)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import get_scheduler
+
+from grpokit.config import GRPOConfig
+
+__all__ = ["build_optimizers"]
+
+
+def build_optimizers(
+    model: torch.nn.Module,
+    args: GRPOConfig,
+    total_optimizer_steps: int,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+) -> tuple[torch.optim.Optimizer, Any]:
+    """``(optimizer, scheduler)``: the given ones, else AdamW over the trainable parameters and the
+    configured schedule (with warm-up) over ``total_optimizer_steps``."""
+    if optimizer is None:
+        optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=args.learning_rate,
+            betas=(args.adam_beta1, args.adam_beta2),
+            weight_decay=args.weight_decay,
+        )
+    if scheduler is None:
+        scheduler = get_scheduler(
+            args.lr_scheduler_type,
+            optimizer,
+            num_warmup_steps=args.num_warmup_steps(total_optimizer_steps),
+            num_training_steps=total_optimizer_steps,
+        )
+    return optimizer, scheduler

@@ -1,0 +1,81 @@
+"""Loading the policy to train and its tokenizer: TRL's ``model_init_kwargs``, gradient checkpointing, PEFT
+adapters, ``disable_dropout``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from grpokit.config import GRPOConfig
+from grpokit.models.loading import load_tokenizer as load_saved_tokenizer
+
+__all__ = ["disable_dropout", "load_policy", "load_tokenizer", "model_init_kwargs"]
+
+
+def load_tokenizer(model: str | Path | torch.nn.Module) -> Any:
+    """The tokenizer saved with ``model`` (a path/hub id, or a model whose config names its path)."""
+    source = model if isinstance(model, (str, Path)) else getattr(model, "name_or_path", None)
+    if not source:
+        raise ValueError("processing_class is required when model is an in-memory module without a path")
+    tokenizer = load_saved_tokenizer(str(source))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def model_init_kwargs(args: GRPOConfig) -> dict[str, Any]:
+    """``from_pretrained`` keyword arguments: ``args.model_init_kwargs`` with ``dtype`` (or TRL's older
+    ``torch_dtype``) as a torch dtype (``"auto"`` kept; default float32), "true"/"false" as booleans."""
+    kwargs: dict[str, Any] = {}
+    for key, value in (args.model_init_kwargs or {}).items():
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            value = value.lower() == "true"
+        kwargs["dtype" if key == "torch_dtype" else key] = value
+    dtype = kwargs.get("dtype", torch.float32)
+    if isinstance(dtype, str) and dtype != "auto":
+        resolved = getattr(torch, dtype.removeprefix("torch."), None)
+        if not isinstance(resolved, torch.dtype):
+            raise ValueError(f"model_init_kwargs: dtype {dtype!r} is not a torch dtype ('bfloat16', 'auto')")
+        dtype = resolved
+    kwargs["dtype"] = dtype
+    return kwargs
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """p = 0 for every ``nn.Dropout``, and 0.0 for every float attribute named ``*dropout*`` of a module or of
+    the model's config (attention layers keep their rate as a plain attribute, e.g. ``attention_dropout``)."""
+    config = getattr(model, "config", None)
+    for holder in [*model.modules(), *([config] if config is not None else [])]:
+        if isinstance(holder, torch.nn.Dropout):
+            holder.p = 0.0
+        for name, value in list(vars(holder).items()):
+            if "dropout" in name and isinstance(value, float):
+                setattr(holder, name, 0.0)
+
+
+def load_policy(
+    model: str | Path | torch.nn.Module, args: GRPOConfig, peft_config: Any = None
+) -> torch.nn.Module:
+    """A causal LM from a path / hub id (``from_pretrained`` with ``args.model_init_kwargs``; float32 weights
+    unless they name a ``dtype``; accelerate handles mixed precision) or the module as given."""
+    if isinstance(model, (str, Path)):
+        policy = AutoModelForCausalLM.from_pretrained(str(model), **model_init_kwargs(args))
+    elif isinstance(model, (PreTrainedModel, torch.nn.Module)):
+        policy = model
+    else:
+        raise TypeError(f"model: expected a path, a hub id or a PreTrainedModel, got {type(model).__name__}")
+    if args.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
+        policy.config.use_cache = False
+    if peft_config is not None:
+        try:
+            from peft import get_peft_model
+        except ImportError as err:
+            raise ImportError("peft_config needs `pip install grpokit[peft]`") from err
+        policy = get_peft_model(policy, peft_config)
+    if args.disable_dropout:  # after PEFT, so adapter dropout (lora_dropout) goes too
+        disable_dropout(policy)
+    return policy

@@ -1,0 +1,126 @@
+"""Process supervision, a step hook: score every step of every completion, then turn the step rewards into
+per-token advantages [n, C], combined with the outcome advantages.
+
+DeepSeekMath (arXiv:2402.03300) section 4.1.3; docs/process-supervision.md. For the n local completions
+(whole groups of G), with C the padded completion width of the RolloutBatch:
+
+    A_process = process_advantages(step_rewards, step_ends, G, C)              # [n, C], pooled per group
+    A[i, t]   = mask[i, t] * (outcome_advantage_weight * A_outcome[i]
+                              + process_advantage_weight * A_process[i, t])      # [n, C]
+
+``A_outcome`` is the usual group advantage of the outcome rewards (``reward_funcs``; 0 for a group whose
+outcome rewards are all equal or missing), so ``outcome_advantage_weight = 0`` is pure process supervision.
+Step rewards are always normalised within their group (``scale_rewards`` applies to the outcome part only).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from grpokit.chat import as_completion
+from grpokit.config import GRPOConfig
+from grpokit.core import combine_outcome_and_process, process_advantages
+from grpokit.data.loading import reward_columns
+from grpokit.rewards.process_rewards import (
+    ProcessRewardModel,
+    ProcessScores,
+    resolve_process_reward_funcs,
+    score_process,
+)
+from grpokit.rewards.scoring import reward_names
+from grpokit.train.batch import RolloutBatch, Samples, Scores
+from grpokit.train.hooks import StepHook
+
+__all__ = ["ProcessSupervision"]
+
+
+class ProcessSupervision(StepHook):
+    """The process reward functions of a run and how their step rewards become token advantages.
+
+    ``specs``: callables ``fn(prompts, completions, steps, **columns) -> list[list[float] | None]``,
+    built-in verifier names (``"chain_steps"``) or process-reward-model directories (loaded as
+    ``ProcessRewardModel`` on ``device``). Weights: ``args.process_reward_weights`` (default all 1.0).
+    Failures follow ``args.reward_failure``, as for outcome rewards.
+    """
+
+    def __init__(
+        self, specs: Sequence[Any], args: GRPOConfig, tokenizer: Any, device: torch.device | str | None = None
+    ) -> None:
+        if not specs:
+            raise ValueError("process_reward_funcs: give at least one process reward function")
+        self.args = args
+        self.tokenizer = tokenizer
+        self.funcs = resolve_process_reward_funcs(list(specs), delimiter=args.step_delimiter, device=device)
+        for fn in self.funcs:
+            if isinstance(fn, ProcessRewardModel) and device is not None:
+                fn.model.to(device)
+        self.names = reward_names(self.funcs)
+        weights = args.process_reward_weights
+        if weights is not None and len(weights) != len(self.funcs):
+            raise ValueError(
+                f"GRPOConfig.process_reward_weights has {len(weights)} values but there are "
+                f"{len(self.funcs)} process reward functions ({', '.join(self.names)})"
+            )
+        self.weights = list(weights) if weights is not None else [1.0] * len(self.funcs)
+        self._scores: ProcessScores | None = None
+        self._metrics: dict[str, float] = {}
+
+    def on_scored(self, step: int, samples: Samples, scores: Scores) -> None:
+        """Step rewards and step end tokens of this process's n completions."""
+        rows = samples.rows
+        self._scores = score_process(
+            self.funcs,
+            [row["prompt"] for row in rows],
+            [as_completion(text, row["prompt"]) for row, text in zip(rows, samples.texts)],
+            samples.generated.completion_ids,
+            self.tokenizer,
+            reward_columns(rows),
+            self.args.step_delimiter,
+            weights=self.weights,
+            on_error=self.args.reward_failure,
+        )
+
+    def on_batch(self, batch: RolloutBatch) -> None:
+        """batch.advantages: the outcome advantages [n] -> token advantages [n, C] (module docstring)."""
+        batch.advantages = self.advantages(self._scores, batch.advantages, batch.completion_mask)
+        self._metrics = self.step_metrics(self._scores, batch.advantages, batch.completion_mask)
+
+    def metrics(self) -> dict[str, float]:
+        return self._metrics
+
+    def advantages(
+        self, scores: ProcessScores, outcome_advantages: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Per-token advantages [n, C] (see the module docstring). outcome_advantages: [n]; mask: [n, C]."""
+        process = process_advantages(
+            scores.step_rewards,
+            scores.step_ends,
+            self.args.num_generations,
+            max(1, mask.shape[1]),
+            eps=self.args.advantage_epsilon,
+            device=mask.device,
+        )  # [n, C]
+        return combine_outcome_and_process(
+            outcome_advantages.to(mask.device),
+            process[:, : mask.shape[1]],
+            mask,
+            outcome_weight=self.args.outcome_advantage_weight,
+            process_weight=self.args.process_advantage_weight,
+        )  # [n, C]
+
+    @staticmethod
+    def step_metrics(scores: ProcessScores, advantages: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+        """``process_reward`` (mean weighted step reward over all steps), ``process_rewards/<name>/mean``,
+        ``.../step_count``, ``.../failures``, ``process_rewards/num_steps/mean`` and
+        ``advantages/token_abs_mean``."""
+        values = [v for row in scores.step_rewards for v in row]
+        m = mask.float()
+        return {
+            "process_reward": sum(values) / len(values) if values else math.nan,
+            **scores.metrics(),
+            "advantages/token_abs_mean": float((advantages.abs() * m).sum() / m.sum().clamp(min=1)),
+        }
