@@ -198,7 +198,8 @@ class GRPOTrainer:
         # 6. mu epochs of clipped policy-gradient updates, then what follows them (reference reset, RM update)
         with timer.phase("update"):
             update = run_update(batch, self.args, self.update_context)
-        self.hooks.after_update(step)
+        with timer.phase("after_update"):
+            self.hooks.after_update(step)
         # 7. metrics describing the whole batch, the same on every process
         metrics = step_metrics(
             scores=scores,
