@@ -40,7 +40,6 @@ def run_loop(model_dir: str, wl: Workload, steps: int, seed: int, timer: PhaseTi
     import torch
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    from grpokit import GRPOConfig
     from grpokit.rollout import FastSampler
     from grpokit.train.forward import micro_batch_rows
 
@@ -55,17 +54,7 @@ def run_loop(model_dir: str, wl: Workload, steps: int, seed: int, timer: PhaseTi
             AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval().requires_grad_(False)
         )
     optimizer = torch.optim.AdamW(model.parameters(), lr=wl.learning_rate, weight_decay=0.0)
-    args = GRPOConfig(
-        num_generations=wl.num_generations,
-        max_completion_length=wl.max_new_tokens,
-        max_prompt_length=None,
-        temperature=wl.temperature,
-        beta=wl.beta,
-        num_iterations=wl.num_iterations,
-        learning_rate=wl.learning_rate,
-        loss_type="grpo",
-        per_device_train_batch_size=wl.batch,
-    )
+    args = workload_config(wl, per_device_train_batch_size=wl.batch)
     rows = [{"prompt": p} for p in synthetic_prompts(NUM_DATASET_PROMPTS, wl.prompt_len, seed=seed)]
     # One optimizer step over all rows, as on the TRL side, accumulated over micro-batches of whole groups
     # (the same gradient with less activation memory).
@@ -83,6 +72,23 @@ def run_loop(model_dir: str, wl: Workload, steps: int, seed: int, timer: PhaseTi
     return {"torch_threads": torch.get_num_threads(), "versions": {"torch": torch.__version__}}
 
 
+def workload_config(wl: Workload, **extra):
+    """The workload's GRPO settings (the same as side_trl.py's) as a GRPOConfig."""
+    from grpokit import GRPOConfig
+
+    return GRPOConfig(
+        num_generations=wl.num_generations,
+        max_completion_length=wl.max_new_tokens,
+        max_prompt_length=None,
+        temperature=wl.temperature,
+        beta=wl.beta,
+        num_iterations=wl.num_iterations,
+        learning_rate=wl.learning_rate,
+        loss_type="grpo",
+        **extra,
+    )
+
+
 def _load_minimal():
     """examples/grpo_minimal.py as a module."""
     path = Path(__file__).resolve().parents[1] / "examples" / "grpo_minimal.py"
@@ -97,7 +103,7 @@ def run_trainer(model_dir: str, wl: Workload, steps: int, seed: int, timer: Phas
     import torch
     from transformers import PreTrainedTokenizerFast
 
-    from grpokit import GRPOConfig, GRPOTrainer
+    from grpokit import GRPOTrainer
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)
     tokenizer.padding_side = "left"
@@ -106,18 +112,11 @@ def run_trainer(model_dir: str, wl: Workload, steps: int, seed: int, timer: Phas
 
     # One optimizer step over all wl.batch rows (as TRL), accumulated over micro-batches of whole groups.
     micro = micro_batch_rows(wl.batch, wl.prompt_len, wl.max_new_tokens, wl.num_generations)
-    args = GRPOConfig(
+    args = workload_config(
+        wl,
         output_dir=tempfile.mkdtemp(prefix="bench-grpokit-"),
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=wl.batch // micro,
-        num_generations=wl.num_generations,
-        max_completion_length=wl.max_new_tokens,
-        max_prompt_length=None,
-        temperature=wl.temperature,
-        beta=wl.beta,
-        num_iterations=wl.num_iterations,
-        learning_rate=wl.learning_rate,
-        loss_type="grpo",
         max_steps=steps,
         logging_steps=1,
         report_to=[],
@@ -132,10 +131,11 @@ def run_trainer(model_dir: str, wl: Workload, steps: int, seed: int, timer: Phas
     )
     history = trainer.train()
     for m in history:
-        # The trainer reports generate / reward / update; the fixed log-prob passes fall under "other" and
-        # the whole update (forward + backward + optimizer) is reported under "backward".
+        # The trainer times generate / reward / old log-probs / reference / update; the whole update
+        # (forward + backward + optimizer) is reported under "backward".
         row = {"generate": m.get("time/generate", 0.0), "reward": m.get("time/reward", 0.0)}
-        row.update(old_logps=0.0, ref_logps=0.0, policy_forward=0.0, backward=m.get("time/update", 0.0))
+        row.update(old_logps=m.get("time/old_logprobs", 0.0), ref_logps=m.get("time/reference", 0.0))
+        row.update(policy_forward=0.0, backward=m.get("time/update", 0.0))
         row["other"] = max(0.0, m["time/step"] - sum(row.values()))
         row["step"] = m["time/step"]
         timer.steps.append(row)
