@@ -68,3 +68,13 @@ def test_the_dependency_rules():
             room
         )
     assert not any(name.startswith("grpokit.data.tasks") for name in grpokit_imports("eval"))
+
+
+def test_import_grpokit_stays_light():
+    """``import grpokit`` (the CLI's first step) loads neither torch nor transformers; GRPOTrainer does."""
+    import subprocess
+    import sys
+
+    code = "import sys, grpokit; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
