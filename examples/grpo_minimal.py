@@ -30,6 +30,7 @@ from grpokit import GRPOConfig
 from grpokit.chat import as_completion
 from grpokit.core import PolicyLoss, combine_rewards, group_advantages, pad_left, pad_right
 from grpokit.data import reward_columns
+from grpokit.models import pad_token_id
 from grpokit.rewards import score_completions
 from grpokit.rollout import RolloutBackend, SamplingParams
 from grpokit.train.forward import completion_logprobs, no_grad_logprobs
@@ -80,7 +81,7 @@ def grpo_step(
     advantages = group_advantages(rewards, G, scale=args.scale_rewards, eps=args.advantage_epsilon)  # [N]
 
     # 4. pad: prompts on the left, completions on the right
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad = pad_token_id(tokenizer)  # the tokenizer's pad, else its EOS
     p_ids, p_mask = pad_left([ids for ids in prompt_ids for _ in range(G)], pad)  # [N, P]
     c_ids, c_mask = pad_right(out.completion_ids, pad)  # [N, C]
     if args.mask_truncated_completions and out.truncated:  # DAPO: cut-off completions teach nothing

@@ -257,8 +257,8 @@ class GRPOConfig:
         return self.warmup_steps or math.ceil(self.warmup_ratio * total_optimizer_steps)
 
     def _validate_loss(self) -> None:
-        """The loss fields are validated where the loss is defined: by building the run's PolicyLoss. (Imported
-        here, not at the top, so that ``import grpokit`` does not import torch.)"""
+        """The loss fields are validated where the loss is defined: by building the run's PolicyLoss.
+        (Imported here, not at the top, so that ``import grpokit`` does not import torch.)"""
         from grpokit.core.losses import LossConfigError, PolicyLoss
 
         try:

@@ -18,6 +18,7 @@ from grpokit.chat import as_completion, render_prompt
 from grpokit.core import pad_left, trim_at_eos
 from grpokit.data.loading import reward_columns
 from grpokit.eval.metrics import maj_at_k, mean_at_k, mean_pass_at_k
+from grpokit.models.loading import pad_token_id
 from grpokit.rewards.base import RewardFunc
 from grpokit.rewards.scoring import score_completions
 
@@ -88,7 +89,7 @@ def evaluate_accuracy(
         raise ValueError("evaluate_accuracy needs a reward_fn or an extract_fn to tell right from wrong")
     if device is None:
         device = next(model.parameters()).device
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = pad_token_id(tokenizer)
     eos_ids = _eos_ids(model, tokenizer)
 
     was_training = model.training

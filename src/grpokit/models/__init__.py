@@ -7,7 +7,7 @@ from grpokit.models.cold_start import (
     cold_start_policy,
     default_cache_root,
 )
-from grpokit.models.loading import load_tokenizer
+from grpokit.models.loading import load_tokenizer, pad_token_id
 from grpokit.models.tiny import CHAT_TEMPLATE, build_char_tokenizer, build_tiny_model
 
 __all__ = [
@@ -19,4 +19,5 @@ __all__ = [
     "cold_start_policy",
     "default_cache_root",
     "load_tokenizer",
+    "pad_token_id",
 ]

@@ -1,4 +1,4 @@
-"""Loading a saved tokenizer exactly as it was saved."""
+"""Loading a saved tokenizer exactly as it was saved, and the id it pads with."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+__all__ = ["load_tokenizer", "pad_token_id"]
 
 
 def load_tokenizer(path: str) -> Any:
@@ -24,3 +26,15 @@ def load_tokenizer(path: str) -> Any:
         if tokenizer_class in ("TokenizersBackend", "PreTrainedTokenizerFast"):
             return PreTrainedTokenizerFast.from_pretrained(path)
     return AutoTokenizer.from_pretrained(path)
+
+
+def pad_token_id(tokenizer: Any, model: Any | None = None) -> int:
+    """The id used for padding: the tokenizer's pad, else its EOS, else the model config's pad, else 0."""
+    for value in (
+        getattr(tokenizer, "pad_token_id", None),
+        getattr(tokenizer, "eos_token_id", None),
+        getattr(getattr(model, "config", None), "pad_token_id", None),
+    ):
+        if isinstance(value, int):
+            return value
+    return 0

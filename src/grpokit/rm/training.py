@@ -27,7 +27,8 @@ import torch.nn.functional as F
 
 from grpokit.chat import completion_text, render_prompt
 from grpokit.core import pad_right
-from grpokit.rewards.process_rewards.prm import encode_prompt_completion, pad_token_id, scalar_logits
+from grpokit.models.loading import pad_token_id
+from grpokit.rewards.process_rewards.prm import encode_prompt_completion, scalar_logits
 from grpokit.rewards.process_rewards.steps import DEFAULT_STEP_DELIMITER
 from grpokit.rm.samples import check_kind, load_rm_samples
 

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from grpokit.models.loading import pad_token_id as tokenizer_pad_id
+
 __all__ = ["GenerationOutput", "RolloutBackend", "SamplingParams"]
 
 
@@ -40,10 +42,10 @@ class SamplingParams:
     @classmethod
     def from_config(cls, config: Any, tokenizer: Any, *, greedy: bool = False) -> SamplingParams:
         """A GRPOConfig's sampling fields (``max_completion_length``, ``temperature``, ``top_p``, ``top_k``,
-        ``min_p``, ``repetition_penalty``) with the tokenizer's EOS (ends a completion) and pad (else EOS,
-        else 0). ``greedy``: argmax decoding, for evaluation."""
+        ``min_p``, ``repetition_penalty``) with the tokenizer's EOS (ends a completion) and pad id
+        (``grpokit.models.pad_token_id``: pad, else EOS, else 0). ``greedy``: argmax decoding, for
+        evaluation."""
         eos = tokenizer.eos_token_id
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
         return cls(
             max_new_tokens=config.max_completion_length,
             temperature=config.temperature,
@@ -53,7 +55,7 @@ class SamplingParams:
             repetition_penalty=config.repetition_penalty,
             do_sample=not greedy,
             eos_token_ids=(eos,) if eos is not None else (),
-            pad_token_id=pad if pad is not None else 0,
+            pad_token_id=tokenizer_pad_id(tokenizer),
         )
 
 

@@ -20,10 +20,10 @@ import torch
 
 from grpokit.chat import completion_text, render_prompt
 from grpokit.core import pad_right
-from grpokit.models.loading import load_tokenizer
+from grpokit.models.loading import load_tokenizer, pad_token_id
 from grpokit.rewards.process_rewards.steps import DEFAULT_STEP_DELIMITER, split_steps, step_token_ends
 
-__all__ = ["ProcessRewardModel", "encode_prompt_completion", "pad_token_id", "scalar_logits"]
+__all__ = ["ProcessRewardModel", "encode_prompt_completion", "scalar_logits"]
 
 
 def encode_prompt_completion(
@@ -57,18 +57,6 @@ def scalar_logits(logits: torch.Tensor) -> torch.Tensor:
     if logits.shape[-1] == 2:
         return logits[..., 1] - logits[..., 0]
     raise ValueError(f"reward model head must have 1 or 2 labels, got {logits.shape[-1]}")
-
-
-def pad_token_id(tokenizer: Any, model: Any | None = None) -> int:
-    """The id used for padding: the tokenizer's pad, else its EOS, else the model config's pad, else 0."""
-    for value in (
-        getattr(tokenizer, "pad_token_id", None),
-        getattr(tokenizer, "eos_token_id", None),
-        getattr(getattr(model, "config", None), "pad_token_id", None),
-    ):
-        if isinstance(value, int):
-            return value
-    return 0
 
 
 class ProcessRewardModel:
