@@ -26,6 +26,8 @@ from typing import Any, Literal
 
 import yaml
 
+from grpokit.config_checks import require, validate_fields
+
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
 ScaleRewards = Literal["group", "batch", "none"]
 
@@ -199,7 +201,18 @@ class GRPOConfig:
     ``accelerate launch``) on a machine without an accelerator runs on CPU processes talking over gloo
     either way."""
     gradient_checkpointing: bool = False
-    """Trade compute for memory in the policy's backward."""
+    """Trade compute for memory in the policy's backward: each decoder layer keeps only its input and is run
+    again in the backward. Exact on every forward path (the shared-prefix one included)."""
+    gradient_checkpointing_kwargs: dict[str, Any] | None = None
+    """Keyword arguments of ``torch.utils.checkpoint.checkpoint`` (TRL's name). ``use_reentrant`` must stay
+    False (the default): reentrant checkpointing gives no gradient to the prompt keys/values that the
+    shared-prefix forward passes from the prompt to the completions."""
+    ref_model_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Dtype of the reference model's weights. auto: the policy's weights' dtype (a bf16 policy gets a bf16
+    reference, never an fp32 copy); bfloat16/float16 halve an fp32 policy's reference."""
+    ref_model_offload: bool = False
+    """Keep the reference model's weights on the CPU and move them to the device only for its log-prob pass
+    (frees one copy of the weights on the device between uses, costs two host<->device copies per step)."""
     disable_dropout: bool = False
     """Set every dropout probability of the policy to 0 (TRL's name), so the update's log-probs match the
     sampling ones."""
@@ -242,10 +255,10 @@ class GRPOConfig:
 
     def _resolve_precision_aliases(self) -> None:
         """bf16/fp16 (TRL's booleans) -> mixed_precision, refusing contradictions."""
-        _require(not (self.bf16 and self.fp16), "bf16", "and fp16 cannot both be true")
+        require(not (self.bf16 and self.fp16), "bf16", "and fp16 cannot both be true")
         for flag, mode in ((self.bf16, "bf16"), (self.fp16, "fp16")):
             if flag:
-                _require(
+                require(
                     self.mixed_precision in ("no", mode),
                     mode,
                     f"=True contradicts mixed_precision={self.mixed_precision!r}",
@@ -268,65 +281,10 @@ class GRPOConfig:
 
     # -- validation ------------------------------------------------------------------------------------------
     def _validate(self) -> None:
-        _require(self.num_generations >= 2, "num_generations", "must be >= 2: a group of one has no baseline")
-        _require(self.per_device_train_batch_size >= 1, "per_device_train_batch_size", "must be >= 1")
-        _require(self.gradient_accumulation_steps >= 1, "gradient_accumulation_steps", "must be >= 1")
-        _require(self.num_iterations >= 1, "num_iterations", "must be >= 1")
+        """Every field's range and the fields' agreement (``grpokit.config_checks``); the loss fields by
+        building the run's loss; the batch sizes by planning a step."""
+        validate_fields(self)
         self._validate_loss()
-        _require(0 < self.top_entropy_quantile <= 1, "top_entropy_quantile", "must be in (0, 1]")
-        _require(self.temperature > 0, "temperature", "must be > 0 (use greedy evaluation instead)")
-        _require(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
-        _require(self.top_k >= 0, "top_k", "must be >= 0")
-        _require(0 <= self.min_p < 1, "min_p", "must be in [0, 1)")
-        _require(self.repetition_penalty > 0, "repetition_penalty", "must be > 0")
-        _require(self.max_completion_length >= 1, "max_completion_length", "must be >= 1")
-        _require(self.learning_rate >= 0, "learning_rate", "must be >= 0")
-        _require(0 <= self.warmup_ratio < 1, "warmup_ratio", "must be in [0, 1)")
-        _require(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
-        if self.num_completions_to_print is not None:
-            _require(self.num_completions_to_print >= 0, "num_completions_to_print", "must be >= 0")
-        _require(self.max_steps != 0, "max_steps", "must be positive, or -1 to use num_train_epochs")
-        _require(self.max_steps > 0 or self.num_train_epochs > 0, "num_train_epochs", "must be > 0")
-        _require(0 < self.ref_model_mixup_alpha <= 1, "ref_model_mixup_alpha", "must be in (0, 1]")
-        _require(self.ref_model_sync_steps >= 1, "ref_model_sync_steps", "must be >= 1")
-        if self.sync_ref_model:
-            _require(self.beta > 0, "sync_ref_model", "needs beta > 0: with beta 0 there is no reference")
-        if self.reward_weights is not None:
-            _require(len(self.reward_weights) > 0, "reward_weights", "must not be empty")
-        if self.process_reward_weights is not None:
-            _require(len(self.process_reward_weights) > 0, "process_reward_weights", "must not be empty")
-        _require(
-            isinstance(self.step_delimiter, str) and self.step_delimiter != "",
-            "step_delimiter",
-            "must be a non-empty string",
-        )
-        for name in ("outcome_advantage_weight", "process_advantage_weight"):
-            _require(getattr(self, name) >= 0, name, "must be >= 0")
-        _require(
-            self.outcome_advantage_weight > 0 or self.process_advantage_weight > 0,
-            "process_advantage_weight",
-            "and outcome_advantage_weight cannot both be 0: every advantage would be 0",
-        )
-        _require(self.iteration_steps >= 0, "iteration_steps", "must be >= 0 (0 = no iterative updates)")
-        if self.iteration_steps > 0:
-            _require(
-                self.beta > 0,
-                "iteration_steps",
-                "needs beta > 0: iterative GRPO resets the reference model, and with beta 0 there is none",
-            )
-        _require(0 <= self.replay_ratio < 1, "replay_ratio", "must be in [0, 1)")
-        _require(self.rm_learning_rate >= 0, "rm_learning_rate", "must be >= 0")
-        _require(self.rm_epochs >= 1, "rm_epochs", "must be >= 1")
-        _require(self.rm_batch_size >= 1, "rm_batch_size", "must be >= 1")
-        if self.rm_buffer_capacity is not None:
-            _require(self.rm_buffer_capacity >= 1, "rm_buffer_capacity", "must be >= 1, or None for no limit")
-        if self.generation_batch_size is not None:
-            _require(
-                self.generation_batch_size % self.num_generations == 0,
-                "generation_batch_size",
-                f"({self.generation_batch_size}) must be a multiple of num_generations "
-                f"({self.num_generations}) so that every group of G completions stays whole",
-            )
         self.batch_plan(num_processes=1)  # checks the sizes fit together
 
     def batch_plan(self, num_processes: int = 1) -> BatchPlan:
@@ -335,14 +293,14 @@ class GRPOConfig:
             self.per_device_train_batch_size * self.gradient_accumulation_steps * num_processes
         )
         if self.generation_batch_size is not None:
-            _require(
+            require(
                 self.generation_batch_size % per_optimizer_step == 0,
                 "generation_batch_size",
                 f"({self.generation_batch_size}) must be a multiple of per_device_train_batch_size x "
                 f"gradient_accumulation_steps x num_processes ({per_optimizer_step})",
             )
             steps = self.generation_batch_size // per_optimizer_step
-            _require(
+            require(
                 self.steps_per_generation in (None, steps),
                 "steps_per_generation",
                 f"({self.steps_per_generation}) contradicts generation_batch_size "
@@ -350,9 +308,9 @@ class GRPOConfig:
             )
         else:
             steps = 1 if self.steps_per_generation is None else self.steps_per_generation
-            _require(steps >= 1, "steps_per_generation", "must be >= 1")
+            require(steps >= 1, "steps_per_generation", "must be >= 1")
         completions = steps * per_optimizer_step
-        _require(
+        require(
             completions % self.num_generations == 0,
             "per_device_train_batch_size",
             f"completions per step ({completions} = per_device_train_batch_size x gradient_accumulation_steps"
@@ -391,8 +349,3 @@ class GRPOConfig:
         if not isinstance(values, dict):
             raise ValueError(f"{path}: expected a mapping of GRPOConfig fields, got {type(values).__name__}")
         return cls.from_dict(values)
-
-
-def _require(condition: bool, name: str, why: str) -> None:
-    if not condition:
-        raise ValueError(f"GRPOConfig.{name} {why}")

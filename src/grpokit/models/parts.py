@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["decoder_of", "model_device", "returned_cache"]
+__all__ = ["decoder_of", "linear_weight", "model_device", "returned_cache"]
 
 
 def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
@@ -29,3 +29,33 @@ def returned_cache(out: Any, fallback: Any) -> Any:
 def model_device(model: torch.nn.Module) -> torch.device:
     """The device of the model's first parameter."""
     return next(model.parameters()).device
+
+
+def linear_weight(module: torch.nn.Module) -> torch.Tensor | None:
+    """The [out, in] weight a linear layer applies to its input, for code that fuses several projections
+    into one matmul.
+
+    ``nn.Linear``: its weight. A PEFT LoRA layer with its adapters active and not merged: base + sum over
+    the active adapters of ``scaling * B @ A``, computed into a new tensor (the base weight is never merged
+    in place: unmerging later would not restore it bit for bit, and the base weights are the reference
+    model). Disabled or merged adapters: the base weight. ``None`` for what one weight cannot express
+    (DoRA and other LoRA variants, adapter biases, other PEFT tuners, non-linear modules).
+    """
+    if isinstance(module, torch.nn.Linear):
+        return module.weight
+    get_base = getattr(module, "get_base_layer", None)
+    if get_base is None or not hasattr(module, "lora_A") or not hasattr(module, "get_delta_weight"):
+        return None
+    base = get_base()
+    if not isinstance(base, torch.nn.Linear):
+        return None
+    weight = base.weight
+    if module.disable_adapters or module.merged:
+        return weight
+    for name in module.active_adapters:
+        if name not in module.lora_A:
+            continue
+        if name in getattr(module, "lora_variant", {}) or module.lora_B[name].bias is not None:
+            return None
+        weight = weight + module.get_delta_weight(name).to(weight.dtype)  # [out, in]
+    return weight

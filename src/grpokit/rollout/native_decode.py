@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from grpokit.models.parts import decoder_of
+from grpokit.models.parts import decoder_of, linear_weight
 
 __all__ = ["NATIVE_MODEL_TYPES", "NativeDecoder", "native_supported"]
 
@@ -115,15 +115,14 @@ class NativeDecoder:
         return attn.o_proj(out.reshape(rows, 1, kvh * rep * d))
 
 
-def _fuse_linear(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
-    weight = torch.cat([lin.weight for lin in linears])
+def _fuse_linear(*linears: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """[W_1; W_2; ...] and the joined biases, from the weights the layers apply (LoRA included)."""
+    weights = [linear_weight(lin) for lin in linears]
     biases = [lin.bias for lin in linears]
     if all(b is None for b in biases):
-        return weight, None
-    bias = torch.cat(
-        [b if b is not None else weight.new_zeros(lin.weight.shape[0]) for b, lin in zip(biases, linears)]
-    )
-    return weight, bias
+        return torch.cat(weights), None
+    joined = [b if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, weights)]
+    return torch.cat(weights), torch.cat(joined)
 
 
 def _fuse_mlp(mlp: nn.Module) -> torch.Tensor | None:
@@ -131,7 +130,7 @@ def _fuse_mlp(mlp: nn.Module) -> torch.Tensor | None:
     parts = [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
     if any(p is None or getattr(p, "bias", None) is not None for p in parts) or not hasattr(mlp, "act_fn"):
         return None
-    return torch.cat([parts[0].weight, parts[1].weight])
+    return torch.cat([linear_weight(parts[0]), linear_weight(parts[1])])
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -156,6 +155,17 @@ def native_supported(model: nn.Module) -> bool:
         return False
     layer = base.layers[0]
     attn = getattr(layer, "self_attn", None)
-    return all(hasattr(layer, n) for n in ("input_layernorm", "post_attention_layernorm", "mlp")) and all(
+    shaped = all(hasattr(layer, n) for n in ("input_layernorm", "post_attention_layernorm", "mlp")) and all(
         hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "num_key_value_groups")
     )
+    return shaped and all(_fusable(layer) for layer in base.layers)
+
+
+def _fusable(layer: nn.Module) -> bool:
+    """Whether the projections the decoder fuses are each one weight (plain, or LoRA: see ``linear_weight``).
+    A gated MLP that is not fusable still runs as its own module; a LoRA variant there is refused too, so a
+    model with DoRA-like adapters is decoded by the generic path."""
+    attn, mlp = layer.self_attn, layer.mlp
+    projections = [attn.q_proj, attn.k_proj, attn.v_proj]
+    projections += [getattr(mlp, n) for n in ("gate_proj", "up_proj") if hasattr(mlp, n)]
+    return all(linear_weight(p) is not None for p in projections)

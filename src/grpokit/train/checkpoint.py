@@ -85,9 +85,15 @@ def load_checkpoint(path: Path, *, optimizer: torch.optim.Optimizer, scheduler: 
 
 
 def load_model_weights(model: torch.nn.Module, path: Path) -> None:
-    """Load the safetensors weights saved by ``save_pretrained`` into an existing model (strict)."""
+    """Load the safetensors weights saved by ``save_pretrained`` into an existing model (strict).
+
+    A PEFT model saved only its adapters: those are loaded into its adapters (the base weights are the
+    ones it was built from, unchanged by training)."""
     from safetensors.torch import load_file
 
+    if hasattr(model, "peft_config"):
+        _load_adapter_weights(model, path)
+        return
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights in {path}")
@@ -99,6 +105,23 @@ def load_model_weights(model: torch.nn.Module, path: Path) -> None:
     if set(missing) - tied or unexpected:
         raise RuntimeError(
             f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}"
+        )
+
+
+def _load_adapter_weights(model: torch.nn.Module, path: Path) -> None:
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    file = path / "adapter_model.safetensors"
+    if not file.exists():
+        raise FileNotFoundError(f"checkpoint {path} holds no adapter weights (adapter_model.safetensors)")
+    result = set_peft_model_state_dict(model, load_file(str(file)))
+    unexpected = list(getattr(result, "unexpected_keys", []) or [])
+    adapter_missing = [k for k in getattr(result, "missing_keys", []) or [] if "lora_" in k]
+    if unexpected or adapter_missing:
+        raise RuntimeError(
+            f"checkpoint {path} does not match the adapters: "
+            f"missing {adapter_missing}, unexpected {unexpected}"
         )
 
 

@@ -17,7 +17,8 @@ parameter gradients against the plain ``model(...).logits`` + log-softmax forwar
    then run once per group, its keys/values are repeated to the G rows (``repeat_interleave``, whose backward
    sums the G gradients back into the one prompt computation), and only the completions run per row. This
    turns ``B * (P + C)`` backbone tokens into ``B/G * P + B * C``. It is chosen automatically when it removes
-   enough work (see ``shared_prefix_pays``), or forced with ``shared_prefix=True/False``.
+   enough work (see ``shared_prefix_pays``), or forced with ``shared_prefix=True/False``. Its caches are
+   safe to replay (``grpokit.models.prefix_cache``), so it stays exact under gradient checkpointing.
 
 Passes that need no gradient (reference, old-policy log-probs) should run under ``torch.inference_mode()``;
 ``no_grad_logprobs`` does that.
@@ -28,7 +29,8 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from grpokit.models.parts import decoder_of, returned_cache
+from grpokit.models.parts import decoder_of
+from grpokit.models.prefix_cache import RecordingCache, full_attention_only, replay_safe_layers
 
 __all__ = [
     "PolicyLogprobs",
@@ -76,8 +78,8 @@ def completion_logprobs(
     if num_completion == 0:
         empty = completion_ids.new_zeros((batch, 0), dtype=torch.float32)
         return empty, (empty.clone() if with_entropy else None)
-    use_shared = _choose_shared(prompt_ids, prompt_mask, num_generations, num_completion, shared_prefix)
-    if use_shared:
+    shapes = (prompt_ids, prompt_mask, num_generations, num_completion)
+    if _choose_shared(model, *shapes, shared_prefix):
         hidden = _shared_prefix_hidden(
             model, prompt_ids, prompt_mask, completion_ids, completion_mask, num_generations
         )
@@ -201,7 +203,7 @@ def micro_batch_rows(
 
 
 # ---------------------------------------------------------------------- backbone passes
-def _choose_shared(prompt_ids, prompt_mask, num_generations, num_completion, shared_prefix) -> bool:
+def _choose_shared(model, prompt_ids, prompt_mask, num_generations, num_completion, shared_prefix) -> bool:
     if shared_prefix is False or not num_generations or num_generations <= 1:
         if shared_prefix:
             raise ValueError("shared_prefix=True needs num_generations > 1")
@@ -212,6 +214,10 @@ def _choose_shared(prompt_ids, prompt_mask, num_generations, num_completion, sha
             raise ValueError(f"batch {batch} is not a multiple of num_generations {num_generations}")
         return False
     if shared_prefix is None and not shared_prefix_pays(prompt_mask, num_generations, num_completion):
+        return False
+    if not full_attention_only(model.config):
+        if shared_prefix:
+            raise ValueError("shared_prefix=True needs a model whose every layer is full attention")
         return False
     ids = prompt_ids.view(batch // num_generations, num_generations, -1)
     mask = prompt_mask.view(batch // num_generations, num_generations, -1)
@@ -241,30 +247,33 @@ def _full_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask
 def _shared_prefix_hidden(
     model, prompt_ids, prompt_mask, completion_ids, completion_mask, group
 ) -> torch.Tensor:
-    """Prompt once per group, its cache repeated to the G rows, completions on top -> [B, C, H]."""
-    from transformers import DynamicCache
+    """Prompt once per group, its keys/values repeated to the G rows, completions on top -> [B, C, H].
 
+    The caches are replay-safe (``grpokit.models.prefix_cache``), so this is exact under gradient
+    checkpointing too: a checkpointed layer keeps them instead of dropping the prompt.
+    """
     decoder = decoder_of(model)
     num_completion = completion_ids.shape[1]
     p_ids, p_mask = prompt_ids[::group], prompt_mask[::group]  # [B/G, P]
     p_pos = (p_mask.cumsum(dim=1) - 1).clamp(min=0)
-    cache = DynamicCache(config=model.config)
-    out = decoder(input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, cache=cache, use_cache=True)
-    cache = returned_cache(out, cache)
-    first = out.last_hidden_state[:, -1:].repeat_interleave(group, dim=0)  # [B, 1, H] predicts token 0
-    if num_completion == 1:
-        return first
-    # Repeat each prompt's keys/values to its G rows; the backward of repeat_interleave sums the G gradients.
-    cache.batch_repeat_interleave(group)
-    lengths = prompt_mask.sum(dim=1, keepdim=True)  # [B, 1] real prompt tokens
-    c_ids, c_mask = completion_ids[:, :-1], completion_mask[:, :-1]  # [B, C-1]
-    c_pos = lengths + c_mask.cumsum(dim=1) - 1  # [B, C-1] (only real tokens matter)
-    c_pos = torch.maximum(c_pos, lengths)  # keep padded positions in range
-    attention_mask = torch.cat([prompt_mask, c_mask], dim=1)  # [B, P+C-1]
-    out = decoder(
-        input_ids=c_ids, attention_mask=attention_mask, position_ids=c_pos, cache=cache, use_cache=True
-    )
-    del cache
+    recording = RecordingCache(model.config.get_text_config(decoder=True).num_hidden_layers)
+    with replay_safe_layers(decoder):
+        out = decoder(
+            input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, cache=recording, use_cache=True
+        )
+        first = out.last_hidden_state[:, -1:].repeat_interleave(group, dim=0)  # [B, 1, H] predicts token 0
+        if num_completion == 1:
+            return first
+        # Each prompt's keys/values repeated to its G rows; the backward of the repeat sums the G gradients.
+        prefix = recording.repeated(group)
+        lengths = prompt_mask.sum(dim=1, keepdim=True)  # [B, 1] real prompt tokens
+        c_ids, c_mask = completion_ids[:, :-1], completion_mask[:, :-1]  # [B, C-1]
+        c_pos = lengths + c_mask.cumsum(dim=1) - 1  # [B, C-1] (only real tokens matter)
+        c_pos = torch.maximum(c_pos, lengths)  # keep padded positions in range
+        attention_mask = torch.cat([prompt_mask, c_mask], dim=1)  # [B, P+C-1]
+        out = decoder(
+            input_ids=c_ids, attention_mask=attention_mask, position_ids=c_pos, cache=prefix, use_cache=True
+        )
     return torch.cat([first, out.last_hidden_state], dim=1)  # [B, C, H]
 
 

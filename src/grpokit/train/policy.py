@@ -12,7 +12,14 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from grpokit.config import GRPOConfig
 from grpokit.models.loading import load_tokenizer as load_saved_tokenizer
 
-__all__ = ["disable_dropout", "load_policy", "load_tokenizer", "model_init_kwargs"]
+__all__ = [
+    "check_target_modules",
+    "disable_dropout",
+    "enable_gradient_checkpointing",
+    "load_policy",
+    "load_tokenizer",
+    "model_init_kwargs",
+]
 
 
 def load_tokenizer(model: str | Path | torch.nn.Module) -> Any:
@@ -56,6 +63,37 @@ def disable_dropout(model: torch.nn.Module) -> None:
                 setattr(holder, name, 0.0)
 
 
+def enable_gradient_checkpointing(model: torch.nn.Module, kwargs: dict[str, Any] | None = None) -> None:
+    """Checkpoint every decoder layer (non-reentrant, so the shared-prefix forward stays exact)."""
+    kwargs = {**(kwargs or {}), "use_reentrant": False}
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ValueError(f"gradient_checkpointing: {type(model).__name__} does not support it")
+    enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.x
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.config.use_cache = False
+
+
+def check_target_modules(model: torch.nn.Module, peft_config: Any) -> None:
+    """Refuse LoRA target module names that match no module of ``model``, listing the linear ones it has.
+    (A regular expression or ``"all-linear"`` is left to peft.)"""
+    targets = getattr(peft_config, "target_modules", None)
+    if not targets or isinstance(targets, str):
+        return
+    names = [name for name, _ in model.named_modules()]
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        linear = sorted(
+            {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+        )
+        raise ValueError(
+            f"peft_config.target_modules: {', '.join(map(repr, sorted(missing)))} match no module of "
+            f"{type(model).__name__}; its linear modules are: {', '.join(linear)}"
+        )
+
+
 def load_policy(
     model: str | Path | torch.nn.Module, args: GRPOConfig, peft_config: Any = None
 ) -> torch.nn.Module:
@@ -68,13 +106,13 @@ def load_policy(
     else:
         raise TypeError(f"model: expected a path, a hub id or a PreTrainedModel, got {type(model).__name__}")
     if args.gradient_checkpointing:
-        policy.gradient_checkpointing_enable()
-        policy.config.use_cache = False
+        enable_gradient_checkpointing(policy, args.gradient_checkpointing_kwargs)
     if peft_config is not None:
         try:
             from peft import get_peft_model
         except ImportError as err:
             raise ImportError("peft_config needs `pip install grpokit[peft]`") from err
+        check_target_modules(policy, peft_config)
         policy = get_peft_model(policy, peft_config)
     if args.disable_dropout:  # after PEFT, so adapter dropout (lora_dropout) goes too
         disable_dropout(policy)
