@@ -15,6 +15,7 @@ import pytest
 from grpokit.train.distributed import make_accelerator, merge_process_metrics, needs_cpu_processes
 
 WORKER = Path(__file__).with_name("_two_process_worker.py")
+RESUME_WORKER = Path(__file__).with_name("_two_process_resume_worker.py")
 
 
 def test_merge_rules_on_hand_made_metrics():
@@ -68,24 +69,37 @@ def test_a_later_trainer_may_change_precision_in_one_process():
     assert make_accelerator("no", use_cpu=False).mixed_precision == "no"
 
 
-def test_two_processes_train_as_one_batch(tiny_model_dir, tmp_path):
+def run_two_processes(worker: Path, *args: str, extra: tuple[str, ...] = ()) -> None:
+    """``torchrun --standalone --nproc_per_node 2 worker args`` on CPU processes (gloo over loopback)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK"))}
     env["OMP_NUM_THREADS"] = "1"
     if sys.platform.startswith("linux"):  # loopback: no dependence on the host name resolving
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        str(WORKER),
-        str(tiny_model_dir),
-        str(tmp_path),
-    ]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    command = [*launcher, *extra, str(worker), *args]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
+
+
+def test_two_processes_resume_exactly_each_from_its_own_rng_state(tiny_model_dir, tmp_path):
+    """The processes sample with different random streams; a resumed run restores each process's own
+    state, so its parameters and its logged completions equal the uninterrupted run's."""
+    run_two_processes(RESUME_WORKER, str(tiny_model_dir), str(tmp_path))
+    ranks = [json.loads((tmp_path / f"resume-rank{k}.json").read_text()) for k in (0, 1)]
+    for rank in ranks:
+        assert rank["step"] == 3
+        assert rank["resumed"] == pytest.approx(rank["straight"], rel=1e-6)
+
+    def completions(run):
+        lines = (tmp_path / run / "completions.jsonl").read_text().splitlines()
+        return [json.loads(line)["completion"] for line in lines if json.loads(line)["step"] == 3]
+
+    step3 = completions("straight")
+    assert len(step3) == 16 and step3 == completions("split")
+
+
+def test_two_processes_train_as_one_batch(tiny_model_dir, tmp_path):
+    run_two_processes(WORKER, str(tiny_model_dir), str(tmp_path))
     ranks = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in (0, 1)]
     assert [r["num_processes"] for r in ranks] == [2, 2]
     for step in range(2):  # each step's 4 prompts are split into two disjoint shares of 2

@@ -32,6 +32,7 @@ from grpokit.rewards.scoring import (
     combine_rewards,
     reward_name,
     reward_names,
+    reward_weights,
     score_completions,
 )
 
@@ -64,6 +65,7 @@ __all__ = [
     "resolve_rewards",
     "reward_name",
     "reward_names",
+    "reward_weights",
     "run_python_tests",
     "score_completions",
     "soft_overlong_punishment",

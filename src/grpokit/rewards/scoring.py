@@ -41,6 +41,7 @@ __all__ = [
     "combine_rewards",
     "reward_name",
     "reward_names",
+    "reward_weights",
     "score_completions",
 ]
 
@@ -224,3 +225,15 @@ def score_completions(
             if value is not None:
                 matrix[row, index] = value
     return matrix, failures
+
+
+def reward_weights(weights: Sequence[float] | None, names: Sequence[str], field: str) -> list[float]:
+    """One weight per reward function (default all 1.0); a length mismatch names the config ``field``."""
+    if weights is None:
+        return [1.0] * len(names)
+    if len(weights) != len(names):
+        raise ValueError(
+            f"GRPOConfig.{field} has {len(weights)} values but there are {len(names)} "
+            f"{'process reward' if 'process' in field else 'reward'} functions ({', '.join(names)})"
+        )
+    return [float(w) for w in weights]

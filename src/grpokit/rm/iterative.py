@@ -206,18 +206,23 @@ class IterativeRewardModel:
             return metrics
         before = self._evaluate(fresh)
         mixed = self.buffer.mix(fresh, self.replay_ratio)
-        train = train_reward_model(
-            self.model,
-            self.tokenizer,
-            mixed,
-            kind=self.kind,
-            epochs=self.epochs,
-            batch_size=self.batch_size,
-            delimiter=self.delimiter,
-            max_length=self.max_length,
-            seed=self.seed + 1000 * self.num_updates,
-            optimizer=self.optimizer,
-        )
+        seed = self.seed + 1000 * self.num_updates
+        # Dropout draws from a generator seeded per update, not the process's own stream: every training
+        # process updates its copy of the reward model identically.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            train = train_reward_model(
+                self.model,
+                self.tokenizer,
+                mixed,
+                kind=self.kind,
+                epochs=self.epochs,
+                batch_size=self.batch_size,
+                delimiter=self.delimiter,
+                max_length=self.max_length,
+                seed=seed,
+                optimizer=self.optimizer,
+            )
         after = self._evaluate(fresh)
         self.buffer.add(fresh)
         self.num_updates += 1

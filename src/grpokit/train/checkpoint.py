@@ -1,4 +1,8 @@
-"""Resumable checkpoints: model, tokenizer, optimizer, scheduler, RNG states, step and data position."""
+"""Resumable checkpoints: model, tokenizer, optimizer, scheduler, RNG states, step and data position.
+
+Every process draws its own random numbers (sampling, the update's row order), so the RNG states are saved
+one per process, in process order (``rng_state.pt`` holds the list), and each process restores its own.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import numpy as np
 import torch
 
 STATE_FILE = "trainer_state.json"
+RNG_FILE = "rng_state.pt"
 
 
 def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
@@ -26,19 +31,37 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     return max(candidates, key=lambda p: int(p.name.split("-")[-1]))
 
 
-def rng_state() -> dict[str, Any]:
+def rng_state(generator: torch.Generator | None = None) -> dict[str, Any]:
+    """This process's RNG states: python, numpy, torch (and CUDA), and ``generator``'s when given."""
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
+    if generator is not None:
+        state["generator"] = generator.get_state()
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any], generator: torch.Generator | None = None) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+    if generator is not None and "generator" in state:
+        generator.set_state(state["generator"])
+
+
+def process_rng_state(path: Path, process_index: int, num_processes: int) -> dict[str, Any]:
+    """The RNG state process ``process_index`` saved in checkpoint ``path``."""
+    states = torch.load(path / RNG_FILE, weights_only=False)
+    if isinstance(states, dict):  # a single-process checkpoint of an earlier version
+        states = [states]
+    if len(states) != num_processes:
+        raise ValueError(
+            f"resume_from_checkpoint: {path} was saved by {len(states)} process(es), this run has "
+            f"{num_processes}; an exact resume needs the same number of processes"
+        )
+    return states[process_index]
 
 
 def save_checkpoint(
@@ -49,6 +72,7 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     trainer_state: dict[str, Any],
+    rng_states: list[dict[str, Any]],
     extra_tensors: dict[str, Any] | None = None,
 ) -> Path:
     """Write everything a resume needs to ``path`` (written to a temp dir first, then renamed)."""
@@ -60,7 +84,7 @@ def save_checkpoint(
         tokenizer.save_pretrained(tmp)
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    torch.save(rng_state(), tmp / "rng_state.pt")
+    torch.save(rng_states, tmp / RNG_FILE)  # one per process, in process order
     torch.save(extra_tensors or {}, tmp / "extra_state.pt")
     (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=2))
     shutil.rmtree(path, ignore_errors=True)
@@ -68,8 +92,17 @@ def save_checkpoint(
     return path
 
 
-def load_checkpoint(path: Path, *, optimizer: torch.optim.Optimizer, scheduler: Any) -> tuple[dict, dict]:
-    """Restore optimizer, scheduler and RNG states; return (trainer_state, extra_tensors).
+def load_checkpoint(
+    path: Path,
+    *,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    generator: torch.Generator | None = None,
+    process_index: int = 0,
+    num_processes: int = 1,
+) -> tuple[dict, dict]:
+    """Restore optimizer, scheduler and this process's RNG states (``generator``'s too); return
+    (trainer_state, extra_tensors).
 
     Model weights are loaded by the caller (``from_pretrained(path)`` or ``load_model_weights``).
     """
@@ -79,7 +112,7 @@ def load_checkpoint(path: Path, *, optimizer: torch.optim.Optimizer, scheduler: 
         )
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
-    set_rng_state(torch.load(path / "rng_state.pt", weights_only=False))
+    set_rng_state(process_rng_state(path, process_index, num_processes), generator)
     extra = torch.load(path / "extra_state.pt", weights_only=False)
     return json.loads((path / STATE_FILE).read_text()), extra
 

@@ -31,7 +31,7 @@ from grpokit.rewards.process_rewards import (
     resolve_process_reward_funcs,
     score_process,
 )
-from grpokit.rewards.scoring import reward_names
+from grpokit.rewards.scoring import reward_names, reward_weights
 from grpokit.train.batch import RolloutBatch, Samples, Scores
 from grpokit.train.hooks import StepHook
 
@@ -59,13 +59,7 @@ class ProcessSupervision(StepHook):
             if isinstance(fn, ProcessRewardModel) and device is not None:
                 fn.model.to(device)
         self.names = reward_names(self.funcs)
-        weights = args.process_reward_weights
-        if weights is not None and len(weights) != len(self.funcs):
-            raise ValueError(
-                f"GRPOConfig.process_reward_weights has {len(weights)} values but there are "
-                f"{len(self.funcs)} process reward functions ({', '.join(self.names)})"
-            )
-        self.weights = list(weights) if weights is not None else [1.0] * len(self.funcs)
+        self.weights = reward_weights(args.process_reward_weights, self.names, "process_reward_weights")
         self._scores: ProcessScores | None = None
         self._metrics: dict[str, float] = {}
 

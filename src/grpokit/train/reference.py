@@ -13,9 +13,12 @@ from grpokit.train.batch import LogprobPass, RolloutBatch
 __all__ = ["Reference", "make_reference", "refuse_resets_of_adapter_reference", "sync_reference"]
 
 
-def make_reference(policy: torch.nn.Module) -> torch.nn.Module:
-    """A frozen copy of ``policy`` in eval mode."""
+def make_reference(policy: torch.nn.Module, dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """A frozen copy of ``policy`` in eval mode, its floating-point weights in ``dtype`` (None: the
+    policy's own dtype, so a bf16 policy gets a bf16 reference)."""
     reference = copy.deepcopy(policy)
+    if dtype is not None:
+        reference.to(dtype)
     reference.eval()
     reference.requires_grad_(False)
     return reference
@@ -44,24 +47,51 @@ class Reference:
     """pi_ref: a frozen copy of the initial policy, or, when the policy is a PEFT model, the policy itself
     with its adapter disabled (the base weights are the reference; nothing is copied).
 
-    ``model`` is the frozen copy (None for the adapter case).
+    ``model`` is the frozen copy (None for the adapter case), its weights in ``dtype`` (None: the policy's).
+    With ``offload`` the copy lives on the CPU and visits the device only for its log-prob pass.
     """
 
-    def __init__(self, policy: torch.nn.Module, *, adapter_disabled: bool = False) -> None:
+    def __init__(
+        self,
+        policy: torch.nn.Module,
+        *,
+        adapter_disabled: bool = False,
+        dtype: torch.dtype | None = None,
+        offload: bool = False,
+    ) -> None:
         self.policy = policy
-        self.model = None if adapter_disabled else make_reference(policy)
+        self.model = None if adapter_disabled else make_reference(policy, dtype)
+        self.offload = offload and self.model is not None
+        self.device: torch.device | None = None
+
+    @classmethod
+    def for_run(cls, policy: torch.nn.Module, args: Any, *, adapter_disabled: bool) -> Reference | None:
+        """The run's reference (None when ``beta`` is 0: no KL term, no reference), with
+        ``ref_model_dtype`` ("auto": the policy's dtype) and ``ref_model_offload`` from the config."""
+        if args.beta == 0:
+            return None
+        dtype = None if args.ref_model_dtype == "auto" else getattr(torch, args.ref_model_dtype)
+        return cls(policy, adapter_disabled=adapter_disabled, dtype=dtype, offload=args.ref_model_offload)
 
     def to(self, device: torch.device | str) -> Reference:
-        if self.model is not None:
-            self.model.to(device)
+        """Where the log-prob pass runs; an offloaded reference stays on the CPU until then."""
+        self.device = torch.device(device)
+        if self.model is not None and not self.offload:
+            self.model.to(self.device)
         return self
 
     def logprobs(self, batch: RolloutBatch, logprob_pass: LogprobPass) -> torch.Tensor:
         """log pi_ref of the batch's completions, [N, C]."""
-        if self.model is not None:
+        if self.model is None:
+            with self.policy.disable_adapter():
+                return logprob_pass(self.policy, batch)
+        if not self.offload:
             return logprob_pass(self.model, batch)
-        with self.policy.disable_adapter():
-            return logprob_pass(self.policy, batch)
+        self.model.to(self.device)
+        try:
+            return logprob_pass(self.model, batch)
+        finally:
+            self.model.to("cpu")
 
     def reset(self, alpha: float = 1.0) -> None:
         """ref <- alpha * policy + (1 - alpha) * ref (:func:`sync_reference`)."""

@@ -20,7 +20,7 @@ from grpokit.chat import as_completion
 from grpokit.config import GRPOConfig
 from grpokit.core import PolicyLoss, combine_rewards, multi_reward_advantages
 from grpokit.data.loading import load_rows, reward_columns
-from grpokit.rewards import resolve_rewards, reward_names, score_completions
+from grpokit.rewards import resolve_rewards, reward_names, reward_weights, score_completions
 from grpokit.rollout import RolloutBackend, SamplingParams, make_backend
 from grpokit.train import checkpoint
 from grpokit.train.batch import LogprobPass, Samples, Scores, pad_samples
@@ -87,7 +87,7 @@ class GRPOTrainer:
     ) -> None:
         self.args = args or GRPOConfig()
         refuse_resets_of_adapter_reference(self.args, peft_config)
-        set_seed(self.args.seed)
+        set_seed(self.args.seed)  # the same initial weights (LoRA adapters, heads) on every process
         self.accelerator = make_accelerator(self.args.mixed_precision, self.args.use_cpu)
         self.plan = self.args.batch_plan(self.accelerator.num_processes)
         self.train_rows = load_rows(train_dataset, name="train_dataset")
@@ -108,9 +108,9 @@ class GRPOTrainer:
             outcome_specs, device=device, allow_empty=self.process is not None
         )
         self.reward_names = reward_names(self.reward_funcs)
-        self.reward_weights = self._reward_weights()
-        adapter = peft_config is not None
-        self.reference = Reference(self.model, adapter_disabled=adapter) if self.args.beta > 0 else None
+        weights = reward_weights(self.args.reward_weights, self.reward_names, "reward_weights")
+        self.reward_weights = torch.tensor(weights, dtype=torch.float32)
+        self.reference = Reference.for_run(self.model, self.args, adapter_disabled=peft_config is not None)
         self.max_steps = self._total_steps()
         optimizer, scheduler = build_optimizers(
             self.model, self.args, self.max_steps * self.plan.optimizer_steps, *optimizers
@@ -126,7 +126,9 @@ class GRPOTrainer:
             self.args.generation_backend, self.model, micro_batch_size=self.args.generation_micro_batch_size
         )
         self.prompts = PromptSampler(len(self.train_rows), self.plan.prompts, self.args)
-        self.generator = torch.Generator().manual_seed(self.args.seed)
+        # From here each process draws its own random numbers (sampling, row order): seed + process index.
+        set_seed(self.args.seed, device_specific=True)
+        self.generator = torch.Generator().manual_seed(self.args.seed + self.accelerator.process_index)
         self.loss = PolicyLoss.from_config(self.args)
         self.logprob_pass = LogprobPass.from_config(self.args)
         self.update_context = self._update_context()
@@ -337,17 +339,6 @@ class GRPOTrainer:
             generator=self.generator,
         )
 
-    def _reward_weights(self) -> torch.Tensor:
-        weights = self.args.reward_weights
-        if weights is None:
-            return torch.ones(len(self.reward_funcs))
-        if len(weights) != len(self.reward_funcs):
-            raise ValueError(
-                f"GRPOConfig.reward_weights has {len(weights)} values but there are "
-                f"{len(self.reward_funcs)} reward functions ({', '.join(self.reward_names)})"
-            )
-        return torch.tensor(weights, dtype=torch.float32)
-
     def _total_steps(self) -> int:
         if self.args.max_steps > 0:
             return self.args.max_steps
@@ -364,8 +355,9 @@ class GRPOTrainer:
             self.tokenizer.save_pretrained(path)
 
     def save_checkpoint(self) -> Path:
-        """Everything a resume needs, in ``<output_dir>/checkpoint-<step>``."""
+        """Everything a resume needs, in ``<output_dir>/checkpoint-<step>`` (RNG states of every process)."""
         path = checkpoint.checkpoint_dir(self.args.output_dir, self.step)
+        rng_states = gather_object([checkpoint.rng_state(self.generator)])  # [one per process]
         if self.accelerator.is_main_process:
             checkpoint.save_checkpoint(
                 path,
@@ -374,8 +366,8 @@ class GRPOTrainer:
                 optimizer=self.optimizer,
                 scheduler=self.scheduler,
                 trainer_state={"step": self.step, "prompts": self.prompts.state_dict()},
+                rng_states=rng_states,
                 extra_tensors={
-                    "generator": self.generator.get_state(),
                     "reference": None if self.reference is None else self.reference.state_dict(),
                     **self.hooks.state_dict(),
                 },
@@ -390,10 +382,16 @@ class GRPOTrainer:
         if path is None:
             raise FileNotFoundError(f"resume_from_checkpoint: no checkpoint-* found in {output_dir}")
         checkpoint.load_model_weights(self.unwrapped_model, path)
-        state, extra = checkpoint.load_checkpoint(path, optimizer=self.optimizer, scheduler=self.scheduler)
+        state, extra = checkpoint.load_checkpoint(
+            path,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            generator=self.generator,
+            process_index=self.accelerator.process_index,
+            num_processes=self.accelerator.num_processes,
+        )
         self.step = int(state["step"])
         self.prompts.load_state_dict(state["prompts"])
-        self.generator.set_state(extra["generator"])
         if self.reference is not None:
             self.reference.load_state_dict(extra.get("reference"))
         self.hooks.load_state_dict(extra)
