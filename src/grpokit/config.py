@@ -213,6 +213,11 @@ class GRPOConfig:
     ref_model_offload: bool = False
     """Keep the reference model's weights on the CPU and move them to the device only for its log-prob pass
     (frees one copy of the weights on the device between uses, costs two host<->device copies per step)."""
+    fsdp: str = ""
+    """Fully sharded data parallel (TRL/transformers name): ``"full_shard"`` shards the weights, gradients
+    and optimizer state of the policy (and the reference) over the processes with PyTorch FSDP2
+    (``fully_shard`` per decoder layer); "" replicates them (DDP). ``accelerate launch`` with an FSDP config
+    (``recipes/accelerate/fsdp.yaml``) turns it on too. See docs/scaling.md."""
     disable_dropout: bool = False
     """Set every dropout probability of the policy to 0 (TRL's name), so the update's log-probs match the
     sampling ones."""

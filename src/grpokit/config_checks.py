@@ -38,6 +38,13 @@ def validate_fields(config: Any) -> None:
         "use_reentrant=True is not supported: reentrant checkpointing drops the gradient of the prompt "
         "keys/values shared by a group's completions; leave it False",
     )
+    unknown = set(config.fsdp.split()) - {"full_shard", "auto_wrap"}
+    require(
+        not unknown,
+        "fsdp",
+        f"options {sorted(unknown)} are not supported: use 'full_shard' (optionally with 'auto_wrap', "
+        "which is what grpokit does: one FSDP unit per decoder layer), or '' for none",
+    )
     require(0 <= config.warmup_ratio < 1, "warmup_ratio", "must be in [0, 1)")
     require(config.warmup_steps >= 0, "warmup_steps", "must be >= 0")
     if config.num_completions_to_print is not None:

@@ -50,8 +50,38 @@ class TrainArgs:
     """Evaluate the held-out split (greedy accuracy) before and after training."""
     eval_max_new_tokens: int | None = None
     """Completion limit for the evaluation (None: max_completion_length)."""
+    use_peft: bool = False
+    """Train LoRA adapters (peft) instead of all weights (TRL's name); the reference is then the base model
+    with the adapters disabled."""
+    lora_r: int = 16
+    """LoRA rank."""
+    lora_alpha: int = 32
+    """LoRA scaling numerator: the adapter's update is (lora_alpha / lora_r) B A."""
+    lora_dropout: float = 0.05
+    """Dropout on the adapters' input (0 with ``disable_dropout``)."""
+    lora_target_modules: list[str] | None = None
+    """Module names that get adapters (e.g. ``[q_proj, v_proj]``); None: every linear layer but the LM
+    head (peft's ``all-linear``)."""
     config: GRPOConfig = field(default_factory=GRPOConfig)
     """GRPOConfig (flattened on the command line)."""
+
+
+def peft_config(args: TrainArgs) -> Any:
+    """The ``peft.LoraConfig`` of ``use_peft`` runs (None otherwise)."""
+    if not args.use_peft:
+        return None
+    try:
+        from peft import LoraConfig
+    except ImportError as err:
+        raise SystemExit("grpokit: use_peft needs `pip install grpokit[peft]`") from err
+    targets = list(args.lora_target_modules) if args.lora_target_modules else "all-linear"
+    return LoraConfig(
+        r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=args.lora_dropout,
+        target_modules=targets,
+        task_type="CAUSAL_LM",
+    )
 
 
 def resolve_model(spec: str, *, seed: int = 0) -> str:
@@ -159,6 +189,7 @@ def run_training(args: TrainArgs) -> dict[str, Any]:
         reward_funcs=rewards,
         args=config,
         train_dataset=train_rows,
+        peft_config=peft_config(args),
         **process_supervision(args),
     )
     output_dir = Path(config.output_dir)
