@@ -74,15 +74,21 @@ def save_checkpoint(
     trainer_state: dict[str, Any],
     rng_states: list[dict[str, Any]],
     extra_tensors: dict[str, Any] | None = None,
+    model_state: dict[str, Any] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> Path:
-    """Write everything a resume needs to ``path`` (written to a temp dir first, then renamed)."""
+    """Write everything a resume needs to ``path`` (written to a temp dir first, then renamed).
+    ``model_state`` / ``optimizer_state``: full states gathered from shards (FSDP); default: the model's
+    and the optimizer's own."""
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp)
+    model.save_pretrained(tmp, state_dict=model_state)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(
+        optimizer_state if optimizer_state is not None else optimizer.state_dict(), tmp / "optimizer.pt"
+    )
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(rng_states, tmp / RNG_FILE)  # one per process, in process order
     torch.save(extra_tensors or {}, tmp / "extra_state.pt")
@@ -100,9 +106,11 @@ def load_checkpoint(
     generator: torch.Generator | None = None,
     process_index: int = 0,
     num_processes: int = 1,
+    load_optimizer_state: Any = None,
 ) -> tuple[dict, dict]:
     """Restore optimizer, scheduler and this process's RNG states (``generator``'s too); return
-    (trainer_state, extra_tensors).
+    (trainer_state, extra_tensors). ``load_optimizer_state``: how a full optimizer state is loaded (FSDP);
+    default ``optimizer.load_state_dict``.
 
     Model weights are loaded by the caller (``from_pretrained(path)`` or ``load_model_weights``).
     """
@@ -110,11 +118,24 @@ def load_checkpoint(
         raise FileNotFoundError(
             f"resume_from_checkpoint: {path} is not a grpokit checkpoint (no {STATE_FILE})"
         )
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+    (load_optimizer_state or optimizer.load_state_dict)(torch.load(path / "optimizer.pt", weights_only=False))
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
     set_rng_state(process_rng_state(path, process_index, num_processes), generator)
     extra = torch.load(path / "extra_state.pt", weights_only=False)
     return json.loads((path / STATE_FILE).read_text()), extra
+
+
+def read_model_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The weights ``save_pretrained`` wrote to ``path`` (all safetensors files, or a PEFT adapter's)."""
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {path}")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    return state
 
 
 def load_model_weights(model: torch.nn.Module, path: Path) -> None:
@@ -122,17 +143,10 @@ def load_model_weights(model: torch.nn.Module, path: Path) -> None:
 
     A PEFT model saved only its adapters: those are loaded into its adapters (the base weights are the
     ones it was built from, unchanged by training)."""
-    from safetensors.torch import load_file
-
     if hasattr(model, "peft_config"):
         _load_adapter_weights(model, path)
         return
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors weights in {path}")
-    state: dict[str, torch.Tensor] = {}
-    for file in files:
-        state.update(load_file(str(file)))
+    state = read_model_weights(path)
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {name for name in missing if "lm_head" in name}
     if set(missing) - tied or unexpected:

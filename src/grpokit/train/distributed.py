@@ -53,7 +53,13 @@ def make_accelerator(mixed_precision: str, use_cpu: bool) -> Accelerator:
     """
     cpu = use_cpu or needs_cpu_processes()
     _forget_single_process_state(mixed_precision, cpu)
-    return Accelerator(mixed_precision=mixed_precision, cpu=cpu)
+    # grpokit applies FSDP itself (train.sharding): accelerate's own FSDP wrapping is kept out of the way.
+    fsdp_env = os.environ.pop("ACCELERATE_USE_FSDP", None)
+    try:
+        return Accelerator(mixed_precision=mixed_precision, cpu=cpu)
+    finally:
+        if fsdp_env is not None:
+            os.environ["ACCELERATE_USE_FSDP"] = fsdp_env
 
 
 def _forget_single_process_state(mixed_precision: str, cpu: bool) -> None:

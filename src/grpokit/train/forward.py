@@ -136,11 +136,14 @@ def no_grad_logprobs(
 ) -> torch.Tensor:
     """Log-probs [B, C] for a pass that needs no gradient (reference model, old policy), under
     ``torch.inference_mode`` and in eval mode, ``micro_batch_size`` rows at a time (a multiple of
-    ``num_generations`` keeps groups whole so the shared prefix still applies)."""
+    ``num_generations`` keeps groups whole so the shared prefix still applies). ``model``: a causal LM, or
+    a ``PolicyLogprobs`` module (possibly sharded)."""
     batch = completion_ids.shape[0]
     step = micro_batch_size or batch
+    # Called as a module (PolicyLogprobs): a sharded (FSDP) root gathers its weights in its forward hooks.
+    run = model if isinstance(model, PolicyLogprobs) else PolicyLogprobs(model)
     was_training = model.training
-    model.eval()
+    run.eval()
     try:
         with torch.inference_mode():
             parts = []
@@ -148,8 +151,7 @@ def no_grad_logprobs(
                 sl = slice(s, s + step)
                 rows = completion_ids[sl].shape[0]
                 group = num_generations if (num_generations and rows % num_generations == 0) else None
-                logps, _ = completion_logprobs(
-                    model,
+                logps, _ = run(
                     prompt_ids[sl],
                     prompt_mask[sl],
                     completion_ids[sl],
@@ -160,7 +162,7 @@ def no_grad_logprobs(
                 parts.append(logps)
             out = torch.cat(parts)
     finally:
-        model.train(was_training)
+        run.train(was_training)
     return out.clone()  # a normal tensor (inference tensors cannot be saved for backward later)
 
 

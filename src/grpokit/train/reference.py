@@ -63,6 +63,24 @@ class Reference:
         self.model = None if adapter_disabled else make_reference(policy, dtype)
         self.offload = offload and self.model is not None
         self.device: torch.device | None = None
+        self.runner: torch.nn.Module | None = None  # what the log-prob pass calls (set when sharded)
+
+    def shard(self, device: torch.device, sharded_policy: torch.nn.Module) -> None:
+        """Under FSDP: shard the copy like the policy (``train.sharding.shard``); the adapter case runs the
+        sharded policy itself with its adapter disabled."""
+        from grpokit.train.forward import PolicyLogprobs
+        from grpokit.train.sharding import shard
+
+        if self.offload:
+            raise ValueError(
+                "GRPOConfig.ref_model_offload is not supported with fsdp: the sharded reference already "
+                "holds 1/num_processes of the weights on each device"
+            )
+        self.device = torch.device(device)
+        if self.model is None:
+            self.runner = sharded_policy
+        else:
+            self.runner = shard(PolicyLogprobs(self.model.to(device)), self.model)
 
     @classmethod
     def for_run(cls, policy: torch.nn.Module, args: Any, *, adapter_disabled: bool) -> Reference | None:
@@ -84,9 +102,9 @@ class Reference:
         """log pi_ref of the batch's completions, [N, C]."""
         if self.model is None:
             with self.policy.disable_adapter():
-                return logprob_pass(self.policy, batch)
+                return logprob_pass(self.runner or self.policy, batch)
         if not self.offload:
-            return logprob_pass(self.model, batch)
+            return logprob_pass(self.runner or self.model, batch)
         self.model.to(self.device)
         try:
             return logprob_pass(self.model, batch)
@@ -100,11 +118,24 @@ class Reference:
         sync_reference(self.model, self.policy, alpha)
 
     def state_dict(self) -> dict[str, Any] | None:
-        """The copy's weights (None when the reference is the adapter-disabled policy)."""
-        return None if self.model is None else self.model.state_dict()
+        """The copy's weights (None when the reference is the adapter-disabled policy). Sharded: the full
+        weights, gathered (a collective: every process calls it; the main one gets them)."""
+        if self.model is None:
+            return None
+        if self.runner is not None:
+            from grpokit.train.sharding import full_state_dict
+
+            return full_state_dict(self.runner)
+        return self.model.state_dict()
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        if self.model is not None and state is not None:
+        if self.model is None or state is None:
+            return
+        if self.runner is not None:
+            from grpokit.train.sharding import load_full_state_dict
+
+            load_full_state_dict(self.runner, state)
+        else:
             self.model.load_state_dict(state)
 
 

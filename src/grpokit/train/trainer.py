@@ -9,6 +9,7 @@ reference resets, iterative reward models, the completion log) is in step hooks 
 from __future__ import annotations
 
 import math
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,16 @@ from grpokit.train.policy import load_policy, load_tokenizer
 from grpokit.train.process_supervision import ProcessSupervision
 from grpokit.train.prompts import PromptSampler, encode_prompt
 from grpokit.train.reference import Reference, refuse_resets_of_adapter_reference
+from grpokit.train.sharding import (
+    fsdp_requested,
+    full_optimizer_state,
+    full_state_dict,
+    gathered,
+    load_full_optimizer_state,
+    load_full_state_dict,
+    shard,
+    unwrap_tensor,
+)
 from grpokit.train.update import UpdateContext, run_update
 
 __all__ = ["GRPOTrainer"]
@@ -112,16 +123,8 @@ class GRPOTrainer:
         self.reward_weights = torch.tensor(weights, dtype=torch.float32)
         self.reference = Reference.for_run(self.model, self.args, adapter_disabled=peft_config is not None)
         self.max_steps = self._total_steps()
-        optimizer, scheduler = build_optimizers(
-            self.model, self.args, self.max_steps * self.plan.optimizer_steps, *optimizers
-        )
-        # The policy is prepared (DDP under several processes) inside PolicyLogprobs, whose forward is the
-        # lean log-prob pass, so DDP sees that pass; self.model stays the bare model, moved in place.
-        self.policy, self.optimizer, self.scheduler = self.accelerator.prepare(
-            PolicyLogprobs(self.model), optimizer, scheduler
-        )
-        if self.reference is not None:
-            self.reference.to(device)
+        self.sharded = fsdp_requested(self.args) and self.accelerator.num_processes > 1
+        self._prepare_policy(optimizers)
         self.backend = rollout_backend or make_backend(
             self.args.generation_backend, self.model, micro_batch_size=self.args.generation_micro_batch_size
         )
@@ -138,10 +141,37 @@ class GRPOTrainer:
         )
         self.step = 0
 
+    def _prepare_policy(self, optimizers: tuple[Any, Any]) -> None:
+        """The policy inside PolicyLogprobs, whose forward is the lean log-prob pass (so DDP and FSDP see
+        that pass), replicated by accelerate (DDP) or sharded (FSDP, ``train.sharding``; the reference
+        too); then the optimizer over its (possibly sharded) parameters. ``self.model`` stays the bare
+        model (its parameters sharded in place under FSDP)."""
+        total_steps = self.max_steps * self.plan.optimizer_steps
+        if not self.sharded:
+            optimizer, scheduler = build_optimizers(self.model, self.args, total_steps, *optimizers)
+            self.policy, self.optimizer, self.scheduler = self.accelerator.prepare(
+                PolicyLogprobs(self.model), optimizer, scheduler
+            )
+            if self.reference is not None:
+                self.reference.to(self.accelerator.device)
+            return
+        if any(part is not None for part in optimizers):
+            raise ValueError("optimizers: not supported with fsdp (the optimizer must hold the shards)")
+        self.policy = shard(PolicyLogprobs(self.model), self.model)
+        if self.reference is not None:
+            self.reference.shard(self.accelerator.device, self.policy)
+        optimizer, scheduler = build_optimizers(self.model, self.args, total_steps)
+        self.optimizer, self.scheduler = self.accelerator.prepare(optimizer, scheduler)
+
     @property
     def unwrapped_model(self) -> torch.nn.Module:
         """The policy itself (a ``transformers`` or PEFT model), not wrapped by DDP."""
         return self.model
+
+    @property
+    def scorer(self) -> torch.nn.Module:
+        """What no-grad log-prob passes of the policy call: the model, or its sharded root under FSDP."""
+        return self.policy if self.sharded else self.model
 
     # ------------------------------------------------------------------------------------------------
     def train(self, resume_from_checkpoint: str | bool | None = None) -> list[dict[str, float]]:
@@ -194,7 +224,7 @@ class GRPOTrainer:
         # 5. fixed log-probs: pi_old only when the update is off-policy (mu > 1 or several optimizer steps
         #    per generation), pi_ref only when beta > 0
         with timer.phase("old_logprobs"), self.accelerator.autocast():
-            batch.old_logps = self.logprob_pass(self.model, batch) if self.plan.optimizer_steps > 1 else None
+            batch.old_logps = self.logprob_pass(self.scorer, batch) if self.plan.optimizer_steps > 1 else None
         with timer.phase("reference"), self.accelerator.autocast():
             batch.ref_logps = self.reference.logprobs(batch, self.logprob_pass) if self.reference else None
         # 6. mu epochs of clipped policy-gradient updates, then what follows them (reference reset, RM update)
@@ -221,7 +251,8 @@ class GRPOTrainer:
         """G completions (one when ``greedy``) for each row's prompt from the current policy, decoded."""
         group = 1 if greedy else self.args.num_generations
         prompt_ids = [self.encode_prompt(row["prompt"]) for row in rows]
-        with self.accelerator.autocast():  # mixed precision applies to every model pass, not only the update
+        # mixed precision applies to every model pass, not only the update; FSDP: full weights to generate
+        with self.accelerator.autocast(), gathered(self.policy if self.sharded else None):
             generated = self.backend.generate(prompt_ids, group, self.sampling_params(greedy))
         texts = self.tokenizer.batch_decode(generated.completion_ids, skip_special_tokens=True)
         return Samples([row for row in rows for _ in range(group)], prompt_ids, generated, texts)
@@ -324,8 +355,8 @@ class GRPOTrainer:
         def clip(max_norm: float) -> torch.Tensor | None:
             params = [p for p in self.model.parameters() if p.requires_grad]
             if max_norm and max_norm > 0:
-                return self.accelerator.clip_grad_norm_(params, max_norm)
-            return torch.nn.utils.clip_grad_norm_(params, float("inf"))
+                return unwrap_tensor(self.accelerator.clip_grad_norm_(params, max_norm))
+            return unwrap_tensor(torch.nn.utils.clip_grad_norm_(params, float("inf")))
 
         return UpdateContext(
             loss=self.loss,
@@ -347,17 +378,24 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------------------------------------
     def save_model(self, path: str | Path) -> None:
-        """Write a standard ``transformers`` checkpoint directory (model + tokenizer)."""
+        """Write a standard ``transformers`` checkpoint directory (model + tokenizer; a PEFT model writes
+        its adapters). Under FSDP the full weights are gathered first."""
         self.accelerator.wait_for_everyone()
+        state = full_state_dict(self.policy) if self.sharded else None  # a collective
         if self.accelerator.is_main_process:
             Path(path).mkdir(parents=True, exist_ok=True)
-            self.unwrapped_model.save_pretrained(path)
+            self.unwrapped_model.save_pretrained(path, state_dict=state)
             self.tokenizer.save_pretrained(path)
 
     def save_checkpoint(self) -> Path:
-        """Everything a resume needs, in ``<output_dir>/checkpoint-<step>`` (RNG states of every process)."""
+        """Everything a resume needs, in ``<output_dir>/checkpoint-<step>`` (RNG states of every process;
+        under FSDP the full weights and optimizer state, gathered)."""
         path = checkpoint.checkpoint_dir(self.args.output_dir, self.step)
+        # collectives first (every process takes part), then the main process writes
         rng_states = gather_object([checkpoint.rng_state(self.generator)])  # [one per process]
+        reference = None if self.reference is None else self.reference.state_dict()
+        model_state = full_state_dict(self.policy) if self.sharded else None
+        optimizer_state = full_optimizer_state(self.policy, self.optimizer) if self.sharded else None
         if self.accelerator.is_main_process:
             checkpoint.save_checkpoint(
                 path,
@@ -367,10 +405,9 @@ class GRPOTrainer:
                 scheduler=self.scheduler,
                 trainer_state={"step": self.step, "prompts": self.prompts.state_dict()},
                 rng_states=rng_states,
-                extra_tensors={
-                    "reference": None if self.reference is None else self.reference.state_dict(),
-                    **self.hooks.state_dict(),
-                },
+                extra_tensors={"reference": reference, **self.hooks.state_dict()},
+                model_state=model_state,
+                optimizer_state=optimizer_state,
             )
             checkpoint.prune_checkpoints(self.args.output_dir, self.args.save_total_limit)
         self.accelerator.wait_for_everyone()
@@ -381,7 +418,12 @@ class GRPOTrainer:
         path = checkpoint.latest_checkpoint(output_dir) if resume in (True, "latest") else Path(str(resume))
         if path is None:
             raise FileNotFoundError(f"resume_from_checkpoint: no checkpoint-* found in {output_dir}")
-        checkpoint.load_model_weights(self.unwrapped_model, path)
+        if not self.sharded:
+            checkpoint.load_model_weights(self.unwrapped_model, path)
+        elif hasattr(self.model, "peft_config"):
+            raise ValueError("resume_from_checkpoint: resuming a LoRA run under fsdp is not supported yet")
+        else:
+            load_full_state_dict(self.policy, checkpoint.read_model_weights(path))
         state, extra = checkpoint.load_checkpoint(
             path,
             optimizer=self.optimizer,
@@ -389,6 +431,9 @@ class GRPOTrainer:
             generator=self.generator,
             process_index=self.accelerator.process_index,
             num_processes=self.accelerator.num_processes,
+            load_optimizer_state=(
+                partial(load_full_optimizer_state, self.policy, self.optimizer) if self.sharded else None
+            ),
         )
         self.step = int(state["step"])
         self.prompts.load_state_dict(state["prompts"])
