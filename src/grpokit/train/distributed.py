@@ -25,6 +25,7 @@ __all__ = [
     "merge_process_metrics",
     "merged_across_processes",
     "needs_cpu_processes",
+    "prepare_policy",
 ]
 
 
@@ -60,6 +61,39 @@ def make_accelerator(mixed_precision: str, use_cpu: bool) -> Accelerator:
     finally:
         if fsdp_env is not None:
             os.environ["ACCELERATE_USE_FSDP"] = fsdp_env
+
+
+def prepare_policy(
+    model: torch.nn.Module,
+    args: Any,
+    accelerator: Accelerator,
+    reference: Any,
+    total_optimizer_steps: int,
+    sharded: bool,
+    optimizers: tuple[Any, Any] = (None, None),
+) -> tuple[torch.nn.Module, Any, Any]:
+    """``(policy, optimizer, scheduler)``: the model inside ``PolicyLogprobs`` (whose forward is the lean
+    log-prob pass, so DDP and FSDP see that pass), replicated by accelerate (DDP under several processes)
+    or, when ``sharded``, split by FSDP (``train.sharding``; the reference too); then the optimizer over
+    its (possibly sharded) parameters. ``model`` stays the bare model (moved, or sharded, in place)."""
+    from grpokit.train.forward import PolicyLogprobs
+    from grpokit.train.optim import build_optimizers
+    from grpokit.train.sharding import shard
+
+    if not sharded:
+        optimizer, scheduler = build_optimizers(model, args, total_optimizer_steps, *optimizers)
+        prepared = accelerator.prepare(PolicyLogprobs(model), optimizer, scheduler)
+        if reference is not None:
+            reference.to(accelerator.device)
+        return prepared
+    if any(part is not None for part in optimizers):
+        raise ValueError("optimizers: not supported with fsdp (the optimizer must hold the shards)")
+    policy = shard(PolicyLogprobs(model), model)
+    if reference is not None:
+        reference.shard(accelerator.device, policy)
+    optimizer, scheduler = build_optimizers(model, args, total_optimizer_steps)
+    optimizer, scheduler = accelerator.prepare(optimizer, scheduler)
+    return policy, optimizer, scheduler
 
 
 def _forget_single_process_state(mixed_precision: str, cpu: bool) -> None:

@@ -35,6 +35,7 @@ __all__ = [
     "gathered",
     "load_full_optimizer_state",
     "load_full_state_dict",
+    "load_sharded_weights",
     "shard",
     "unwrap_tensor",
 ]
@@ -117,6 +118,15 @@ def load_full_state_dict(
 
     options = StateDictOptions(full_state_dict=True, strict=strict)
     set_model_state_dict(root, {prefix + k: v for k, v in state.items()}, options=options)
+
+
+def load_sharded_weights(root: nn.Module, model: nn.Module, path: Any) -> None:
+    """Resume: the full weights a checkpoint holds, into the sharded ``root`` of ``model``."""
+    from grpokit.train.checkpoint import read_model_weights
+
+    if hasattr(model, "peft_config"):
+        raise ValueError("resume_from_checkpoint: resuming a LoRA run under fsdp is not supported yet")
+    load_full_state_dict(root, read_model_weights(path))
 
 
 def full_optimizer_state(root: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

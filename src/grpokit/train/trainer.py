@@ -23,30 +23,23 @@ from grpokit.core import PolicyLoss, combine_rewards, multi_reward_advantages
 from grpokit.data.loading import load_rows, reward_columns
 from grpokit.rewards import resolve_rewards, reward_names, reward_weights, score_completions
 from grpokit.rollout import RolloutBackend, SamplingParams, make_backend
-from grpokit.train import checkpoint
+from grpokit.train import checkpoint, sharding
 from grpokit.train.batch import LogprobPass, Samples, Scores, pad_samples
 from grpokit.train.completion_log import CompletionLog
-from grpokit.train.distributed import gather_across_processes, make_accelerator, merged_across_processes
-from grpokit.train.forward import PolicyLogprobs
+from grpokit.train.distributed import (
+    gather_across_processes,
+    make_accelerator,
+    merged_across_processes,
+    prepare_policy,
+)
 from grpokit.train.hooks import ReferenceSync, StepHook, StepHooks
 from grpokit.train.iterative_grpo import IterativeGRPO
 from grpokit.train.metrics import PhaseTimer, reward_means, step_metrics
 from grpokit.train.metrics_log import MetricsLogger, plot_metrics
-from grpokit.train.optim import build_optimizers
 from grpokit.train.policy import load_policy, load_tokenizer
 from grpokit.train.process_supervision import ProcessSupervision
 from grpokit.train.prompts import PromptSampler, encode_prompt
 from grpokit.train.reference import Reference, refuse_resets_of_adapter_reference
-from grpokit.train.sharding import (
-    fsdp_requested,
-    full_optimizer_state,
-    full_state_dict,
-    gathered,
-    load_full_optimizer_state,
-    load_full_state_dict,
-    shard,
-    unwrap_tensor,
-)
 from grpokit.train.update import UpdateContext, run_update
 
 __all__ = ["GRPOTrainer"]
@@ -123,8 +116,11 @@ class GRPOTrainer:
         self.reward_weights = torch.tensor(weights, dtype=torch.float32)
         self.reference = Reference.for_run(self.model, self.args, adapter_disabled=peft_config is not None)
         self.max_steps = self._total_steps()
-        self.sharded = fsdp_requested(self.args) and self.accelerator.num_processes > 1
-        self._prepare_policy(optimizers)
+        self.sharded = sharding.fsdp_requested(self.args) and self.accelerator.num_processes > 1
+        total = self.max_steps * self.plan.optimizer_steps  # optimizer steps of the run
+        self.policy, self.optimizer, self.scheduler = prepare_policy(
+            self.model, self.args, self.accelerator, self.reference, total, self.sharded, optimizers
+        )
         self.backend = rollout_backend or make_backend(
             self.args.generation_backend, self.model, micro_batch_size=self.args.generation_micro_batch_size
         )
@@ -134,34 +130,14 @@ class GRPOTrainer:
         self.generator = torch.Generator().manual_seed(self.args.seed + self.accelerator.process_index)
         self.loss = PolicyLoss.from_config(self.args)
         self.logprob_pass = LogprobPass.from_config(self.args)
-        self.update_context = self._update_context()
+        self.update_context = UpdateContext.from_accelerator(
+            self.accelerator, self.loss, self.policy, self.optimizer, self.scheduler, self.generator
+        )
         self.hooks = StepHooks(self._step_hooks())
         self.logger = MetricsLogger(
             self.args.output_dir, self.args.report_to, self.accelerator.is_main_process
         )
         self.step = 0
-
-    def _prepare_policy(self, optimizers: tuple[Any, Any]) -> None:
-        """The policy inside PolicyLogprobs, whose forward is the lean log-prob pass (so DDP and FSDP see
-        that pass), replicated by accelerate (DDP) or sharded (FSDP, ``train.sharding``; the reference
-        too); then the optimizer over its (possibly sharded) parameters. ``self.model`` stays the bare
-        model (its parameters sharded in place under FSDP)."""
-        total_steps = self.max_steps * self.plan.optimizer_steps
-        if not self.sharded:
-            optimizer, scheduler = build_optimizers(self.model, self.args, total_steps, *optimizers)
-            self.policy, self.optimizer, self.scheduler = self.accelerator.prepare(
-                PolicyLogprobs(self.model), optimizer, scheduler
-            )
-            if self.reference is not None:
-                self.reference.to(self.accelerator.device)
-            return
-        if any(part is not None for part in optimizers):
-            raise ValueError("optimizers: not supported with fsdp (the optimizer must hold the shards)")
-        self.policy = shard(PolicyLogprobs(self.model), self.model)
-        if self.reference is not None:
-            self.reference.shard(self.accelerator.device, self.policy)
-        optimizer, scheduler = build_optimizers(self.model, self.args, total_steps)
-        self.optimizer, self.scheduler = self.accelerator.prepare(optimizer, scheduler)
 
     @property
     def unwrapped_model(self) -> torch.nn.Module:
@@ -252,7 +228,7 @@ class GRPOTrainer:
         group = 1 if greedy else self.args.num_generations
         prompt_ids = [self.encode_prompt(row["prompt"]) for row in rows]
         # mixed precision applies to every model pass, not only the update; FSDP: full weights to generate
-        with self.accelerator.autocast(), gathered(self.policy if self.sharded else None):
+        with self.accelerator.autocast(), sharding.gathered(self.policy if self.sharded else None):
             generated = self.backend.generate(prompt_ids, group, self.sampling_params(greedy))
         texts = self.tokenizer.batch_decode(generated.completion_ids, skip_special_tokens=True)
         return Samples([row for row in rows for _ in range(group)], prompt_ids, generated, texts)
@@ -351,25 +327,6 @@ class GRPOTrainer:
         )
         return hooks
 
-    def _update_context(self) -> UpdateContext:
-        def clip(max_norm: float) -> torch.Tensor | None:
-            params = [p for p in self.model.parameters() if p.requires_grad]
-            if max_norm and max_norm > 0:
-                return unwrap_tensor(self.accelerator.clip_grad_norm_(params, max_norm))
-            return unwrap_tensor(torch.nn.utils.clip_grad_norm_(params, float("inf")))
-
-        return UpdateContext(
-            loss=self.loss,
-            policy=self.policy,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            backward=self.accelerator.backward,
-            clip_grad_norm=clip,
-            sum_across_processes=lambda t: self.accelerator.reduce(t.to(self.accelerator.device), "sum"),
-            num_processes=self.accelerator.num_processes,
-            generator=self.generator,
-        )
-
     def _total_steps(self) -> int:
         if self.args.max_steps > 0:
             return self.args.max_steps
@@ -381,7 +338,7 @@ class GRPOTrainer:
         """Write a standard ``transformers`` checkpoint directory (model + tokenizer; a PEFT model writes
         its adapters). Under FSDP the full weights are gathered first."""
         self.accelerator.wait_for_everyone()
-        state = full_state_dict(self.policy) if self.sharded else None  # a collective
+        state = sharding.full_state_dict(self.policy) if self.sharded else None  # a collective
         if self.accelerator.is_main_process:
             Path(path).mkdir(parents=True, exist_ok=True)
             self.unwrapped_model.save_pretrained(path, state_dict=state)
@@ -394,8 +351,8 @@ class GRPOTrainer:
         # collectives first (every process takes part), then the main process writes
         rng_states = gather_object([checkpoint.rng_state(self.generator)])  # [one per process]
         reference = None if self.reference is None else self.reference.state_dict()
-        model_state = full_state_dict(self.policy) if self.sharded else None
-        optimizer_state = full_optimizer_state(self.policy, self.optimizer) if self.sharded else None
+        model_state = sharding.full_state_dict(self.policy) if self.sharded else None
+        optimizer_state = sharding.full_optimizer_state(self.policy, self.optimizer) if self.sharded else None
         if self.accelerator.is_main_process:
             checkpoint.save_checkpoint(
                 path,
@@ -418,12 +375,12 @@ class GRPOTrainer:
         path = checkpoint.latest_checkpoint(output_dir) if resume in (True, "latest") else Path(str(resume))
         if path is None:
             raise FileNotFoundError(f"resume_from_checkpoint: no checkpoint-* found in {output_dir}")
-        if not self.sharded:
-            checkpoint.load_model_weights(self.unwrapped_model, path)
-        elif hasattr(self.model, "peft_config"):
-            raise ValueError("resume_from_checkpoint: resuming a LoRA run under fsdp is not supported yet")
+        load_optimizer_state = None  # the optimizer's own load_state_dict
+        if self.sharded:
+            sharding.load_sharded_weights(self.policy, self.model, path)
+            load_optimizer_state = partial(sharding.load_full_optimizer_state, self.policy, self.optimizer)
         else:
-            load_full_state_dict(self.policy, checkpoint.read_model_weights(path))
+            checkpoint.load_model_weights(self.unwrapped_model, path)
         state, extra = checkpoint.load_checkpoint(
             path,
             optimizer=self.optimizer,
@@ -431,9 +388,7 @@ class GRPOTrainer:
             generator=self.generator,
             process_index=self.accelerator.process_index,
             num_processes=self.accelerator.num_processes,
-            load_optimizer_state=(
-                partial(load_full_optimizer_state, self.policy, self.optimizer) if self.sharded else None
-            ),
+            load_optimizer_state=load_optimizer_state,
         )
         self.step = int(state["step"])
         self.prompts.load_state_dict(state["prompts"])

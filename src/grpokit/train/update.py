@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from grpokit.config import GRPOConfig
 from grpokit.core import PolicyLoss, top_entropy_mask
 from grpokit.train.batch import RolloutBatch, micro_batch_indices
+from grpokit.train.sharding import unwrap_tensor
 
 __all__ = ["UpdateContext", "keeps_whole_groups", "run_update", "shuffled_rows"]
 
@@ -28,6 +30,37 @@ class UpdateContext:
     sum_across_processes: Callable[[torch.Tensor], torch.Tensor]
     num_processes: int
     generator: torch.Generator
+
+    @classmethod
+    def from_accelerator(
+        cls,
+        accelerator: Any,
+        loss: PolicyLoss,
+        policy: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        generator: torch.Generator,
+    ) -> UpdateContext:
+        """Backward, gradient clipping (the pre-clip global norm, a plain tensor also when the gradients
+        are sharded) and cross-process sums through ``accelerator``."""
+
+        def clip(max_norm: float) -> torch.Tensor | None:
+            params = [p for p in policy.parameters() if p.requires_grad]
+            if max_norm and max_norm > 0:
+                return unwrap_tensor(accelerator.clip_grad_norm_(params, max_norm))
+            return unwrap_tensor(torch.nn.utils.clip_grad_norm_(params, float("inf")))
+
+        return cls(
+            loss=loss,
+            policy=policy,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            backward=accelerator.backward,
+            clip_grad_norm=clip,
+            sum_across_processes=lambda t: accelerator.reduce(t.to(accelerator.device), "sum"),
+            num_processes=accelerator.num_processes,
+            generator=generator,
+        )
 
 
 def run_update(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext) -> dict[str, float]:
