@@ -79,3 +79,18 @@ def test_two_sharded_processes_train_lora_like_one(tiny_model_dir, tmp_path, one
         == ranks[1]["greedy"]
         == json.loads((one_process_lora / "rank0.json").read_text())["greedy"]
     )
+
+
+def test_fsdp_is_requested_by_config_or_accelerate_launch(monkeypatch, caplog):
+    from grpokit import GRPOConfig
+    from grpokit.train.sharding import fsdp_requested
+
+    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
+    assert not fsdp_requested(GRPOConfig(), 2)
+    assert fsdp_requested(GRPOConfig(fsdp="full_shard auto_wrap"), 2)
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # what `accelerate launch` with fsdp.yaml sets
+    assert fsdp_requested(GRPOConfig(), 2)
+    assert not fsdp_requested(GRPOConfig(), 1)
+    assert "single process has nothing to shard" in caplog.text
+    with pytest.raises(ValueError, match=r"GRPOConfig.fsdp options \['offload'\]"):
+        GRPOConfig(fsdp="full_shard offload")

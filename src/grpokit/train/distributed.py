@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from accelerate.utils import gather_object
+from accelerate.utils import DistributedType, gather_object
 
 __all__ = [
     "gather_across_processes",
@@ -80,6 +80,12 @@ def prepare_policy(
     from grpokit.train.optim import build_optimizers
     from grpokit.train.sharding import shard
 
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+        raise ValueError(
+            "DeepSpeed is not supported by grpokit: ZeRO-3 partitions the weights that the lean log-prob "
+            "pass and the fast sampler read directly. Shard with FSDP instead (fsdp: full_shard, or "
+            "accelerate launch --config_file recipes/accelerate/fsdp.yaml); see docs/scaling.md"
+        )
     if not sharded:
         optimizer, scheduler = build_optimizers(model, args, total_optimizer_steps, *optimizers)
         prepared = accelerator.prepare(PolicyLogprobs(model), optimizer, scheduler)

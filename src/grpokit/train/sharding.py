@@ -18,6 +18,7 @@ with an FSDP config (``recipes/accelerate/fsdp.yaml``) selects this path through
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +28,8 @@ import torch
 from torch import nn
 
 from grpokit.models.parts import decoder_of
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "fsdp_requested",
@@ -41,10 +44,14 @@ __all__ = [
 ]
 
 
-def fsdp_requested(args: Any) -> bool:
-    """``GRPOConfig.fsdp`` holds "full_shard", or ``accelerate launch`` was given an FSDP config."""
+def fsdp_requested(args: Any, num_processes: int) -> bool:
+    """``GRPOConfig.fsdp`` holds "full_shard", or ``accelerate launch`` was given an FSDP config, and there
+    are several processes to shard over (with one, a warning says that nothing is sharded)."""
     from_config = "full_shard" in args.fsdp.split()
-    return from_config or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    requested = from_config or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    if requested and num_processes == 1:
+        logger.warning("fsdp: a single process has nothing to shard over; training unsharded")
+    return requested and num_processes > 1
 
 
 def _fsdp_modules(root: nn.Module) -> list[nn.Module]:

@@ -116,7 +116,7 @@ class GRPOTrainer:
         self.reward_weights = torch.tensor(weights, dtype=torch.float32)
         self.reference = Reference.for_run(self.model, self.args, adapter_disabled=peft_config is not None)
         self.max_steps = self._total_steps()
-        self.sharded = sharding.fsdp_requested(self.args) and self.accelerator.num_processes > 1
+        self.sharded = sharding.fsdp_requested(self.args, self.accelerator.num_processes)
         total = self.max_steps * self.plan.optimizer_steps  # optimizer steps of the run
         self.policy, self.optimizer, self.scheduler = prepare_policy(
             self.model, self.args, self.accelerator, self.reference, total, self.sharded, optimizers
