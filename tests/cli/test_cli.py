@@ -45,8 +45,10 @@ def test_key_value_overrides_become_typed_options(recipe):
     ]
 
 
-def test_train_from_recipe_with_override(recipe, tmp_path):
+def test_train_from_recipe_with_override(recipe, tmp_path, capsys):
     assert main(["train", str(recipe), "beta=0.0", "max_steps=1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("memory plan: llama") and "  peak " in out  # printed before the weights load
     run = tmp_path / "run"
     summary = json.loads((run / "eval_summary.json").read_text())
     assert 0.0 <= summary["before"]["accuracy"] <= 1.0 and 0.0 <= summary["after"]["accuracy"] <= 1.0
@@ -54,6 +56,14 @@ def test_train_from_recipe_with_override(recipe, tmp_path):
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1]
     assert (run / "config.safetensors").exists() is False and (run / "config.json").exists()
     assert yaml.safe_load((run / "config.yaml").read_text())["beta"] == 0.0
+
+
+def test_lora_from_the_command_line(recipe, tmp_path):
+    """TRL's ModelConfig names build the adapters; the run saves a peft adapter directory."""
+    args = ["train", str(recipe), "use_peft=true", "lora_r=4", "lora_target_modules=[q_proj,v_proj]"]
+    assert main([*args, "max_steps=1", "evaluate=false"]) == 0
+    config = json.loads((tmp_path / "run" / "adapter_config.json").read_text())
+    assert config["r"] == 4 and sorted(config["target_modules"]) == ["q_proj", "v_proj"]
 
 
 def test_invalid_values_and_unknown_options_are_named(recipe, tmp_path, capsys):

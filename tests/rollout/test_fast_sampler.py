@@ -364,3 +364,19 @@ def test_restores_training_mode_and_validates(qwen2):
         FastSampler(model).generate([[]], 2, SamplingParams(max_new_tokens=2))
     with pytest.raises(ValueError):
         FastSampler(model, impl="nope")
+
+
+def test_prompts_per_call_bounds_the_batch_and_keeps_the_output(qwen2):
+    """``prompts_per_call`` (``generation_micro_batch_size``) decodes a few prompts' groups at a time: the
+    same greedy completions and log-probs, rows still grouped per prompt, the prefill counted in chunks."""
+    model, tok = qwen2
+    prompts = [_encode(tok, p) for p in PROMPTS[:3]]
+    params = SamplingParams(max_new_tokens=5, do_sample=False, eos_token_ids=())
+    whole = FastSampler(model).generate(prompts, 2, params)
+    sampler = FastSampler(model, prompts_per_call=2)
+    chunked = sampler.generate(prompts, 2, params)
+    assert chunked.completion_ids == whole.completion_ids and chunked.truncated == whole.truncated
+    torch.testing.assert_close(torch.tensor(chunked.logprobs), torch.tensor(whole.logprobs))
+    assert sampler.last_stats["prefill_rows"] == 3 and sampler.last_stats["rows"] == 6
+    with pytest.raises(ValueError, match="prompts_per_call"):
+        FastSampler(model, prompts_per_call=0)

@@ -1,7 +1,8 @@
-"""Command line: ``grpokit train [RECIPE.yaml] [key=value ...]``, ``grpokit eval``, ``grpokit train-rm``.
+"""Command line: ``grpokit train [RECIPE.yaml] [key=value ...]``, ``grpokit eval``, ``grpokit train-rm``,
+``grpokit plan [RECIPE.yaml] [key=value ...]`` (the memory one device needs, before a run).
 
 Rooms: ``recipes`` (recipe files and the ``train`` command line), ``train_command`` (what ``grpokit train``
-runs), ``eval_command``, ``train_rm_command``.
+runs), ``eval_command``, ``train_rm_command``, ``plan_command`` (the memory plan).
 
 A recipe is a flat YAML mapping of TrainArgs fields (model, task, dataset, reward_funcs, ...) and GRPOConfig
 fields (beta, loss_type, ...); ``base: other-recipe`` starts from another recipe and overrides it.
@@ -35,8 +36,12 @@ def main(argv: list[str] | None = None) -> int:
         from grpokit.cli.train_rm_command import train_rm_main
 
         return train_rm_main(argv[1:])
+    if command == "plan":
+        from grpokit.cli.plan_command import plan_main
+
+        return plan_main(argv[1:])
     if command in ("-h", "--help", "help"):
         print(__doc__)
         return 0
-    print(f"grpokit: unknown command {command!r}; use train, eval or train-rm", file=sys.stderr)
+    print(f"grpokit: unknown command {command!r}; use train, eval, train-rm or plan", file=sys.stderr)
     return 2

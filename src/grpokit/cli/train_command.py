@@ -175,12 +175,27 @@ def held_out_accuracy(model: Any, tokenizer: Any, rows: list[dict], task: str, m
     return evaluate_accuracy(model, tokenizer, rows, max_new_tokens=max_new_tokens, **task_graders(task))
 
 
+def print_memory_plan(args: TrainArgs) -> None:
+    """Before any weights load, the main process prints what one device will need (``grpokit plan``)."""
+    import os
+
+    from grpokit.cli.plan_command import describe_plan
+    from grpokit.train.sharding import fsdp_requested
+
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    strategy = "fsdp" if fsdp_requested(args.config, processes) else "ddp"
+    print(describe_plan(args, processes, strategy), flush=True)
+
+
 def run_training(args: TrainArgs) -> dict[str, Any]:
     """Train per the recipe; evaluate held-out greedy accuracy before and after; write eval_summary.json."""
     from grpokit.data import load_rows
     from grpokit.train import GRPOTrainer
 
     started = time.perf_counter()
+    print_memory_plan(args)
     model_path = resolve_model(args.model, seed=args.task_seed)
     train_rows, eval_rows, rewards, weights = training_data(args)
     config = dataclasses.replace(args.config, reward_weights=weights)

@@ -1,5 +1,7 @@
 """Models built locally: a character tokenizer and tiny Qwen2/Llama policies (``tiny``), their supervised
-cold start cached on disk (``cold_start``), and loading a saved tokenizer exactly as saved (``loading``)."""
+cold start cached on disk (``cold_start``), loading a saved tokenizer exactly as saved (``loading``); a
+decoder's sizes from its config alone (``shape``), the reaching into a model's backbone (``parts``) and the
+replay-safe prompt caches of the training forward (``prefix_cache``) are imported from their modules."""
 
 from grpokit.models.cold_start import (
     COLD_START_THREADS,

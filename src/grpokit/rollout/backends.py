@@ -12,8 +12,9 @@ GENERATION_BACKENDS = ("transformers", "fast")
 
 
 def make_backend(name: str, model: torch.nn.Module, *, micro_batch_size: int | None = None) -> RolloutBackend:
-    """``"transformers"``: ``model.generate`` (``micro_batch_size`` prompts per call); ``"fast"``: grpokit's
-    sampler (shared prompt prefill, pre-allocated KV cache). Both read the live weights of ``model``."""
+    """``"transformers"``: ``model.generate``; ``"fast"``: grpokit's sampler (shared prompt prefill,
+    pre-allocated KV cache). Both read the live weights of ``model`` and generate for at most
+    ``micro_batch_size`` prompts per call (None: all at once), which bounds the KV cache."""
     if name == "transformers":
         from grpokit.rollout.hf import TransformersBackend
 
@@ -21,5 +22,5 @@ def make_backend(name: str, model: torch.nn.Module, *, micro_batch_size: int | N
     if name == "fast":
         from grpokit.rollout.fast import FastSampler
 
-        return FastSampler(model)
+        return FastSampler(model, prompts_per_call=micro_batch_size)
     raise ValueError(f"generation_backend must be one of {GENERATION_BACKENDS}, got {name!r}")

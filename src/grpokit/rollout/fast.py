@@ -65,6 +65,8 @@ class FastSampler:
         impl: ``"auto"`` (native shared-prefix decode where the architecture is supported, else ``"hf"``),
             ``"native"`` (raise if unsupported) or ``"hf"``.
         prefill_batch_size: prompts prefilled per forward call (bounds prefill activation memory).
+        prompts_per_call: prompts whose G samples are decoded together (None: all); the KV cache holds
+            that many prompts' samples at a time.
     """
 
     def __init__(
@@ -74,19 +76,23 @@ class FastSampler:
         generator: torch.Generator | None = None,
         impl: str = "auto",
         prefill_batch_size: int = 16,
+        prompts_per_call: int | None = None,
     ) -> None:
         if impl not in ("auto", "native", "hf"):
             raise ValueError(f"impl must be 'auto', 'native' or 'hf', got {impl!r}")
         self.model = model
         self.generator = generator
         self.prefill_batch_size = prefill_batch_size
+        if prompts_per_call is not None and prompts_per_call < 1:
+            raise ValueError(f"prompts_per_call must be >= 1, got {prompts_per_call}")
+        self.prompts_per_call = prompts_per_call
         supported = native_supported(model)
         if impl == "native" and not supported:
             raise ValueError(f"native decode does not support {type(model).__name__}; use impl='hf'")
         self.impl = "native" if (impl == "auto" and supported) else ("hf" if impl == "auto" else impl)
         self.last_stats: dict[str, int] = {}
-        """Counters of the last ``generate`` call: prefill_rows (distinct prompts run), prefill_tokens
-        (padded), decode_steps (forward calls after the prefill), rows."""
+        """Counters of the last ``generate`` call, summed over its chunks of prompts: prefill_rows (distinct
+        prompts run), prefill_tokens (padded), decode_steps (forward calls after the prefill), rows."""
 
     # ------------------------------------------------------------------ public API
     def generate(
@@ -101,11 +107,17 @@ class FastSampler:
             raise ValueError("every prompt needs at least one token")
         was_training = self.model.training
         self.model.eval()  # no dropout while sampling
+        step = self.prompts_per_call or len(prompt_ids)
+        parts, stats = [], dict.fromkeys(("prefill_rows", "prefill_tokens", "decode_steps", "rows"), 0)
         try:
             with torch.inference_mode():
-                return self._generate(prompt_ids, num_generations, params)
+                for start in range(0, len(prompt_ids), step):
+                    parts.append(self._generate(prompt_ids[start : start + step], num_generations, params))
+                    stats = {name: stats[name] + self.last_stats[name] for name in stats}
         finally:
             self.model.train(was_training)
+        self.last_stats = stats
+        return _joined(parts)
 
     # ------------------------------------------------------------------ the loop
     def _generate(
@@ -256,6 +268,17 @@ class _HFDecoder:
 
 
 # ---------------------------------------------------------------------- helpers
+def _joined(parts: list[GenerationOutput]) -> GenerationOutput:
+    """One output from the outputs of consecutive prompt chunks (rows stay grouped per prompt)."""
+    if len(parts) == 1:
+        return parts[0]
+    return GenerationOutput(
+        completion_ids=[row for part in parts for row in part.completion_ids],
+        logprobs=[row for part in parts for row in part.logprobs or []],
+        truncated=[flag for part in parts for flag in part.truncated],
+    )
+
+
 def _pad_bias(mask: torch.Tensor) -> torch.Tensor:
     """[P, L] 0/1 mask -> [P, 1, 1, L] additive float32 bias (0 keep, -inf drop)."""
     bias = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)

@@ -1,0 +1,159 @@
+"""The sizes of a Llama-family decoder (``llama``, ``qwen2``, ``qwen3``, ``mistral``) read from its config
+alone, no weights: parameter counts, LoRA adapter counts, the shapes of one layer's linear layers. The
+memory plan (``grpokit.train.memory_plan``) is built on them; tests check the counts against real models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "DTYPE_BYTES",
+    "LINEARS",
+    "SUPPORTED_MODEL_TYPES",
+    "ModelShape",
+    "count_lora_parameters",
+    "count_parameters",
+    "dtype_name",
+]
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float64": 8}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes of a Llama-family decoder that its memory depends on."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_positions: int
+    tied: bool
+    qkv_bias: bool  # qwen2: always; llama/qwen3: attention_bias
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool  # qwen3: RMSNorm over each head's queries and keys
+    config_dtype: str | None
+
+    @classmethod
+    def from_config(cls, config: Any) -> ModelShape:
+        """From a ``transformers`` config or a config.json mapping (missing fields: the type's defaults)."""
+        if isinstance(config, Mapping):
+            from transformers import AutoConfig
+
+            values = dict(config)
+            if "torch_dtype" in values:  # config.json's older name
+                values.setdefault("dtype", values.pop("torch_dtype"))
+            model_type = values.pop("model_type", None)
+            _check_model_type(model_type)
+            config = AutoConfig.for_model(model_type, **values)
+        model_type = getattr(config, "model_type", None)
+        _check_model_type(model_type)
+        hidden, heads = config.hidden_size, config.num_attention_heads
+        attention_bias = bool(getattr(config, "attention_bias", False))
+        dtype = config.dtype if hasattr(config, "dtype") else getattr(config, "torch_dtype", None)
+        return cls(
+            model_type=model_type,
+            vocab_size=config.vocab_size,
+            hidden_size=hidden,
+            intermediate_size=config.intermediate_size,
+            num_layers=config.num_hidden_layers,
+            num_heads=heads,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=getattr(config, "head_dim", None) or hidden // heads,
+            max_positions=getattr(config, "max_position_embeddings", 0) or 0,
+            tied=bool(getattr(config, "tie_word_embeddings", False)),
+            qkv_bias=model_type == "qwen2" or attention_bias,
+            o_bias=model_type in ("llama", "qwen3") and attention_bias,
+            mlp_bias=model_type == "llama" and bool(getattr(config, "mlp_bias", False)),
+            qk_norm=model_type == "qwen3",
+            config_dtype=None if dtype is None else dtype_name(dtype),
+        )
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each linear layer of one decoder layer."""
+        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        i = self.intermediate_size
+        sizes = [(h, q), (h, kv), (h, kv), (q, h), (h, i), (h, i), (i, h)]
+        return dict(zip(LINEARS, sizes))
+
+    def layer_linear_parameters(self) -> int:
+        """Weights of one layer's linear layers (what autocast casts and the fast sampler fuses)."""
+        return sum(i * o for i, o in self.linear_shapes().values())
+
+    def layer_parameters(self) -> int:
+        """All parameters of one decoder layer: linear weights and biases, RMSNorm weights."""
+        shapes = self.linear_shapes()
+        biases = (shapes["q_proj"][1] + 2 * shapes["k_proj"][1]) * self.qkv_bias
+        biases += (
+            self.hidden_size * self.o_bias + (2 * self.intermediate_size + self.hidden_size) * self.mlp_bias
+        )
+        norms = 2 * self.hidden_size + 2 * self.head_dim * self.qk_norm
+        return self.layer_linear_parameters() + biases + norms
+
+    def root_parameters(self) -> int:
+        """Embeddings, final norm and the LM head (counted once when tied)."""
+        embedding = self.vocab_size * self.hidden_size
+        return embedding * (1 if self.tied else 2) + self.hidden_size
+
+    def total_parameters(self) -> int:
+        return self.num_layers * self.layer_parameters() + self.root_parameters()
+
+
+def _check_model_type(model_type: Any) -> None:
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"model_config.model_type {model_type!r} is not supported by the memory plan "
+            f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
+
+
+def dtype_name(dtype: Any) -> str:
+    """``torch.bfloat16`` / ``"bfloat16"`` -> ``"bfloat16"``, refusing what is not a float dtype."""
+    name = str(dtype).removeprefix("torch.")
+    if name not in DTYPE_BYTES:
+        raise ValueError(
+            f"model_init_kwargs: dtype {dtype!r} is not a float dtype the plan knows ({DTYPE_BYTES})"
+        )
+    return name
+
+
+def count_parameters(model_config: Any) -> int:
+    """Parameters of the decoder ``model_config`` describes (a ``transformers`` config or config.json dict):
+    embeddings V*H, per layer q/k/v/o (with ``num_key_value_heads`` and ``head_dim``) and their biases where
+    the architecture has them, the gated MLP 3*H*I, two RMSNorms (and qwen3's q/k norms), the final norm and
+    an untied LM head."""
+    return ModelShape.from_config(model_config).total_parameters()
+
+
+def count_lora_parameters(model_config: Any, r: int, target_modules: list[str] | None = None) -> int:
+    """Trainable LoRA parameters: r * (in + out) per targeted linear layer. ``target_modules`` None (or
+    ``"all-linear"``): every linear layer of the decoder but the LM head, as peft's ``all-linear``."""
+    shape = model_config if isinstance(model_config, ModelShape) else ModelShape.from_config(model_config)
+    if r < 1:
+        raise ValueError(f"lora_r must be >= 1, got {r}")
+    targets = (
+        list(LINEARS) if target_modules in (None, "all-linear", ["all-linear"]) else list(target_modules)
+    )
+    known = {*LINEARS, "lm_head", "embed_tokens"}
+    unknown = sorted(set(targets) - known)
+    if unknown:
+        raise ValueError(
+            f"lora_target_modules: {unknown} are not modules of a {shape.model_type} decoder "
+            f"(known: {', '.join(sorted(known))})"
+        )
+    shapes = shape.linear_shapes()
+    per_layer = sum(r * sum(shapes[name]) for name in set(targets) & set(LINEARS))
+    edges = sum(
+        r * (shape.vocab_size + shape.hidden_size) for t in ("lm_head", "embed_tokens") if t in targets
+    )
+    return shape.num_layers * per_layer + edges

@@ -1,0 +1,383 @@
+"""The memory plan against independent numbers: parameter counts of real models, bytes saved for the
+backward as torch records them, hand-computed bytes per strategy, the published sizes of the shipped
+configs, and the peak memory of a real trainer step measured on the CPU."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from grpokit import GRPOConfig
+from grpokit.models.shape import ModelShape, count_lora_parameters, count_parameters
+from grpokit.rollout import FastSampler
+from grpokit.train.memory_plan import FAST_PREFILL_PROMPTS, GIB, layer_activation_bytes, plan_memory
+
+
+def tiny_config(arch: str = "llama", **overrides):
+    values = dict(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
+    values |= dict(num_key_value_heads=2, intermediate_size=96, max_position_embeddings=128)
+    return AutoConfig.for_model(arch, **{**values, **overrides})
+
+
+# ---------------------------------------------------------------------------------------- parameters
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+@pytest.mark.parametrize(
+    "arch, extra",
+    [
+        ("llama", {}),
+        ("llama", {"attention_bias": True, "mlp_bias": True}),
+        ("qwen2", {}),
+        ("qwen3", {}),  # head_dim 128 by default: not hidden / heads
+        ("qwen3", {"attention_bias": True, "head_dim": 8}),
+        ("mistral", {"head_dim": 24}),
+    ],
+)
+def test_parameter_count_equals_the_models(arch, extra, tied):
+    config = tiny_config(arch, tie_word_embeddings=tied, **extra)
+    model = AutoModelForCausalLM.from_config(config)
+    real = sum(p.numel() for p in model.parameters())
+    assert count_parameters(config) == real
+    assert count_parameters(config.to_dict()) == real  # the config.json form
+
+
+def test_lora_parameter_count_equals_peft():
+    peft = pytest.importorskip("peft")
+    config = tiny_config("qwen2")
+    for targets in (None, ["q_proj", "v_proj"], ["down_proj", "lm_head"]):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        lora = peft.LoraConfig(r=4, target_modules=targets or "all-linear", task_type="CAUSAL_LM")
+        trainable = [p for p in peft.get_peft_model(model, lora).parameters() if p.requires_grad]
+        assert count_lora_parameters(config, 4, targets) == sum(p.numel() for p in trainable)
+        assert {p.dtype for p in trainable} == {torch.float32}  # what the plan assumes for adapters
+
+
+@pytest.mark.parametrize(
+    "name, published",
+    [  # the parameter counts the Hugging Face hub shows for these checkpoints' safetensors files
+        ("Qwen--Qwen2.5-0.5B", 494_032_768),
+        ("Qwen--Qwen2.5-1.5B", 1_543_714_304),
+        ("Qwen--Qwen2.5-7B", 7_615_616_512),
+        ("Qwen--Qwen2.5-Math-7B", 7_615_616_512),
+        ("Qwen--Qwen2.5-32B", 32_763_876_352),
+        ("deepseek-ai--deepseek-math-7b-instruct", 6_910_365_696),
+    ],
+)
+def test_shipped_configs_have_the_published_sizes(name, published):
+    from grpokit.cli.plan_command import MODEL_CONFIGS_DIR
+
+    assert count_parameters(json.loads((MODEL_CONFIGS_DIR / f"{name}.json").read_text())) == published
+
+
+# ---------------------------------------------------------------------------------------- activations
+def saved_bytes(config, dtype, autocast: bool, attention: str, batch: int = 2, seq: int = 24) -> int:
+    """Bytes of the distinct tensors autograd saves in a forward of the decoder (parameters excluded)."""
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention).train()
+    ids = torch.randint(0, config.vocab_size, (batch, seq))
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    mask[0, :3] = 0  # left padding, as the trainer's batches have
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+    with hooks, torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        model.model(input_ids=ids, attention_mask=mask, position_ids=positions)
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize(
+    "arch, dtype, autocast, attention",
+    [
+        ("llama", torch.float32, False, "sdpa"),
+        ("llama", torch.bfloat16, False, "sdpa"),
+        ("llama", torch.float32, True, "sdpa"),
+        ("llama", torch.float32, False, "eager"),
+        ("llama", torch.bfloat16, False, "eager"),
+        ("qwen2", torch.float32, False, "sdpa"),
+        ("qwen3", torch.float32, True, "sdpa"),
+    ],
+)
+def test_layer_activation_bytes_equal_what_autograd_saves(arch, dtype, autocast, attention):
+    """One more layer adds exactly ``layer_activation_bytes`` per token (plus, under autocast over float32
+    weights, the bf16 copies of its linear weights that the backward keeps)."""
+    batch, seq = 2, 24
+    one, two = (tiny_config(arch, num_hidden_layers=n, head_dim=16) for n in (1, 2))
+    per_layer = saved_bytes(two, dtype, autocast, attention) - saved_bytes(one, dtype, autocast, attention)
+    r = 4 if dtype == torch.float32 else 2
+    c = 2 if autocast else r
+    shape = ModelShape.from_config(one)
+    copies = c * shape.layer_linear_parameters() if c != r else 0
+    expected = (
+        batch
+        * seq
+        * layer_activation_bytes(shape, seq, residual_bytes=r, compute_bytes=c, attention=attention)
+    )
+    assert per_layer == expected + copies
+
+
+# ---------------------------------------------------------------------------------------- hand-computed plans
+# llama, V 1000, H 64, I 128, 2 layers, 4 heads of 16, 2 kv heads, untied: embeddings 64000 + head 64000
+# + final norm 64 + 2 x (q 4096 + k 2048 + v 2048 + o 4096 + mlp 24576 + norms 128)
+PARAMS = 64000 + 64000 + 64 + 2 * (4096 + 2048 + 2048 + 4096 + 24576 + 128)  # 202048
+LAYER = 4096 + 2048 + 2048 + 4096 + 24576 + 128  # 36992
+SMALL = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2)
+SMALL |= dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+
+
+def small_args(**overrides) -> GRPOConfig:
+    values = dict(num_generations=4, per_device_train_batch_size=4, max_prompt_length=12)
+    values |= dict(max_completion_length=20, beta=0.04, output_dir="unused")
+    return GRPOConfig(**{**values, **overrides})
+
+
+def small_plan(args=None, **options):
+    return plan_memory(tiny_config(**SMALL), args or small_args(), **options)
+
+
+def test_the_small_config_has_the_hand_counted_parameters():
+    assert count_parameters(tiny_config(**SMALL)) == PARAMS == 202048
+
+
+def test_ddp_one_process_holds_everything():
+    plan = small_plan()
+    assert (plan.weights, plan.gradients, plan.reference) == (PARAMS * 4,) * 3  # float32
+    assert plan.optimizer == 2 * PARAMS * 4
+    assert plan.optimizer_step == PARAMS * 4  # foreach AdamW: one temporary the size of the parameters
+    assert plan.grad_buckets == plan.fsdp_gathered == plan.generation_weights == 0
+
+
+def test_ddp_several_processes_add_the_gradient_buckets():
+    plan = small_plan(num_processes=2)
+    assert plan.weights == PARAMS * 4 and plan.grad_buckets == PARAMS * 4
+
+
+@pytest.mark.parametrize("processes", [2, 8])
+def test_fsdp_shards_states_and_gathers_for_generation(processes):
+    plan = small_plan(small_args(per_device_train_batch_size=4, num_generations=4), num_processes=processes,
+                      strategy="fsdp")  # fmt: skip
+    shard = -(-PARAMS * 4 // processes)  # ceil
+    assert (plan.weights, plan.gradients, plan.reference) == (shard, shard, shard)
+    assert plan.optimizer == -(-2 * PARAMS * 4 // processes)
+    assert plan.grad_buckets == 0
+    assert plan.generation_weights == PARAMS * 4  # the full weights, gathered
+    # embeddings + head + final norm, two layers' weights, one layer's gradients
+    assert plan.fsdp_gathered == (64000 + 64000 + 64 + 3 * LAYER) * 4
+
+
+def test_lora_trains_the_adapters_only_and_needs_no_reference():
+    plan = small_plan(lora_r=2)
+    # r * (in + out) per linear: q 2*(64+64), k 2*(64+32), v the same, o 2*(64+64), gate/up/down 2*(64+128)
+    adapters = 2 * (256 + 192 + 192 + 256 + 3 * 384)  # 4096, float32
+    assert plan.trainable_parameters == adapters
+    assert plan.weights == PARAMS * 4 + adapters * 4
+    assert (plan.gradients, plan.optimizer) == (adapters * 4, 2 * adapters * 4)
+    assert plan.reference == 0 and "logprobs" in plan.phases  # the adapter-disabled pass still runs
+
+
+def test_reference_rules():
+    assert small_plan(small_args(beta=0.0)).reference == 0
+    assert "logprobs" not in small_plan(small_args(beta=0.0)).phases  # no reference, on-policy: no pass
+    assert small_plan(small_args(ref_model_dtype="bfloat16")).reference == PARAMS * 2
+    bf16 = small_args(model_init_kwargs={"dtype": "bfloat16"})
+    assert small_plan(bf16).reference == small_plan(bf16).weights == PARAMS * 2
+    on_device, offloaded = small_plan(), small_plan(small_args(ref_model_offload=True))
+    assert offloaded.reference == PARAMS * 4 and offloaded.reference_offloaded
+    assert on_device.phases["update"] - offloaded.phases["update"] == PARAMS * 4
+    assert on_device.phases["logprobs"] == offloaded.phases["logprobs"]  # on the device for its pass
+
+
+def test_activations_with_and_without_checkpointing():
+    # per layer-token, float32, T = 12 + 20 = 32: norms 2*(4*64 + 4*64 + 4) = 1032, norm outputs 2*4*64 = 512,
+    # q/k/v/output 4*64*4 = 1024, logsumexp 4*4 = 16, mask 32*4 = 128, MLP 4*128*4 = 2048  -> 4760
+    # outside the layers: ids 8, cos/sin 2*16*4 = 128, final norm 4*64 + 4*64 + 4 = 516  -> 652
+    tokens = 4 * 32
+    full = tokens * (2 * 4760 + 652)
+    checkpointed = tokens * (2 * 4 * 64 + 652 + 4760) + 4 * 32 * 32 * 4  # layer inputs, one layer, the mask
+    off, on = small_plan(), small_plan(small_args(gradient_checkpointing=True))
+    assert (off.activations, off.activations_other) == (full, checkpointed)
+    assert (on.activations, on.activations_other) == (checkpointed, full)
+
+
+def test_kv_cache_of_each_backend():
+    # 2 kv heads x 16 x 2 layers x (k, v) x 4 bytes = 512 bytes per token; 1 prompt x G = 4 rows per step
+    per_token = 2 * 2 * 2 * 16 * 4
+    assert small_plan().kv_cache == 4 * (12 + 20) * per_token  # transformers: the prompt repeated G times
+    fast = small_plan(small_args(generation_backend="fast"))
+    assert fast.kv_cache == (12 + 4 * 20) * per_token  # fast: each prompt's cache once
+    calls = small_args(per_device_train_batch_size=16, generation_micro_batch_size=2)
+    assert small_plan(calls).kv_cache == 2 * 4 * (12 + 20) * per_token  # 2 of the 4 prompts per call
+
+
+def test_uncut_prompts_are_planned_as_long_as_the_model_allows():
+    config = tiny_config(**{**SMALL, "max_position_embeddings": 52})
+    assert plan_memory(config, small_args(max_prompt_length=None)).tokens_per_row == 52  # 32 prompt + 20
+    short = tiny_config(**{**SMALL, "max_position_embeddings": 20})
+    with pytest.raises(ValueError, match="max_prompt_length"):
+        plan_memory(short, small_args(max_prompt_length=None))
+
+
+def test_fast_prefill_batch_is_the_samplers_default():
+    default = inspect.signature(FastSampler.__init__).parameters["prefill_batch_size"].default
+    assert default == FAST_PREFILL_PROMPTS
+
+
+def test_table_and_fits():
+    plan = small_plan()
+    table = plan.table()
+    assert "ddp over 1 process;" in table and "weights float32" in table
+    assert f"  weights{'':<17}{PARAMS * 4 / GIB:>9.2f}" in table
+    assert f"peak{'':<20}{plan.peak / GIB:>9.2f}" in table
+    assert plan.peak == max(plan.phases.values())
+    assert plan.fits(plan.peak) and not plan.fits(plan.peak - 1)
+    assert plan.to_dict()["peak"] == plan.peak
+
+
+@pytest.mark.parametrize(
+    "options, field",
+    [
+        ({"strategy": "zero3"}, "strategy"),
+        ({"num_processes": 0}, "num_processes"),
+        ({"device_type": "tpu"}, "device_type"),
+        ({"lora_r": 0}, "lora_r"),
+        ({"lora_r": 4, "lora_target_modules": ["qkv"]}, "lora_target_modules"),
+    ],
+)
+def test_bad_options_are_named(options, field):
+    with pytest.raises(ValueError, match=field):
+        small_plan(**options)
+
+
+def test_unknown_model_types_and_dtypes_are_named():
+    with pytest.raises(ValueError, match=r"model_config\.model_type 'gpt2'"):
+        plan_memory({"model_type": "gpt2", "n_embd": 64}, small_args())
+    with pytest.raises(ValueError, match="model_init_kwargs"):
+        small_plan(small_args(model_init_kwargs={"dtype": "int8"}))
+
+
+# ---------------------------------------------------------------------------------------- the 7B recipes
+def recipe_plan(name: str, *overrides: str, strategy: str):
+    from grpokit.cli.plan_command import plan_train_args
+    from grpokit.cli.recipes import parse_train_args
+
+    return plan_train_args(parse_train_args([name, *overrides]), 8, strategy)
+
+
+def test_the_7b_recipes_as_shipped_do_not_fit_and_say_why():
+    deepseek = recipe_plan("deepseekmath-rl-7b", strategy="ddp")
+    assert deepseek.weights == 6_910_365_696 * 4  # no model_init_kwargs: float32 weights
+    # 16 prompts / 8 processes = 2 prompts x G 64 = 128 rows of 1024 + 1024 tokens in one generate() call;
+    # (k, v) x 30 layers x 32 kv heads x 128 x 4 bytes per token
+    assert deepseek.kv_cache == 128 * 2048 * (2 * 30 * 32 * 128 * 4) == 240 * GIB
+    r1 = recipe_plan("r1-zero", strategy="fsdp")
+    # 8 x 8 x 16 x 8 = 8192 completions = 512 prompts; 64 per process x G 16 rows of 512 + 4096 tokens
+    assert r1.kv_cache == 64 * 16 * 4608 * (2 * 28 * 4 * 128 * 4)
+    for plan in (deepseek, recipe_plan("deepseekmath-rl-7b", strategy="fsdp"), r1):
+        assert not plan.fits(80 * GIB)
+
+
+def test_the_7b_recipes_fit_on_8_x_80_gb_with_bf16_fsdp_and_smaller_generation_calls():
+    bf16 = "model_init_kwargs={dtype: bfloat16}"
+    fitting = (bf16, "generation_micro_batch_size=1", "max_prompt_length=512")
+    deepseek = recipe_plan("deepseekmath-rl-7b", *fitting, strategy="fsdp")
+    r1 = recipe_plan("r1-zero", bf16, "generation_micro_batch_size=4", strategy="fsdp")
+    assert deepseek.fits(80 * GIB) and r1.fits(80 * GIB)
+    # full fine-tuning under DDP does not: weights, gradients, buckets, reference 2 bytes each, AdamW 4
+    ddp = recipe_plan("r1-zero", bf16, "generation_micro_batch_size=4", strategy="ddp")
+    assert (
+        ddp.weights + ddp.gradients + ddp.grad_buckets + ddp.reference + ddp.optimizer == 7_615_616_512 * 12
+    )
+    assert not ddp.fits(80 * GIB)
+
+
+# ---------------------------------------------------------------------------------------- measured on the CPU
+WORKER = r"""
+import json, sys
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+from grpokit import GRPOConfig, GRPOTrainer
+from grpokit.models import build_char_tokenizer
+from grpokit.rollout import ScriptedBackend
+
+def status(field):
+    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(field + ":"))
+
+torch.set_num_threads(1)
+spec = json.loads(sys.argv[1])
+tokenizer = build_char_tokenizer()
+rows = [{"prompt": "%016d" % (i * 7919), "solution": "1"} for i in range(16)]  # 16 tokens each
+def reward(prompts, completions, completion_ids, solution, **kwargs):
+    return [float(i % 3) for i in range(len(completions))]
+# first use of the kernels (thread pools, workspaces) before the baseline
+warm = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", vocab_size=64, hidden_size=16,
+    num_hidden_layers=1, num_attention_heads=2, intermediate_size=32))
+warm(torch.tensor([[1, 2, 3]]), labels=torch.tensor([[1, 2, 3]])).loss.backward()
+del warm
+try:
+    open("/proc/self/clear_refs", "w").write("5")  # the peak RSS starts again from the current RSS
+except OSError:
+    pass
+base = status("VmRSS")
+model = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **spec["model"]),
+                                         dtype=getattr(torch, spec["dtype"]))
+trainer = GRPOTrainer(model, [reward], GRPOConfig(**spec["args"]), train_dataset=rows,
+                      processing_class=tokenizer,
+                      rollout_backend=ScriptedBackend(tokenizer, lambda prompt, i: "abcdefghij" * 12))
+for _ in range(2):  # the second step has the optimizer state
+    trainer.training_step()
+print(json.dumps({"peak": status("VmHWM") - base}))
+"""
+
+MEASURED_MODEL = dict(vocab_size=8192, hidden_size=512, num_hidden_layers=8, num_attention_heads=8)
+MEASURED_MODEL |= dict(intermediate_size=1408, tie_word_embeddings=False, max_position_embeddings=512)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+@pytest.mark.parametrize(
+    "dtype, args",
+    [
+        ("float32", {"beta": 0.04, "mixed_precision": "bf16"}),
+        (
+            "bfloat16",
+            {
+                "beta": 0.0,
+                "gradient_checkpointing": True,
+                "gradient_accumulation_steps": 2,
+                "max_completion_length": 96,
+                "model_init_kwargs": {"dtype": "bfloat16"},
+            },
+        ),
+    ],
+    ids=["fp32-autocast-reference", "bf16-checkpointing-accumulation"],
+)
+def test_planned_peak_matches_the_measured_peak_on_cpu(dtype, args, tmp_path):
+    """Peak resident memory of two real GRPOTrainer steps (34 M-parameter Llama, 8 rows of 16 prompt + 48/96
+    completion tokens) over the process's memory before the model, in a fresh process with glibc returning
+    large blocks to the system (MALLOC_MMAP_THRESHOLD_), against the plan's peak (``device_type="cpu"``).
+    Measured here: float32 weights under bf16 autocast with a reference 761 MiB vs 726 planned (1.05); bf16
+    weights with checkpointing and accumulation 363 vs 348 (1.04); float32 without autocast (not run here)
+    721 vs 733 (0.98). Tolerance asserted: within 10%."""
+    spec_args = dict(num_generations=4, per_device_train_batch_size=8, max_prompt_length=16)
+    spec_args |= dict(max_completion_length=48, learning_rate=1e-5, disable_tqdm=True, max_steps=2)
+    spec_args |= dict(output_dir=str(tmp_path / "run"), use_cpu=True, **args)
+    spec = {"model": MEASURED_MODEL, "dtype": dtype, "args": spec_args}
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+    out = subprocess.run(
+        [sys.executable, "-c", WORKER, json.dumps(spec)], capture_output=True, text=True, env=env, check=True
+    )
+    measured = json.loads(out.stdout.strip().splitlines()[-1])["peak"]
+    plan = plan_memory(
+        AutoConfig.for_model("llama", **MEASURED_MODEL), GRPOConfig(**spec_args), device_type="cpu"
+    )
+    assert 0.9 * plan.peak <= measured <= 1.1 * plan.peak, (measured / 2**20, plan.peak / 2**20)
