@@ -20,17 +20,18 @@ def run_plan(capsys, *argv: str) -> str:
 
 
 def test_a_7b_recipe_that_does_not_fit_gets_a_warning_with_the_numbers(capsys):
-    out = run_plan(capsys, "deepseekmath-rl-7b", "num_processes=8")
+    out = run_plan(capsys, "deepseekmath-rl-7b", "num_processes=8", "strategy=ddp")
     assert "ddp over 8 processes" in out and "weights float32" in out
     # 6,910,365,696 float32 weights = 25.74 GiB on every process under DDP
     assert re.search(r"^  weights +25\.74 ", out, re.MULTILINE)
-    # the generation KV cache: 2 prompts x G 64 x 2048 tokens x (k, v) x 30 layers x 32 heads x 128 x 4 B
-    assert re.search(r"^  kv_cache +240\.00 ", out, re.MULTILINE)
+    # the generation KV cache, one prompt per call: (1024 + 64 x 1024) tokens x (k, v) x 30 layers x 32
+    # heads x 128 x 2 B (bf16 autocast)
+    assert re.search(r"^  kv_cache +30\.47 ", out, re.MULTILINE)
     warning = re.search(
         r"grpokit: WARNING: the plan needs ([\d.]+) GiB per device, more than the declared 80 GiB", out
     )
-    assert warning and float(warning.group(1)) > 240
-    assert "kv_cache 240.00" in out  # the biggest parts are named
+    assert warning and float(warning.group(1)) > 80
+    assert "optimizer 51.49" in out  # the biggest parts are named: AdamW's 2 x 4 B x 6.9 B
 
 
 def test_strategy_and_device_memory_from_the_command_line(capsys):
@@ -42,7 +43,9 @@ def test_strategy_and_device_memory_from_the_command_line(capsys):
 
 
 def test_recipe_overrides_change_the_plan(capsys):
-    bf16 = run_plan(capsys, "r1-zero", "num_processes=8", "model_init_kwargs={dtype: bfloat16}")
+    bf16 = run_plan(
+        capsys, "r1-zero", "num_processes=8", "strategy=ddp", "model_init_kwargs={dtype: bfloat16}"
+    )
     assert re.search(r"^  weights +14\.19 ", bf16, re.MULTILINE)  # 7,615,616,512 x 2 bytes
 
 
@@ -109,9 +112,9 @@ def test_lora_recipes_plan_the_adapters():
 
 def test_describe_plan_for_grpokit_train():
     args = parse_train_args(["deepseekmath-rl-7b"])
-    text = describe_plan(args, num_processes=8, device_memory_gb=80)
+    text = describe_plan(args, num_processes=8, device_memory_gb=40)
     assert text.startswith("memory plan: llama") and "WARNING: the plan needs" in text
     assert "WARNING" not in describe_plan(args, num_processes=8, device_memory_gb=10_000)
     unknown = parse_train_args(["arithmetic-tiny", "model=nobody/no-such-model"])
     assert describe_plan(unknown, 1).startswith("grpokit: no memory plan: model: no config")
-    assert plan_train_args(args, 8).peak / GIB > 80
+    assert 40 < plan_train_args(args, 8).peak / GIB < 80

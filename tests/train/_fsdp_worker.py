@@ -10,6 +10,7 @@ import sys
 import torch
 
 from grpokit import GRPOConfig, GRPOTrainer
+from grpokit.models.parts import decoder_of
 from grpokit.rollout import ScriptedBackend, make_backend
 
 ANSWERS = ["3", "31", "310", "42+", "7", "", "12", "5555"]
@@ -25,7 +26,7 @@ def reward(prompts, completions, completion_ids, solution, **kwargs):
 
 def run(policy_dir: str, out: str, num_processes: int, option: str = "") -> GRPOTrainer:
     """``option``: "resume" (interrupt after step 1, resume), "checkpointing" (gradient checkpointing),
-    "lora" (LoRA adapters on q/v/down projections)."""
+    "lora" (LoRA adapters on q/v/down projections), "bf16" (bf16 mixed precision)."""
     torch.set_num_threads(1)
     rows = [{"prompt": f"{a}+{b}+{a}{b}=", "solution": str(a + b)} for a in range(4) for b in range(4)]
     config = GRPOConfig(
@@ -36,9 +37,12 @@ def run(policy_dir: str, out: str, num_processes: int, option: str = "") -> GRPO
         max_completion_length=6,
         num_iterations=2,
         beta=0.04,
+        sync_ref_model=option != "lora",  # reference reset to the policy after every step (LoRA: refused)
+        ref_model_sync_steps=1,
         learning_rate=1e-2,
         fsdp="full_shard" if num_processes > 1 else "",
         gradient_checkpointing=option == "checkpointing",
+        bf16=option == "bf16",
         save_steps=1,
         shuffle_dataset=False,
         disable_tqdm=True,
@@ -68,9 +72,18 @@ def main(policy_dir: str, out: str, num_processes: str, option: str = "") -> Non
     trainer = run(policy_dir, out, int(num_processes), option)
     # generation from the gathered weights: greedy fast sampler on held-out prompts
     trainer.backend = make_backend("fast", trainer.model)
+    gathered = []
+    original = trainer.backend.generate
+
+    def recording(*args, **kwargs):  # the dtype the sampler sees its weights in
+        gathered.append(str(decoder_of(trainer.model).layers[0].mlp.up_proj.weight.dtype))
+        return original(*args, **kwargs)
+
+    trainer.backend.generate = recording
     greedy = trainer.sample([{"prompt": "9+9+99="}, {"prompt": "1+2+12="}], greedy=True).texts
     rank = trainer.accelerator.process_index
     record = {"sharded": trainer.sharded, "greedy": greedy, "step": trainer.step}
+    record["compute_dtype"] = gathered[0]
     with open(f"{out}/rank{rank}.json", "w") as f:
         json.dump(record, f)
 

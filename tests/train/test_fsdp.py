@@ -1,7 +1,8 @@
 """FSDP (``fsdp="full_shard"``) on two CPU processes (gloo): the weights after two steps equal those of one
 process training on the same global batch (without gradient checkpointing: with it on the sharded side, the
-numbers must not move either), generation runs from the gathered weights, the saved model is whole, and a
-resumed sharded run ends where the uninterrupted one does."""
+numbers must not move either; the reference is sharded too and reset to the policy after every step),
+generation runs from the gathered weights, the saved model is whole, and a resumed sharded run (weights,
+optimizer, reference, RNG) ends where the uninterrupted one does."""
 
 from __future__ import annotations
 
@@ -94,3 +95,16 @@ def test_fsdp_is_requested_by_config_or_accelerate_launch(monkeypatch, caplog):
     assert "single process has nothing to shard" in caplog.text
     with pytest.raises(ValueError, match=r"GRPOConfig.fsdp options \['offload'\]"):
         GRPOConfig(fsdp="full_shard offload")
+
+
+def test_bf16_mixed_precision_gathers_bf16_and_keeps_float32_master_weights(tiny_model_dir, tmp_path):
+    """``bf16=true`` under FSDP: units are gathered in bf16 for compute and generation, the shards (AdamW's
+    master weights) stay float32 and train. (Not compared with one process: autocast rounds elsewhere, and
+    AdamW's normalised steps turn those roundings into visible differences after two steps.)"""
+    run_two_processes(WORKER, str(tiny_model_dir), str(tmp_path), "2", "bf16")
+    ranks = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in (0, 1)]
+    assert all(r["sharded"] and r["compute_dtype"] == "torch.bfloat16" for r in ranks)
+    assert ranks[0]["greedy"] == ranks[1]["greedy"]
+    start, end = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict(), weights(tmp_path)
+    assert {v.dtype for v in end.values()} == {torch.float32}
+    assert max((end[k] - v).abs().max() for k, v in start.items()) > 1e-3

@@ -274,31 +274,37 @@ def recipe_plan(name: str, *overrides: str, strategy: str):
     return plan_train_args(parse_train_args([name, *overrides]), 8, strategy)
 
 
-def test_the_7b_recipes_as_shipped_do_not_fit_and_say_why():
-    deepseek = recipe_plan("deepseekmath-rl-7b", strategy="ddp")
-    assert deepseek.weights == 6_910_365_696 * 4  # no model_init_kwargs: float32 weights
-    # 16 prompts / 8 processes = 2 prompts x G 64 = 128 rows of 1024 + 1024 tokens in one generate() call;
-    # (k, v) x 30 layers x 32 kv heads x 128 x 4 bytes per token
-    assert deepseek.kv_cache == 128 * 2048 * (2 * 30 * 32 * 128 * 4) == 240 * GIB
+def test_the_7b_recipes_fit_on_8_x_80_gb_as_shipped():
+    """Both recipes shard with FSDP (float32 master weights, gathered in bf16), keep a bf16 reference and
+    generate a few prompts per call with the fast sampler: the plan fits 80 GiB per GPU."""
+    deepseek = recipe_plan("deepseekmath-rl-7b", strategy="fsdp")
     r1 = recipe_plan("r1-zero", strategy="fsdp")
-    # 8 x 8 x 16 x 8 = 8192 completions = 512 prompts; 64 per process x G 16 rows of 512 + 4096 tokens
-    assert r1.kv_cache == 64 * 16 * 4608 * (2 * 28 * 4 * 128 * 4)
-    for plan in (deepseek, recipe_plan("deepseekmath-rl-7b", strategy="fsdp"), r1):
-        assert not plan.fits(80 * GIB)
-
-
-def test_the_7b_recipes_fit_on_8_x_80_gb_with_bf16_fsdp_and_smaller_generation_calls():
-    bf16 = "model_init_kwargs={dtype: bfloat16}"
-    fitting = (bf16, "generation_micro_batch_size=1", "max_prompt_length=512")
-    deepseek = recipe_plan("deepseekmath-rl-7b", *fitting, strategy="fsdp")
-    r1 = recipe_plan("r1-zero", bf16, "generation_micro_batch_size=4", strategy="fsdp")
     assert deepseek.fits(80 * GIB) and r1.fits(80 * GIB)
-    # full fine-tuning under DDP does not: weights, gradients, buckets, reference 2 bytes each, AdamW 4
-    ddp = recipe_plan("r1-zero", bf16, "generation_micro_batch_size=4", strategy="ddp")
+    assert deepseek.weights == 6_910_365_696 * 4 // 8  # float32 master weights, one eighth per GPU
+    assert deepseek.reference == 6_910_365_696 * 2 // 8  # ref_model_dtype bfloat16, sharded
+    # one prompt per call: its 1024 prompt tokens once, 64 samples x 1024 completion tokens; (k, v) x 30
+    # layers x 32 kv heads x 128 x 2 bytes (bf16 autocast) per token
+    assert deepseek.kv_cache == (1024 + 64 * 1024) * (2 * 30 * 32 * 128 * 2)
+    # 4 prompts per call: 4 x 512 prompt tokens + 4 x 16 samples x 4096 completion tokens; 28 layers, 4 kv
+    assert r1.kv_cache == (4 * 512 + 64 * 4096) * (2 * 28 * 4 * 128 * 2)
+
+
+def test_the_7b_recipes_do_not_fit_without_their_memory_settings():
+    """What the recipes' settings buy: DDP (every GPU holds weights, gradients, AdamW state and the
+    reference) or all of a GPU's prompts in one generate() call does not fit 80 GiB."""
+    assert not recipe_plan("deepseekmath-rl-7b", strategy="ddp").fits(80 * GIB)
+    assert not recipe_plan("r1-zero", strategy="ddp").fits(80 * GIB)
+    whole = recipe_plan(
+        "r1-zero", "generation_micro_batch_size=None", "generation_backend=transformers", strategy="fsdp"
+    )
+    # 64 prompts x G 16 rows of 512 + 4096 tokens, one generate() call
+    assert whole.kv_cache == 64 * 16 * 4608 * (2 * 28 * 4 * 128 * 2) and not whole.fits(80 * GIB)
+    bf16 = "model_init_kwargs={dtype: bfloat16}"
+    ddp = recipe_plan("r1-zero", bf16, strategy="ddp")
+    # full fine-tuning under DDP, even in bf16: weights, gradients, buckets, reference 2 bytes each, AdamW 4
     assert (
         ddp.weights + ddp.gradients + ddp.grad_buckets + ddp.reference + ddp.optimizer == 7_615_616_512 * 12
     )
-    assert not ddp.fits(80 * GIB)
 
 
 # ---------------------------------------------------------------------------------------- measured on the CPU

@@ -94,9 +94,10 @@ def prepare_policy(
         return prepared
     if any(part is not None for part in optimizers):
         raise ValueError("optimizers: not supported with fsdp (the optimizer must hold the shards)")
-    policy = shard(PolicyLogprobs(model), model)
+    compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(accelerator.mixed_precision))
+    policy = shard(PolicyLogprobs(model), model, compute)
     if reference is not None:
-        reference.shard(accelerator.device, policy)
+        reference.shard(accelerator.device, policy, compute)
     optimizer, scheduler = build_optimizers(model, args, total_optimizer_steps)
     optimizer, scheduler = accelerator.prepare(optimizer, scheduler)
     return policy, optimizer, scheduler

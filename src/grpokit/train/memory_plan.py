@@ -18,7 +18,9 @@ What is counted, per device (process), and how exactly:
   prefill and sampling logits of generation. What is not counted: allocator fragmentation and the CUDA
   context (leave ~2-4 GiB), the activation gradients of one layer, small tensors.
 - **KV cache**: exact for the fast sampler (pre-allocated buffers); for ``transformers`` ``generate`` the
-  cache at full length. Keys/values are taken in the weights' dtype.
+  cache at full length. Keys/values are in the compute dtype (bf16/fp16 under autocast, else the weights').
+- **FSDP** gathers a unit's weights in the compute dtype under mixed precision (``train.sharding``): the
+  generation phase holds the full weights in that dtype, the update two layers and the root at a time.
 
 Phases: ``generation``, ``logprobs`` (reference and old-policy passes; absent when neither runs) and
 ``update``; ``peak`` is the largest. Gradients are freed after each optimizer step (``set_to_none``), so they
@@ -264,20 +266,22 @@ def plan_memory(
         + pass_rows * completion * hidden * w
         + 2 * min(HEAD_CHUNK_ROWS, pass_rows * completion) * vocab * 4
     )
-    policy_casts = c * (layers * linear_layer + vocab * hidden) if c != w and not lora else 0
+    # FSDP under mixed precision gathers the weights in the compute dtype (no autocast casts needed then)
+    g = c if fsdp else w  # bytes per gathered / generation weight
+    policy_casts = c * (layers * linear_layer + vocab * hidden) if c != w and not lora and not fsdp else 0
     if fsdp:
         gathered = shape.root_parameters() + (2 if lora else 3) * shape.layer_parameters()
-        p["fsdp_gathered"] = gathered * w
+        p["fsdp_gathered"] = gathered * g
 
     # --- generation: this process's prompts x G ------------------------------------------------------------
     prompts, group = math.ceil(batch.prompts / n), args.num_generations
-    kv_per_token = 2 * layers * shape.num_kv_heads * shape.head_dim * w
-    p["generation_weights"] = full_weights if fsdp else 0
+    kv_per_token = 2 * layers * shape.num_kv_heads * shape.head_dim * c  # keys/values come out in c
+    p["generation_weights"] = (total * g + (trainable_bytes if lora else 0)) if fsdp else 0
     if args.generation_backend == "fast":  # fused [q; k; v] and [gate; up]; each prompt's cache once
         shapes = shape.linear_shapes()
         fused = sum(i * o for name, (i, o) in shapes.items() if name not in ("o_proj", "down_proj"))
-        p["generation_weights"] += layers * fused * w
-        if c != w and not lora:  # autocast caches casts of the weights applied as modules
+        p["generation_weights"] += layers * fused * g
+        if c != g and not lora:  # autocast caches casts of the weights applied as modules
             p["generation_weights"] += c * (layers * (linear_layer - fused) + vocab * hidden)
         call_prompts = min(args.generation_micro_batch_size or prompts, prompts)  # prompts per call
         prefill_rows = min(FAST_PREFILL_PROMPTS, call_prompts)

@@ -64,8 +64,11 @@ class Reference:
         self.offload = offload and self.model is not None
         self.device: torch.device | None = None
         self.runner: torch.nn.Module | None = None  # what the log-prob pass calls (set when sharded)
+        self.sharded_policy: torch.nn.Module | None = None
 
-    def shard(self, device: torch.device, sharded_policy: torch.nn.Module) -> None:
+    def shard(
+        self, device: torch.device, sharded_policy: torch.nn.Module, compute_dtype: torch.dtype | None = None
+    ) -> None:
         """Under FSDP: shard the copy like the policy (``train.sharding.shard``); the adapter case runs the
         sharded policy itself with its adapter disabled."""
         from grpokit.train.forward import PolicyLogprobs
@@ -77,10 +80,11 @@ class Reference:
                 "holds 1/num_processes of the weights on each device"
             )
         self.device = torch.device(device)
+        self.sharded_policy = sharded_policy
         if self.model is None:
             self.runner = sharded_policy
         else:
-            self.runner = shard(PolicyLogprobs(self.model.to(device)), self.model)
+            self.runner = shard(PolicyLogprobs(self.model.to(device)), self.model, compute_dtype)
 
     @classmethod
     def for_run(cls, policy: torch.nn.Module, args: Any, *, adapter_disabled: bool) -> Reference | None:
@@ -115,7 +119,10 @@ class Reference:
         """ref <- alpha * policy + (1 - alpha) * ref (:func:`sync_reference`)."""
         if self.model is None:
             raise ValueError("the reference of a PEFT policy is its base model: it cannot be reset")
-        sync_reference(self.model, self.policy, alpha)
+        if self.runner is not None:  # sharded: a root keeps its weights gathered after a no-grad forward
+            self.runner.reshard()
+            self.sharded_policy.reshard()
+        sync_reference(self.model, self.policy, alpha)  # shard by shard under FSDP
 
     def state_dict(self) -> dict[str, Any] | None:
         """The copy's weights (None when the reference is the adapter-disabled policy). Sharded: the full

@@ -60,16 +60,19 @@ def _fsdp_modules(root: nn.Module) -> list[nn.Module]:
     return [m for m in root.modules() if isinstance(m, FSDPModule)]
 
 
-def shard(root: nn.Module, model: nn.Module) -> nn.Module:
+def shard(root: nn.Module, model: nn.Module, compute_dtype: torch.dtype | None = None) -> nn.Module:
     """Shard ``root`` (a ``PolicyLogprobs`` holding ``model``) in place: each decoder layer of ``model`` is
-    a unit, ``root`` holds the rest. Runs one tiny no-grad forward through ``root`` so FSDP knows its root
-    before generation calls the layers directly. Returns ``root``."""
-    from torch.distributed.fsdp import fully_shard
+    a unit, ``root`` holds the rest. ``compute_dtype`` (bf16/fp16 mixed precision): the shards stay in the
+    weights' dtype (float32 master weights for AdamW), a unit is gathered in ``compute_dtype`` for its
+    forward (and for generation: half the bytes of gathering float32), gradients are reduced in float32.
+    Runs one tiny no-grad forward through ``root`` so FSDP knows its root before generation calls the
+    layers directly. Returns ``root``."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    # Mixed precision is accelerate's autocast, as without FSDP: the weights stay in their own dtype.
+    policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     for layer in decoder_of(model).layers:
-        fully_shard(layer)
-    fully_shard(root)
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(root, mp_policy=policy)
     device = next(root.parameters()).device
     one = torch.ones(1, 1, dtype=torch.long, device=device)
     with torch.no_grad():
