@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import os
 import subprocess
 import sys
@@ -387,3 +388,15 @@ def test_planned_peak_matches_the_measured_peak_on_cpu(dtype, args, tmp_path):
         AutoConfig.for_model("llama", **MEASURED_MODEL), GRPOConfig(**spec_args), device_type="cpu"
     )
     assert 0.9 * plan.peak <= measured <= 1.1 * plan.peak, (measured / 2**20, plan.peak / 2**20)
+
+
+def test_zero2_partitions_the_optimizer_state_and_keeps_the_weights_whole():
+    config = tiny_config()
+    args = GRPOConfig(num_generations=4, per_device_train_batch_size=8, max_prompt_length=16)
+    total = count_parameters(config)
+    zero = plan_memory(config, args, num_processes=4, strategy="zero")
+    ddp = plan_memory(config, args, num_processes=4, strategy="ddp")
+    assert zero.weights == ddp.weights == total * 4  # replicated float32 weights
+    assert zero.optimizer == math.ceil(2 * total * 4 / 4)  # AdamW's two states, one quarter each
+    assert zero.reference == ddp.reference == total * 4 and zero.grad_buckets == 0
+    assert zero.peak < ddp.peak

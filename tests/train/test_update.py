@@ -8,7 +8,7 @@ from grpokit import GRPOConfig
 from grpokit.core import PolicyLoss
 from grpokit.train.batch import RolloutBatch
 from grpokit.train.forward import PolicyLogprobs
-from grpokit.train.update import UpdateContext, run_update
+from grpokit.train.update import UpdateContext, optimizer_step, run_update
 
 
 class RecordingOptimizer(torch.optim.SGD):
@@ -44,10 +44,8 @@ def gradients(model_dir, batch, **config_values):
     ctx = UpdateContext(
         loss=PolicyLoss.from_config(config),
         policy=PolicyLogprobs(model),
-        optimizer=optimizer,
-        scheduler=scheduler,
         backward=lambda loss: loss.backward(),
-        clip_grad_norm=lambda _: None,
+        step=optimizer_step(optimizer, scheduler, model),
         sum_across_processes=lambda t: t,
         num_processes=1,
         generator=torch.Generator().manual_seed(0),

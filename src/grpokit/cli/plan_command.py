@@ -1,5 +1,5 @@
-"""``grpokit plan [RECIPE] [key=value ...] [num_processes=N] [strategy=ddp|fsdp] [device_memory_gb=X]``: the
-memory one device needs for a recipe, from the model's config alone (``grpokit.train.memory_plan``).
+"""``grpokit plan [RECIPE] [key=value ...] [num_processes=N] [strategy=ddp|fsdp|zero] [device_memory_gb=X]``:
+the memory one device needs for a recipe, from the model's config alone (``grpokit.train.memory_plan``).
 
 The model's config comes from a local directory's config.json, the built-in tiny policy's sizes
 (``tiny:<task>``, nothing trained), the configs shipped in ``recipes/model_configs`` (hub ids with "/" as
@@ -32,7 +32,7 @@ MODEL_CONFIGS_DIR = RECIPES_DIR / "model_configs"
 DEFAULT_DEVICE_MEMORY_GB = 80.0
 PLAN_KEYS = ("num_processes", "strategy", "device_memory_gb")
 USAGE = (
-    "usage: grpokit plan [RECIPE.yaml] [key=value ...] [num_processes=N] [strategy=ddp|fsdp] "
+    "usage: grpokit plan [RECIPE.yaml] [key=value ...] [num_processes=N] [strategy=ddp|fsdp|zero] "
     "[device_memory_gb=X]\n"
     "Prints the per-device memory of a recipe (see `grpokit train --help` for the recipe options).\n"
     "num_processes: processes (GPUs) of the run, default 1. strategy: default fsdp when the recipe's fsdp "
@@ -94,9 +94,11 @@ def _tiny_config(task: str) -> Any:
 def plan_train_args(
     train_args: TrainArgs, num_processes: int = 1, strategy: str | None = None, device_type: str = "cuda"
 ) -> MemoryPlan:
-    """The memory plan of a recipe. ``strategy`` None: "fsdp" when its ``fsdp`` option has full_shard."""
+    """The memory plan of a recipe. ``strategy`` None: "fsdp" when its ``fsdp`` option has full_shard,
+    "zero" when it names a ``deepspeed`` config, else "ddp"."""
     if strategy is None:
-        strategy = "fsdp" if "full_shard" in train_args.config.fsdp.split() else "ddp"
+        config = train_args.config
+        strategy = "fsdp" if "full_shard" in config.fsdp.split() else "zero" if config.deepspeed else "ddp"
     return plan_memory(
         load_model_config(train_args.model),
         train_args.config,
@@ -171,8 +173,8 @@ def _plan_options(options: dict[str, str]) -> tuple[int, str | None, float]:
     if num_processes < 1:
         raise SystemExit(f"grpokit: num_processes must be an integer >= 1, got {options['num_processes']!r}")
     strategy = options.get("strategy")
-    if strategy is not None and strategy not in ("ddp", "fsdp"):
-        raise SystemExit(f"grpokit: strategy must be ddp or fsdp, got {strategy!r}")
+    if strategy is not None and strategy not in ("ddp", "fsdp", "zero"):
+        raise SystemExit(f"grpokit: strategy must be ddp, fsdp or zero, got {strategy!r}")
     try:
         memory = float(options.get("device_memory_gb", DEFAULT_DEVICE_MEMORY_GB))
     except ValueError:

@@ -180,13 +180,12 @@ def print_memory_plan(args: TrainArgs) -> None:
     import os
 
     from grpokit.cli.plan_command import describe_plan
-    from grpokit.train.sharding import fsdp_requested
+    from grpokit.train.distributed import placement
 
     if int(os.environ.get("RANK", "0")) != 0:
         return
     processes = int(os.environ.get("WORLD_SIZE", "1"))
-    strategy = "fsdp" if fsdp_requested(args.config, processes) else "ddp"
-    print(describe_plan(args, processes, strategy), flush=True)
+    print(describe_plan(args, processes, placement(args.config, processes)), flush=True)
 
 
 def run_training(args: TrainArgs) -> dict[str, Any]:

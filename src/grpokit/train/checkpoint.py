@@ -64,6 +64,15 @@ def process_rng_state(path: Path, process_index: int, num_processes: int) -> dic
     return states[process_index]
 
 
+def staging_dir(path: Path, *, create: bool = True) -> Path:
+    """The temp dir a checkpoint is written to before it is renamed to ``path``; ``create`` empties it."""
+    tmp = path.with_name(path.name + ".tmp")
+    if create:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    return tmp
+
+
 def save_checkpoint(
     path: Path,
     *,
@@ -76,13 +85,13 @@ def save_checkpoint(
     extra_tensors: dict[str, Any] | None = None,
     model_state: dict[str, Any] | None = None,
     optimizer_state: dict[str, Any] | None = None,
+    staged: bool = False,
 ) -> Path:
     """Write everything a resume needs to ``path`` (written to a temp dir first, then renamed).
     ``model_state`` / ``optimizer_state``: full states gathered from shards (FSDP); default: the model's
-    and the optimizer's own."""
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    and the optimizer's own. ``staged``: the temp dir (``staging_dir``) already holds files that every
+    process wrote (DeepSpeed's); it is completed, not emptied."""
+    tmp = staging_dir(path, create=not staged)
     model.save_pretrained(tmp, state_dict=model_state)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from accelerate import Accelerator
@@ -20,13 +20,19 @@ from accelerate.state import AcceleratorState
 from accelerate.utils import DistributedType, gather_object
 
 __all__ = [
+    "PreparedPolicy",
     "gather_across_processes",
     "make_accelerator",
     "merge_process_metrics",
     "merged_across_processes",
     "needs_cpu_processes",
+    "placement",
     "prepare_policy",
 ]
+
+
+OWN_STRATEGIES = ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED")
+"""``accelerate launch`` flags of the strategies grpokit applies itself."""
 
 
 def _launched_processes() -> int:
@@ -54,13 +60,34 @@ def make_accelerator(mixed_precision: str, use_cpu: bool) -> Accelerator:
     """
     cpu = use_cpu or needs_cpu_processes()
     _forget_single_process_state(mixed_precision, cpu)
-    # grpokit applies FSDP itself (train.sharding): accelerate's own FSDP wrapping is kept out of the way.
-    fsdp_env = os.environ.pop("ACCELERATE_USE_FSDP", None)
+    # grpokit applies FSDP (train.sharding) and DeepSpeed (train.zero) itself: accelerate's own wrapping
+    # is kept out of the way.
+    saved = {name: os.environ.pop(name) for name in OWN_STRATEGIES if name in os.environ}
     try:
         return Accelerator(mixed_precision=mixed_precision, cpu=cpu)
     finally:
-        if fsdp_env is not None:
-            os.environ["ACCELERATE_USE_FSDP"] = fsdp_env
+        os.environ.update(saved)
+
+
+def placement(args: Any, num_processes: int) -> str:
+    """How the policy is placed over the processes: "fsdp" (``fsdp=full_shard`` or an FSDP launch), "zero"
+    (DeepSpeed ZeRO-1/2: ``deepspeed`` or a DeepSpeed launch), else "ddp" (one process: plain)."""
+    from grpokit.train.sharding import fsdp_requested
+    from grpokit.train.zero import zero_requested
+
+    fsdp, zero = fsdp_requested(args, num_processes), zero_requested(args, num_processes)
+    if fsdp and zero:
+        raise ValueError("GRPOConfig.fsdp and deepspeed are both set: choose one way to shard")
+    return "fsdp" if fsdp else "zero" if zero else "ddp"
+
+
+class PreparedPolicy(NamedTuple):
+    """The policy as the update calls it, its optimizer and schedule, and the DeepSpeed engine if any."""
+
+    policy: torch.nn.Module
+    optimizer: Any
+    scheduler: Any
+    zero: Any = None  # train.zero.ZeroEngine under DeepSpeed ZeRO-1/2
 
 
 def prepare_policy(
@@ -69,38 +96,44 @@ def prepare_policy(
     accelerator: Accelerator,
     reference: Any,
     total_optimizer_steps: int,
-    sharded: bool,
+    strategy: str = "ddp",
     optimizers: tuple[Any, Any] = (None, None),
-) -> tuple[torch.nn.Module, Any, Any]:
-    """``(policy, optimizer, scheduler)``: the model inside ``PolicyLogprobs`` (whose forward is the lean
-    log-prob pass, so DDP and FSDP see that pass), replicated by accelerate (DDP under several processes)
-    or, when ``sharded``, split by FSDP (``train.sharding``; the reference too); then the optimizer over
-    its (possibly sharded) parameters. ``model`` stays the bare model (moved, or sharded, in place)."""
+) -> PreparedPolicy:
+    """The model inside ``PolicyLogprobs`` (whose forward is the lean log-prob pass, so DDP, FSDP and
+    DeepSpeed see that pass) under ``strategy``: "ddp" (accelerate: DDP under several processes), "fsdp"
+    (``train.sharding``; the reference sharded too) or "zero" (DeepSpeed ZeRO-1/2, ``train.zero``); then
+    the optimizer over its (possibly sharded) parameters. ``model`` stays the bare model (moved, or
+    sharded, in place)."""
     from grpokit.train.forward import PolicyLogprobs
     from grpokit.train.optim import build_optimizers
-    from grpokit.train.sharding import shard
 
-    if accelerator.distributed_type == DistributedType.DEEPSPEED:
-        raise ValueError(
-            "DeepSpeed is not supported by grpokit: ZeRO-3 partitions the weights that the lean log-prob "
-            "pass and the fast sampler read directly. Shard with FSDP instead (fsdp: full_shard, or "
-            "accelerate launch --config_file recipes/accelerate/fsdp.yaml); see docs/scaling.md"
-        )
-    if not sharded:
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:  # not expected: make_accelerator avoids it
+        raise ValueError("accelerate prepared DeepSpeed itself; grpokit builds the DeepSpeed engine")
+    if strategy == "ddp":
         optimizer, scheduler = build_optimizers(model, args, total_optimizer_steps, *optimizers)
         prepared = accelerator.prepare(PolicyLogprobs(model), optimizer, scheduler)
         if reference is not None:
             reference.to(accelerator.device)
-        return prepared
+        return PreparedPolicy(*prepared)
     if any(part is not None for part in optimizers):
-        raise ValueError("optimizers: not supported with fsdp (the optimizer must hold the shards)")
+        raise ValueError(f"optimizers: not supported with {strategy} (grpokit builds the optimizer)")
+    if strategy == "zero":
+        from grpokit.train.zero import ZeroEngine
+
+        optimizer, scheduler = build_optimizers(model, args, total_optimizer_steps)
+        zero = ZeroEngine(PolicyLogprobs(model.to(accelerator.device)), optimizer, args)
+        if reference is not None:
+            reference.to(accelerator.device)
+        return PreparedPolicy(zero.engine, zero.optimizer, scheduler, zero)
+    from grpokit.train.sharding import shard
+
     compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(accelerator.mixed_precision))
     policy = shard(PolicyLogprobs(model), model, compute)
     if reference is not None:
         reference.shard(accelerator.device, policy, compute)
     optimizer, scheduler = build_optimizers(model, args, total_optimizer_steps)
     optimizer, scheduler = accelerator.prepare(optimizer, scheduler)
-    return policy, optimizer, scheduler
+    return PreparedPolicy(policy, optimizer, scheduler)
 
 
 def _forget_single_process_state(mixed_precision: str, cpu: bool) -> None:

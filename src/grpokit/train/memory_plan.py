@@ -186,13 +186,15 @@ def plan_memory(
 ) -> MemoryPlan:
     """The memory plan of ``args`` on the model ``model_config`` describes, per device of ``num_processes``.
 
-    ``strategy``: "ddp" (every process holds everything) or "fsdp" (weights, gradients, optimizer state and
-    reference sharded). ``lora_r``: train LoRA adapters of that rank on ``lora_target_modules`` (None: all
-    linear layers but the LM head). ``device_type``: "cuda" (AdamW's foreach step: one trainable-sized
-    temporary) or "cpu" (per-tensor step: two copies of the largest tensor).
+    ``strategy``: "ddp" (every process holds everything), "fsdp" (weights, gradients, optimizer state and
+    reference sharded) or "zero" (DeepSpeed ZeRO-2: AdamW state and the reduced gradients partitioned, the
+    weights and the reference replicated; the full-size gradients of the backward counted before their
+    reduction, an upper bound). ``lora_r``: train LoRA adapters of that rank on ``lora_target_modules``
+    (None: all linear layers but the LM head). ``device_type``: "cuda" (AdamW's foreach step: one
+    trainable-sized temporary) or "cpu" (per-tensor step: two copies of the largest tensor).
     """
-    if strategy not in ("ddp", "fsdp"):
-        raise ValueError(f"strategy must be 'ddp' or 'fsdp', got {strategy!r}")
+    if strategy not in ("ddp", "fsdp", "zero"):
+        raise ValueError(f"strategy must be 'ddp', 'fsdp' or 'zero', got {strategy!r}")
     if not isinstance(num_processes, int) or num_processes < 1:
         raise ValueError(f"num_processes must be an integer >= 1, got {num_processes!r}")
     if device_type not in ("cuda", "cpu"):
@@ -217,14 +219,17 @@ def plan_memory(
     trainable = count_lora_parameters(shape, lora_r, lora_target_modules) if lora else total
     trainable_bytes = trainable * (4 if lora else w)  # peft upcasts bf16/fp16 adapters to float32
     full_weights = total * w + (trainable_bytes if lora else 0)
+    zero = strategy == "zero"
     p["weights"], p["gradients"] = shard(full_weights), shard(trainable_bytes)
-    p["grad_buckets"] = trainable_bytes if not fsdp and n > 1 else 0
-    p["optimizer"] = shard(2 * trainable_bytes)
+    p["grad_buckets"] = trainable_bytes if strategy == "ddp" and n > 1 else 0
+    p["optimizer"] = math.ceil(2 * trainable_bytes / n) if zero else shard(2 * trainable_bytes)
     if lora:  # the largest trainable tensor (on the CPU AdamW steps tensor by tensor)
         largest = 4 * lora_r * max(max(s) for s in shape.linear_shapes().values())
     else:
         largest = w * max(vocab * hidden, shape.intermediate_size * hidden)
     p["optimizer_step"] = shard(trainable_bytes) if device_type == "cuda" else 2 * largest
+    if zero:  # the optimizer steps this process's partition: its fp32 gradient and temporaries
+        p["optimizer_step"] = math.ceil(2 * trainable_bytes / n)
     if args.beta > 0 and not lora:  # with LoRA the reference is the base model, adapters disabled
         ref = w_name if args.ref_model_dtype == "auto" else args.ref_model_dtype
         p["reference"] = shard(total * DTYPE_BYTES[ref])

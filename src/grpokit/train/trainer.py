@@ -9,7 +9,6 @@ reference resets, iterative reward models, the completion log) is in step hooks 
 from __future__ import annotations
 
 import math
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +22,14 @@ from grpokit.core import PolicyLoss, combine_rewards, multi_reward_advantages
 from grpokit.data.loading import load_rows, reward_columns
 from grpokit.rewards import resolve_rewards, reward_names, reward_weights, score_completions
 from grpokit.rollout import RolloutBackend, SamplingParams, make_backend
-from grpokit.train import checkpoint, sharding
+from grpokit.train import sharding
 from grpokit.train.batch import LogprobPass, Samples, Scores, pad_samples
 from grpokit.train.completion_log import CompletionLog
 from grpokit.train.distributed import (
     gather_across_processes,
     make_accelerator,
     merged_across_processes,
+    placement,
     prepare_policy,
 )
 from grpokit.train.hooks import ReferenceSync, StepHook, StepHooks
@@ -40,6 +40,7 @@ from grpokit.train.policy import load_policy, load_tokenizer
 from grpokit.train.process_supervision import ProcessSupervision
 from grpokit.train.prompts import PromptSampler, encode_prompt
 from grpokit.train.reference import Reference, refuse_resets_of_adapter_reference
+from grpokit.train.run_state import RunState
 from grpokit.train.update import UpdateContext, run_update
 
 __all__ = ["GRPOTrainer"]
@@ -116,10 +117,10 @@ class GRPOTrainer:
         self.reward_weights = torch.tensor(weights, dtype=torch.float32)
         self.reference = Reference.for_run(self.model, self.args, adapter_disabled=peft_config is not None)
         self.max_steps = self._total_steps()
-        self.sharded = sharding.fsdp_requested(self.args, self.accelerator.num_processes)
+        self.strategy = placement(self.args, self.accelerator.num_processes)  # ddp, fsdp or zero
         total = self.max_steps * self.plan.optimizer_steps  # optimizer steps of the run
-        self.policy, self.optimizer, self.scheduler = prepare_policy(
-            self.model, self.args, self.accelerator, self.reference, total, self.sharded, optimizers
+        self.policy, self.optimizer, self.scheduler, self.zero = prepare_policy(
+            self.model, self.args, self.accelerator, self.reference, total, self.strategy, optimizers
         )
         self.backend = rollout_backend or make_backend(
             self.args.generation_backend, self.model, micro_batch_size=self.args.generation_micro_batch_size
@@ -131,13 +132,23 @@ class GRPOTrainer:
         self.loss = PolicyLoss.from_config(self.args)
         self.logprob_pass = LogprobPass.from_config(self.args)
         self.update_context = UpdateContext.from_accelerator(
-            self.accelerator, self.loss, self.policy, self.optimizer, self.scheduler, self.generator
+            self.accelerator,
+            self.loss,
+            self.policy,
+            self.optimizer,
+            self.scheduler,
+            self.generator,
+            self.zero,
         )
         self.hooks = StepHooks(self._step_hooks())
         self.logger = MetricsLogger(
             self.args.output_dir, self.args.report_to, self.accelerator.is_main_process
         )
         self.step = 0
+        self.run_state = RunState(
+            self.accelerator, self.model, self.policy, self.tokenizer, self.optimizer, self.scheduler,
+            self.reference, self.hooks, self.prompts, self.generator, self.strategy, self.zero,
+        )  # fmt: skip
 
     @property
     def unwrapped_model(self) -> torch.nn.Module:
@@ -149,12 +160,17 @@ class GRPOTrainer:
         """What no-grad log-prob passes of the policy call: the model, or its sharded root under FSDP."""
         return self.policy if self.sharded else self.model
 
+    @property
+    def sharded(self) -> bool:
+        """Whether the weights are sharded (FSDP)."""
+        return self.strategy == "fsdp"
+
     # ------------------------------------------------------------------------------------------------
     def train(self, resume_from_checkpoint: str | bool | None = None) -> list[dict[str, float]]:
         """Run ``max_steps`` GRPO steps; returns the logged metrics. Saves the final model to output_dir."""
         resume = resume_from_checkpoint or self.args.resume_from_checkpoint
         if resume:
-            self._resume(resume)
+            self.step = self.run_state.resume(resume, self.args.output_dir)
         history: list[dict[str, float]] = []
         main = self.accelerator.is_main_process
         hide = self.args.disable_tqdm or not self.accelerator.is_local_main_process
@@ -337,61 +353,8 @@ class GRPOTrainer:
     def save_model(self, path: str | Path) -> None:
         """Write a standard ``transformers`` checkpoint directory (model + tokenizer; a PEFT model writes
         its adapters). Under FSDP the full weights are gathered first."""
-        self.accelerator.wait_for_everyone()
-        state = sharding.full_state_dict(self.policy) if self.sharded else None  # a collective
-        if self.accelerator.is_main_process:
-            Path(path).mkdir(parents=True, exist_ok=True)
-            self.unwrapped_model.save_pretrained(path, state_dict=state)
-            self.tokenizer.save_pretrained(path)
+        self.run_state.save_model(path)
 
     def save_checkpoint(self) -> Path:
-        """Everything a resume needs, in ``<output_dir>/checkpoint-<step>`` (RNG states of every process;
-        under FSDP the full weights and optimizer state, gathered)."""
-        path = checkpoint.checkpoint_dir(self.args.output_dir, self.step)
-        # collectives first (every process takes part), then the main process writes
-        rng_states = gather_object([checkpoint.rng_state(self.generator)])  # [one per process]
-        reference = None if self.reference is None else self.reference.state_dict()
-        model_state = sharding.full_state_dict(self.policy) if self.sharded else None
-        optimizer_state = sharding.full_optimizer_state(self.policy, self.optimizer) if self.sharded else None
-        if self.accelerator.is_main_process:
-            checkpoint.save_checkpoint(
-                path,
-                model=self.unwrapped_model,
-                tokenizer=self.tokenizer,
-                optimizer=self.optimizer,
-                scheduler=self.scheduler,
-                trainer_state={"step": self.step, "prompts": self.prompts.state_dict()},
-                rng_states=rng_states,
-                extra_tensors={"reference": reference, **self.hooks.state_dict()},
-                model_state=model_state,
-                optimizer_state=optimizer_state,
-            )
-            checkpoint.prune_checkpoints(self.args.output_dir, self.args.save_total_limit)
-        self.accelerator.wait_for_everyone()
-        return path
-
-    def _resume(self, resume: str | bool) -> None:
-        output_dir = self.args.output_dir
-        path = checkpoint.latest_checkpoint(output_dir) if resume in (True, "latest") else Path(str(resume))
-        if path is None:
-            raise FileNotFoundError(f"resume_from_checkpoint: no checkpoint-* found in {output_dir}")
-        load_optimizer_state = None  # the optimizer's own load_state_dict
-        if self.sharded:
-            sharding.load_sharded_weights(self.policy, self.model, path)
-            load_optimizer_state = partial(sharding.load_full_optimizer_state, self.policy, self.optimizer)
-        else:
-            checkpoint.load_model_weights(self.unwrapped_model, path)
-        state, extra = checkpoint.load_checkpoint(
-            path,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            generator=self.generator,
-            process_index=self.accelerator.process_index,
-            num_processes=self.accelerator.num_processes,
-            load_optimizer_state=load_optimizer_state,
-        )
-        self.step = int(state["step"])
-        self.prompts.load_state_dict(state["prompts"])
-        if self.reference is not None:
-            self.reference.load_state_dict(extra.get("reference"))
-        self.hooks.load_state_dict(extra)
+        """Everything a resume needs, in ``<output_dir>/checkpoint-<step>`` (``train.run_state``)."""
+        return self.run_state.save(self.args.output_dir, self.step, self.args.save_total_limit)

@@ -14,19 +14,18 @@ from grpokit.core import PolicyLoss, top_entropy_mask
 from grpokit.train.batch import RolloutBatch, micro_batch_indices
 from grpokit.train.sharding import unwrap_tensor
 
-__all__ = ["UpdateContext", "keeps_whole_groups", "run_update", "shuffled_rows"]
+__all__ = ["UpdateContext", "keeps_whole_groups", "optimizer_step", "run_update", "shuffled_rows"]
 
 
 @dataclass
 class UpdateContext:
-    """What an update needs besides the batch: the loss, the model, its optimizer and how to step them."""
+    """What an update needs besides the batch: the loss, the model, and how to take an optimizer step."""
 
     loss: PolicyLoss  # hyperparameters fixed for the run
-    policy: torch.nn.Module  # PolicyLogprobs, possibly wrapped by DistributedDataParallel
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    backward: Callable[[torch.Tensor], None]  # accelerator.backward
-    clip_grad_norm: Callable[[float], torch.Tensor | None]  # returns the pre-clip global norm
+    policy: torch.nn.Module  # PolicyLogprobs, possibly wrapped (DDP, FSDP, a DeepSpeed engine)
+    backward: Callable[[torch.Tensor], None]  # accelerator.backward, or the DeepSpeed engine's
+    step: Callable[[float], torch.Tensor | None]  # clip to max_norm, optimizer + scheduler step, zero the
+    # gradients; returns the pre-clip global gradient norm
     sum_across_processes: Callable[[torch.Tensor], torch.Tensor]
     num_processes: int
     generator: torch.Generator
@@ -40,27 +39,44 @@ class UpdateContext:
         optimizer: torch.optim.Optimizer,
         scheduler: Any,
         generator: torch.Generator,
+        zero: Any = None,
     ) -> UpdateContext:
         """Backward, gradient clipping (the pre-clip global norm, a plain tensor also when the gradients
-        are sharded) and cross-process sums through ``accelerator``."""
-
-        def clip(max_norm: float) -> torch.Tensor | None:
-            params = [p for p in policy.parameters() if p.requires_grad]
-            if max_norm and max_norm > 0:
-                return unwrap_tensor(accelerator.clip_grad_norm_(params, max_norm))
-            return unwrap_tensor(torch.nn.utils.clip_grad_norm_(params, float("inf")))
-
+        are sharded), the optimizer and scheduler steps and cross-process sums through ``accelerator``;
+        backward and step through the DeepSpeed engine when ``zero`` (``train.zero.ZeroEngine``) is given."""
+        step = optimizer_step(optimizer, scheduler, policy, accelerator.clip_grad_norm_)
         return cls(
             loss=loss,
             policy=policy,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            backward=accelerator.backward,
-            clip_grad_norm=clip,
+            backward=accelerator.backward if zero is None else zero.backward,
+            step=step if zero is None else zero.step_function(scheduler),
             sum_across_processes=lambda t: accelerator.reduce(t.to(accelerator.device), "sum"),
             num_processes=accelerator.num_processes,
             generator=generator,
         )
+
+
+def optimizer_step(
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    policy: torch.nn.Module,
+    clip_grad_norm: Callable[..., Any] = torch.nn.utils.clip_grad_norm_,
+) -> Callable[[float], torch.Tensor | None]:
+    """``step(max_norm)``: clip the trainable gradients to ``max_norm`` (0: measure only), step the
+    optimizer and the scheduler, zero the gradients; returns the pre-clip global norm."""
+
+    def step(max_norm: float) -> torch.Tensor | None:
+        params = [p for p in policy.parameters() if p.requires_grad]
+        if max_norm and max_norm > 0:
+            norm = unwrap_tensor(clip_grad_norm(params, max_norm))
+        else:
+            norm = unwrap_tensor(torch.nn.utils.clip_grad_norm_(params, float("inf")))
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    return step
 
 
 def run_update(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext) -> dict[str, float]:
@@ -97,10 +113,7 @@ def _optimizer_step(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext)
         metric_sums["loss"] += float(loss.detach())  # micro-batch losses add up to the step's loss
         for name, value in metrics.items():
             metric_sums[name] += float(value) / len(micro_batches)
-    grad_norm = ctx.clip_grad_norm(config.max_grad_norm)
-    ctx.optimizer.step()
-    ctx.scheduler.step()
-    ctx.optimizer.zero_grad(set_to_none=True)
+    grad_norm = ctx.step(config.max_grad_norm)
     if grad_norm is not None:
         metric_sums["grad_norm"] = float(grad_norm)
     return dict(metric_sums)

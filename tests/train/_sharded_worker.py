@@ -1,4 +1,4 @@
-"""Run by tests/train/test_fsdp.py: GRPO steps with scripted completions, sharded (``fsdp="full_shard"``)
+"""Run by tests/train/test_sharding.py: GRPO steps with scripted completions, sharded (``fsdp="full_shard"``)
 over the processes of a ``torchrun`` launch, or in one process (the comparison). Writes the final weights
 (``save_model``) to ``<out>/model`` and what the run saw to ``<out>/rank<k>.json``."""
 
@@ -26,21 +26,26 @@ def reward(prompts, completions, completion_ids, solution, **kwargs):
 
 def run(policy_dir: str, out: str, num_processes: int, option: str = "") -> GRPOTrainer:
     """``option``: "resume" (interrupt after step 1, resume), "checkpointing" (gradient checkpointing),
-    "lora" (LoRA adapters on q/v/down projections), "bf16" (bf16 mixed precision)."""
+    "lora" (LoRA adapters on q/v/down projections), "bf16" (bf16 mixed precision); "zero2" and
+    "zero2-resume": DeepSpeed ZeRO-2 instead of FSDP, two micro-batches per optimizer step."""
     torch.set_num_threads(1)
+    zero = option.startswith("zero2") and num_processes > 1
+    accumulation = 2 if zero else 1
     rows = [{"prompt": f"{a}+{b}+{a}{b}=", "solution": str(a + b)} for a in range(4) for b in range(4)]
     config = GRPOConfig(
         output_dir=out,
         max_steps=2,
         num_generations=4,
-        per_device_train_batch_size=16 // num_processes,  # 4 prompts x G=4 per step in all
+        per_device_train_batch_size=16 // num_processes // accumulation,  # 4 prompts x G=4 per step in all
+        gradient_accumulation_steps=accumulation,
         max_completion_length=6,
         num_iterations=2,
         beta=0.04,
         sync_ref_model=option != "lora",  # reference reset to the policy after every step (LoRA: refused)
         ref_model_sync_steps=1,
         learning_rate=1e-2,
-        fsdp="full_shard" if num_processes > 1 else "",
+        fsdp="full_shard" if num_processes > 1 and not zero else "",
+        deepspeed={"zero_optimization": {"stage": 2}} if zero else None,
         gradient_checkpointing=option == "checkpointing",
         bf16=option == "bf16",
         save_steps=1,
@@ -57,7 +62,7 @@ def run(policy_dir: str, out: str, num_processes: int, option: str = "") -> GRPO
         config.learning_rate = 5e-2
     trainer = GRPOTrainer(policy_dir, [reward], config, train_dataset=rows, peft_config=peft)
     trainer.backend = ScriptedBackend(trainer.tokenizer, respond)
-    if option == "resume":
+    if option in ("resume", "zero2-resume"):
         trainer.max_steps = 1  # interrupted after the checkpoint at step 1 ...
         trainer.train()
         trainer = GRPOTrainer(policy_dir, [reward], config, train_dataset=rows)
@@ -82,7 +87,12 @@ def main(policy_dir: str, out: str, num_processes: str, option: str = "") -> Non
     trainer.backend.generate = recording
     greedy = trainer.sample([{"prompt": "9+9+99="}, {"prompt": "1+2+12="}], greedy=True).texts
     rank = trainer.accelerator.process_index
-    record = {"sharded": trainer.sharded, "greedy": greedy, "step": trainer.step}
+    record = {
+        "sharded": trainer.sharded,
+        "strategy": trainer.strategy,
+        "greedy": greedy,
+        "step": trainer.step,
+    }
     record["compute_dtype"] = gathered[0]
     with open(f"{out}/rank{rank}.json", "w") as f:
         json.dump(record, f)

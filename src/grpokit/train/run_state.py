@@ -1,0 +1,119 @@
+"""Saving and resuming a run under each strategy: what is written where (``train.checkpoint``), and how the
+states are gathered first: FSDP's full weights and optimizer state (``train.sharding``), DeepSpeed ZeRO's
+partitioned optimizer state (each process writes its own part through the engine), every process's RNG
+state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate.utils import gather_object
+
+from grpokit.train import checkpoint, sharding
+
+__all__ = ["RunState"]
+
+ZERO_TAG = "deepspeed"
+"""Subdirectory of a checkpoint holding the DeepSpeed engine's files (ZeRO runs)."""
+
+
+@dataclass
+class RunState:
+    """The parts of a run a checkpoint holds, and the strategy they are placed by."""
+
+    accelerator: Any
+    model: torch.nn.Module  # the bare policy (transformers or PEFT)
+    policy: torch.nn.Module  # what the update calls: PolicyLogprobs, DDP, the FSDP root or the engine
+    tokenizer: Any
+    optimizer: Any
+    scheduler: Any
+    reference: Any  # train.reference.Reference or None
+    hooks: Any  # train.hooks.StepHooks
+    prompts: Any  # train.prompts.PromptSampler
+    generator: torch.Generator
+    strategy: str  # "ddp", "fsdp" or "zero"
+    zero: Any = None  # train.zero.ZeroEngine
+
+    def save_model(self, path: str | Path) -> None:
+        """A standard ``transformers`` directory (model + tokenizer; a PEFT model writes its adapters);
+        under FSDP the full weights are gathered first."""
+        self.accelerator.wait_for_everyone()
+        state = sharding.full_state_dict(self.policy) if self.strategy == "fsdp" else None  # a collective
+        if self.accelerator.is_main_process:
+            Path(path).mkdir(parents=True, exist_ok=True)
+            self.model.save_pretrained(path, state_dict=state)
+            self.tokenizer.save_pretrained(path)
+
+    def save(self, output_dir: str | Path, step: int, save_total_limit: int | None) -> Path:
+        """Everything a resume needs, in ``<output_dir>/checkpoint-<step>``."""
+        path = checkpoint.checkpoint_dir(output_dir, step)
+        main = self.accelerator.is_main_process
+        # collectives first (every process takes part), then the main process writes
+        rng_states = gather_object([checkpoint.rng_state(self.generator)])  # [one per process]
+        reference = None if self.reference is None else self.reference.state_dict()
+        model_state = optimizer_state = None
+        if self.strategy == "fsdp":
+            model_state = sharding.full_state_dict(self.policy)
+            optimizer_state = sharding.full_optimizer_state(self.policy, self.optimizer)
+        staged = None
+        if self.strategy == "zero":  # each process writes its optimizer partition into the staged dir
+            staged = checkpoint.staging_dir(path, create=main)
+            self.accelerator.wait_for_everyone()
+            self.zero.engine.save_checkpoint(str(staged), tag=ZERO_TAG)
+            self.accelerator.wait_for_everyone()
+            optimizer_state = {}  # in the engine's files
+        if main:
+            checkpoint.save_checkpoint(
+                path,
+                model=self.model,
+                tokenizer=self.tokenizer,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                trainer_state={"step": step, "prompts": self.prompts.state_dict()},
+                rng_states=rng_states,
+                extra_tensors={"reference": reference, **self.hooks.state_dict()},
+                model_state=model_state,
+                optimizer_state=optimizer_state,
+                staged=staged is not None,
+            )
+            checkpoint.prune_checkpoints(output_dir, save_total_limit)
+        self.accelerator.wait_for_everyone()
+        return path
+
+    def resume(self, resume: str | bool, output_dir: str | Path) -> int:
+        """Load the checkpoint ``resume`` names (True / "latest": the newest in ``output_dir``); returns
+        its step."""
+        path = checkpoint.latest_checkpoint(output_dir) if resume in (True, "latest") else Path(str(resume))
+        if path is None:
+            raise FileNotFoundError(f"resume_from_checkpoint: no checkpoint-* found in {output_dir}")
+        load_optimizer_state = None  # the optimizer's own load_state_dict
+        if self.strategy == "fsdp":
+            sharding.load_sharded_weights(self.policy, self.model, path)
+            load_optimizer_state = partial(sharding.load_full_optimizer_state, self.policy, self.optimizer)
+        elif self.strategy == "zero":  # weights and this process's optimizer partition, from the engine
+            self.zero.engine.load_checkpoint(str(path), tag=ZERO_TAG, load_lr_scheduler_states=False)
+            load_optimizer_state = _loaded_by_the_engine
+        else:
+            checkpoint.load_model_weights(self.model, path)
+        state, extra = checkpoint.load_checkpoint(
+            path,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            generator=self.generator,
+            process_index=self.accelerator.process_index,
+            num_processes=self.accelerator.num_processes,
+            load_optimizer_state=load_optimizer_state,
+        )
+        self.prompts.load_state_dict(state["prompts"])
+        if self.reference is not None:
+            self.reference.load_state_dict(extra.get("reference"))
+        self.hooks.load_state_dict(extra)
+        return int(state["step"])
+
+
+def _loaded_by_the_engine(state: dict[str, Any]) -> None:
+    """ZeRO: ``optimizer.pt`` is empty; the engine restored the optimizer from its own files."""
