@@ -308,7 +308,7 @@ def test_iterative_state_survives_a_resume(tiny_model_dir, tmp_path):
         iterative_reward_model=iterative_rm(8),
         rm_label_func="chain_steps",
     )
-    second._resume(str(tmp_path / "run" / "checkpoint-1"))
+    second.step = second.run_state.resume(str(tmp_path / "run" / "checkpoint-1"), second.args.output_dir)
     assert len(second.iterative.pending) == 4
     assert params_equal(second.iterative.reward_model.model, first.iterative.reward_model.model)
     metrics = second.training_step()

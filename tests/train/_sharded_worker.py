@@ -45,7 +45,7 @@ def run(policy_dir: str, out: str, num_processes: int, option: str = "") -> GRPO
         ref_model_sync_steps=1,
         learning_rate=1e-2,
         fsdp="full_shard" if num_processes > 1 and not zero else "",
-        deepspeed={"zero_optimization": {"stage": 2}} if zero else None,
+        deepspeed="zero2" if zero else None,
         gradient_checkpointing=option == "checkpointing",
         bf16=option == "bf16",
         save_steps=1,

@@ -175,5 +175,15 @@ def test_deepspeed_is_requested_by_config_or_accelerate_launch(monkeypatch, tmp_
     assert "train_batch_size" not in deepspeed_config(GRPOConfig(deepspeed=str(file)))
     with pytest.raises(ValueError, match="one process"):
         placement(GRPOConfig(deepspeed=str(file)), 1)
-    with pytest.raises(ValueError, match="not a DeepSpeed JSON file"):
+    with pytest.raises(ValueError, match="nor a DeepSpeed JSON file"):
         placement(GRPOConfig(deepspeed=str(tmp_path / "missing.json")), 2)
+
+
+def test_deepspeed_from_the_command_line():
+    from grpokit.cli.recipes import parse_train_args
+    from grpokit.train.zero import deepspeed_config
+
+    args = parse_train_args(["arithmetic-tiny", "deepspeed=zero2"]).config
+    assert deepspeed_config(args)["zero_optimization"] == {"stage": 2}
+    with pytest.raises(ValueError, match="neither zero1, zero2, zero3 nor a DeepSpeed JSON file"):
+        deepspeed_config(parse_train_args(["arithmetic-tiny", "deepspeed=zero5"]).config)

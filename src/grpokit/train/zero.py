@@ -1,8 +1,8 @@
 """DeepSpeed ZeRO stages 1 and 2: AdamW's state (stage 1) and the gradients (stage 2) partitioned over the
 processes, the weights replicated.
 
-Requested by ``GRPOConfig.deepspeed`` (TRL's name: a DeepSpeed JSON file or dict; its
-``zero_optimization`` section is used) or by ``accelerate launch`` with a DeepSpeed config
+Requested by ``GRPOConfig.deepspeed`` (``"zero1"``/``"zero2"``, or as in TRL a DeepSpeed JSON file or
+dict, whose ``zero_optimization`` section is used) or by ``accelerate launch`` with a DeepSpeed config
 (``recipes/accelerate/deepspeed_zero2.yaml``: ``ACCELERATE_USE_DEEPSPEED``, ``ACCELERATE_DEEPSPEED_*``).
 
 grpokit builds the engine itself (``deepspeed.initialize`` around ``PolicyLogprobs``, the module whose
@@ -27,7 +27,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["ZeroEngine", "deepspeed_config", "zero_requested"]
+__all__ = ["SHORTHANDS", "ZeroEngine", "deepspeed_config", "zero_requested"]
+
+SHORTHANDS = {"zero1": 1, "zero2": 2, "zero3": 3}
+"""``GRPOConfig.deepspeed`` values that name a ZeRO stage (3 is refused with a message)."""
 
 
 def _launch_config() -> dict[str, Any] | None:
@@ -50,9 +53,13 @@ def _user_config(args: Any) -> dict[str, Any] | None:
         return _launch_config()
     if isinstance(spec, dict):
         return dict(spec)
+    if spec in SHORTHANDS:
+        return {"zero_optimization": {"stage": SHORTHANDS[spec]}}
     path = Path(str(spec))
     if not path.is_file():
-        raise ValueError(f"GRPOConfig.deepspeed: {spec!r} is not a DeepSpeed JSON file")
+        raise ValueError(
+            f"GRPOConfig.deepspeed: {spec!r} is neither {', '.join(SHORTHANDS)} nor a DeepSpeed JSON file"
+        )
     return json.loads(path.read_text())
 
 
