@@ -59,7 +59,7 @@ def test_a_recipe_that_fits(capsys):
     [
         (["num_processes=0"], "num_processes"),
         (["num_processes=two"], "num_processes"),
-        (["strategy=zero3"], "strategy"),
+        (["strategy=zero4"], "strategy"),
         (["device_memory_gb=-1"], "device_memory_gb"),
         (["model=nobody/no-such-model"], "model"),
         (["model=tiny:no-such-task"], "model"),

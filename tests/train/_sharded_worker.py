@@ -26,10 +26,10 @@ def reward(prompts, completions, completion_ids, solution, **kwargs):
 
 def run(policy_dir: str, out: str, num_processes: int, option: str = "") -> GRPOTrainer:
     """``option``: "resume" (interrupt after step 1, resume), "checkpointing" (gradient checkpointing),
-    "lora" (LoRA adapters on q/v/down projections), "bf16" (bf16 mixed precision); "zero2" and
-    "zero2-resume": DeepSpeed ZeRO-2 instead of FSDP, two micro-batches per optimizer step."""
+    "lora" (LoRA adapters on q/v/down projections), "bf16" (bf16 mixed precision); "zero2", "zero3" and
+    "zero2-resume", "zero3-resume": DeepSpeed ZeRO instead of FSDP, two micro-batches per optimizer step."""
     torch.set_num_threads(1)
-    zero = option.startswith("zero2") and num_processes > 1
+    zero = option.startswith("zero") and num_processes > 1
     accumulation = 2 if zero else 1
     rows = [{"prompt": f"{a}+{b}+{a}{b}=", "solution": str(a + b)} for a in range(4) for b in range(4)]
     config = GRPOConfig(
@@ -45,7 +45,7 @@ def run(policy_dir: str, out: str, num_processes: int, option: str = "") -> GRPO
         ref_model_sync_steps=1,
         learning_rate=1e-2,
         fsdp="full_shard" if num_processes > 1 and not zero else "",
-        deepspeed="zero2" if zero else None,
+        deepspeed=option.split("-")[0] if zero else None,
         gradient_checkpointing=option == "checkpointing",
         bf16=option == "bf16",
         save_steps=1,
@@ -62,7 +62,7 @@ def run(policy_dir: str, out: str, num_processes: int, option: str = "") -> GRPO
         config.learning_rate = 5e-2
     trainer = GRPOTrainer(policy_dir, [reward], config, train_dataset=rows, peft_config=peft)
     trainer.backend = ScriptedBackend(trainer.tokenizer, respond)
-    if option in ("resume", "zero2-resume"):
+    if option.endswith("resume"):
         trainer.max_steps = 1  # interrupted after the checkpoint at step 1 ...
         trainer.train()
         trainer = GRPOTrainer(policy_dir, [reward], config, train_dataset=rows)
@@ -76,7 +76,7 @@ def run(policy_dir: str, out: str, num_processes: int, option: str = "") -> GRPO
 def main(policy_dir: str, out: str, num_processes: str, option: str = "") -> None:
     trainer = run(policy_dir, out, int(num_processes), option)
     # generation from the gathered weights: greedy fast sampler on held-out prompts
-    trainer.backend = make_backend("fast", trainer.model)
+    trainer.backend = make_backend("fast", trainer.generation_model)
     gathered = []
     original = trainer.backend.generate
 

@@ -248,7 +248,7 @@ def test_table_and_fits():
 @pytest.mark.parametrize(
     "options, field",
     [
-        ({"strategy": "zero3"}, "strategy"),
+        ({"strategy": "zero4"}, "strategy"),
         ({"num_processes": 0}, "num_processes"),
         ({"device_type": "tpu"}, "device_type"),
         ({"lora_r": 0}, "lora_r"),
@@ -409,3 +409,16 @@ def test_zero2_partitions_the_optimizer_state_and_keeps_the_weights_whole():
     assert zero.optimizer == math.ceil(2 * total * 4 / 4)  # AdamW's two states, one quarter each
     assert zero.reference == ddp.reference == total * 4 and zero.grad_buckets == 0
     assert zero.peak < ddp.peak
+
+
+def test_zero3_splits_like_fsdp_and_keeps_a_full_generation_copy():
+    config = tiny_config()
+    args = GRPOConfig(num_generations=4, per_device_train_batch_size=8, max_prompt_length=16)
+    total = count_parameters(config)
+    zero3 = plan_memory(config, args, num_processes=4, strategy="zero3")
+    fsdp = plan_memory(config, args, num_processes=4, strategy="fsdp")
+    assert zero3.weights == fsdp.weights == math.ceil(total * 4 / 4)
+    assert zero3.optimizer == fsdp.optimizer and zero3.reference == fsdp.reference
+    assert zero3.generation_copy == total * 4 and fsdp.generation_copy == 0
+    # the copy is resident: every phase holds it
+    assert zero3.phases["update"] - fsdp.phases["update"] >= total * 4 - fsdp.fsdp_gathered

@@ -1,5 +1,6 @@
-"""``grpokit plan [RECIPE] [key=value ...] [num_processes=N] [strategy=ddp|fsdp|zero] [device_memory_gb=X]``:
-the memory one device needs for a recipe, from the model's config alone (``grpokit.train.memory_plan``).
+"""``grpokit plan [RECIPE] [key=value ...] [num_processes=N] [strategy=...] [device_memory_gb=X]``: the
+memory one device needs for a recipe (strategy: ddp, fsdp, zero, zero3), from the model's config alone
+(``grpokit.train.memory_plan``).
 
 The model's config comes from a local directory's config.json, the built-in tiny policy's sizes
 (``tiny:<task>``, nothing trained), the configs shipped in ``recipes/model_configs`` (hub ids with "/" as
@@ -31,8 +32,9 @@ __all__ = [
 MODEL_CONFIGS_DIR = RECIPES_DIR / "model_configs"
 DEFAULT_DEVICE_MEMORY_GB = 80.0
 PLAN_KEYS = ("num_processes", "strategy", "device_memory_gb")
+STRATEGIES = ("ddp", "fsdp", "zero", "zero3")
 USAGE = (
-    "usage: grpokit plan [RECIPE.yaml] [key=value ...] [num_processes=N] [strategy=ddp|fsdp|zero] "
+    "usage: grpokit plan [RECIPE.yaml] [key=value ...] [num_processes=N] [strategy=ddp|fsdp|zero|zero3] "
     "[device_memory_gb=X]\n"
     "Prints the per-device memory of a recipe (see `grpokit train --help` for the recipe options).\n"
     "num_processes: processes (GPUs) of the run, default 1. strategy: default fsdp when the recipe's fsdp "
@@ -98,7 +100,7 @@ def plan_train_args(
     "zero" when it names a ``deepspeed`` config, else "ddp"."""
     if strategy is None:
         config = train_args.config
-        strategy = "fsdp" if "full_shard" in config.fsdp.split() else "zero" if config.deepspeed else "ddp"
+        strategy = "fsdp" if "full_shard" in config.fsdp.split() else _zero_strategy(config)
     return plan_memory(
         load_model_config(train_args.model),
         train_args.config,
@@ -120,6 +122,15 @@ def fit_warning(plan: MemoryPlan, device_memory_gb: float) -> str | None:
         f"grpokit: WARNING: the plan needs {plan.peak / GIB:.2f} GiB per device, more than the declared "
         f"{device_memory_gb:g} GiB (peak in {phase}; biggest parts, GiB: {biggest})"
     )
+
+
+def _zero_strategy(config: Any) -> str:
+    """ "zero3" / "zero" for a DeepSpeed run (by its ZeRO stage), else "ddp"."""
+    if not config.deepspeed:
+        return "ddp"
+    from grpokit.train.zero import zero_stage
+
+    return "zero3" if zero_stage(config) == 3 else "zero"
 
 
 def describe_plan(
@@ -173,8 +184,8 @@ def _plan_options(options: dict[str, str]) -> tuple[int, str | None, float]:
     if num_processes < 1:
         raise SystemExit(f"grpokit: num_processes must be an integer >= 1, got {options['num_processes']!r}")
     strategy = options.get("strategy")
-    if strategy is not None and strategy not in ("ddp", "fsdp", "zero"):
-        raise SystemExit(f"grpokit: strategy must be ddp, fsdp or zero, got {strategy!r}")
+    if strategy is not None and strategy not in STRATEGIES:
+        raise SystemExit(f"grpokit: strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     try:
         memory = float(options.get("device_memory_gb", DEFAULT_DEVICE_MEMORY_GB))
     except ValueError:

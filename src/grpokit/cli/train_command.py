@@ -184,8 +184,13 @@ def print_memory_plan(args: TrainArgs) -> None:
 
     if int(os.environ.get("RANK", "0")) != 0:
         return
+    from grpokit.train.zero import zero_stage
+
     processes = int(os.environ.get("WORLD_SIZE", "1"))
-    print(describe_plan(args, processes, placement(args.config, processes)), flush=True)
+    strategy = placement(args.config, processes)
+    if strategy == "zero" and zero_stage(args.config) == 3:
+        strategy = "zero3"
+    print(describe_plan(args, processes, strategy), flush=True)
 
 
 def run_training(args: TrainArgs) -> dict[str, Any]:

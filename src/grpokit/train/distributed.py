@@ -101,7 +101,8 @@ def prepare_policy(
 ) -> PreparedPolicy:
     """The model inside ``PolicyLogprobs`` (whose forward is the lean log-prob pass, so DDP, FSDP and
     DeepSpeed see that pass) under ``strategy``: "ddp" (accelerate: DDP under several processes), "fsdp"
-    (``train.sharding``; the reference sharded too) or "zero" (DeepSpeed ZeRO-1/2, ``train.zero``); then
+    (``train.sharding``; the reference sharded too) or "zero" (DeepSpeed ZeRO, ``train.zero``; at stage 3
+    the reference partitioned too); then
     the optimizer over its (possibly sharded) parameters. ``model`` stays the bare model (moved, or
     sharded, in place)."""
     from grpokit.train.forward import PolicyLogprobs
@@ -121,9 +122,11 @@ def prepare_policy(
         from grpokit.train.zero import ZeroEngine
 
         optimizer, scheduler = build_optimizers(model, args, total_optimizer_steps)
-        zero = ZeroEngine(PolicyLogprobs(model.to(accelerator.device)), optimizer, args)
+        zero = ZeroEngine(model.to(accelerator.device), optimizer, args)
         if reference is not None:
             reference.to(accelerator.device)
+            if zero.stage == 3:
+                reference.partition(args, zero.engine.module)
         return PreparedPolicy(zero.engine, zero.optimizer, scheduler, zero)
     from grpokit.train.sharding import shard
 

@@ -144,8 +144,11 @@ def no_grad_logprobs(
     run = model if isinstance(model, PolicyLogprobs) else PolicyLogprobs(model)
     was_training = model.training
     run.eval()
+    # Weights that DeepSpeed ZeRO-3 gathers during the pass (and may keep) must not become inference
+    # tensors, which autograd refuses later: plain no_grad there.
+    partitioned = hasattr(next(run.parameters()), "ds_id")
     try:
-        with torch.inference_mode():
+        with torch.no_grad() if partitioned else torch.inference_mode():
             parts = []
             for s in range(0, batch, step):
                 sl = slice(s, s + step)

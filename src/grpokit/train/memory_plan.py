@@ -116,7 +116,8 @@ class MemoryPlan:
     autocast_copies: int = _part("low-precision copies of float32 weights autocast keeps for the backward")
     head: int = _part("chunked LM head: float32 [chunk, V] logits, [M, H] hidden states and gradient")
     logprob_pass: int = _part("a no-grad reference / old-policy pass over one micro-batch")
-    fsdp_gathered: int = _part("FSDP: embeddings/head + two layers gathered, one layer's gradients")
+    fsdp_gathered: int = _part("FSDP/ZeRO-3: embeddings/head + two layers gathered, one layer's gradients")
+    generation_copy: int = _part("ZeRO-3: the full copy of the policy that generation reads (every phase)")
     generation_weights: int = _part("FSDP's full weights, fast sampler's fused copies, autocast copies")
     kv_cache: int = _part("generation KV cache")
     generation_activations: int = _part("prefill of one batch of prompts, float32 sampling logits")
@@ -189,18 +190,21 @@ def plan_memory(
     ``strategy``: "ddp" (every process holds everything), "fsdp" (weights, gradients, optimizer state and
     reference sharded) or "zero" (DeepSpeed ZeRO-2: AdamW state and the reduced gradients partitioned, the
     weights and the reference replicated; the full-size gradients of the backward counted before their
-    reduction, an upper bound). ``lora_r``: train LoRA adapters of that rank on ``lora_target_modules``
-    (None: all linear layers but the LM head). ``device_type``: "cuda" (AdamW's foreach step: one
-    trainable-sized temporary) or "cpu" (per-tensor step: two copies of the largest tensor).
+    reduction, an upper bound) or "zero3" (DeepSpeed ZeRO-3: split like FSDP, plus the full copy of the
+    policy that generation reads, kept in every phase). ``lora_r``: train LoRA adapters of that rank on
+    ``lora_target_modules`` (None: all linear layers but the LM head). ``device_type``: "cuda" (AdamW's
+    foreach step: one trainable-sized temporary) or "cpu" (per-tensor step: two copies of the largest
+    tensor).
     """
-    if strategy not in ("ddp", "fsdp", "zero"):
-        raise ValueError(f"strategy must be 'ddp', 'fsdp' or 'zero', got {strategy!r}")
+    if strategy not in ("ddp", "fsdp", "zero", "zero3"):
+        raise ValueError(f"strategy must be 'ddp', 'fsdp', 'zero' or 'zero3', got {strategy!r}")
     if not isinstance(num_processes, int) or num_processes < 1:
         raise ValueError(f"num_processes must be an integer >= 1, got {num_processes!r}")
     if device_type not in ("cuda", "cpu"):
         raise ValueError(f"device_type must be 'cuda' or 'cpu', got {device_type!r}")
     shape = ModelShape.from_config(model_config)
-    n, fsdp, lora = num_processes, strategy == "fsdp", lora_r is not None
+    # fsdp: the weights (and everything with them) split; ZeRO-3 splits them the same way
+    n, fsdp, lora = num_processes, strategy in ("fsdp", "zero3"), lora_r is not None
     layers, vocab, hidden = shape.num_layers, shape.vocab_size, shape.hidden_size
 
     def shard(nbytes: int) -> int:
@@ -272,8 +276,8 @@ def plan_memory(
         + 2 * min(HEAD_CHUNK_ROWS, pass_rows * completion) * vocab * 4
     )
     # FSDP under mixed precision gathers the weights in the compute dtype (no autocast casts needed then)
-    g = c if fsdp else w  # bytes per gathered / generation weight
-    policy_casts = c * (layers * linear_layer + vocab * hidden) if c != w and not lora and not fsdp else 0
+    g = c if strategy == "fsdp" else w  # bytes per gathered / generation weight
+    policy_casts = c * (layers * linear_layer + vocab * hidden) if c != g and not lora else 0
     if fsdp:
         gathered = shape.root_parameters() + (2 if lora else 3) * shape.layer_parameters()
         p["fsdp_gathered"] = gathered * g
@@ -281,7 +285,9 @@ def plan_memory(
     # --- generation: this process's prompts x G ------------------------------------------------------------
     prompts, group = math.ceil(batch.prompts / n), args.num_generations
     kv_per_token = 2 * layers * shape.num_kv_heads * shape.head_dim * c  # keys/values come out in c
-    p["generation_weights"] = (total * g + (trainable_bytes if lora else 0)) if fsdp else 0
+    p["generation_weights"] = (total * g + (trainable_bytes if lora else 0)) if strategy == "fsdp" else 0
+    if strategy == "zero3":  # a persistent full copy, refreshed before each generation
+        p["generation_copy"] = full_weights
     if args.generation_backend == "fast":  # fused [q; k; v] and [gate; up]; each prompt's cache once
         shapes = shape.linear_shapes()
         fused = sum(i * o for name, (i, o) in shapes.items() if name not in ("o_proj", "down_proj"))
@@ -307,6 +313,7 @@ def plan_memory(
 
     # --- phases -------------------------------------------------------------------------------------------
     resident = p["weights"] + p["optimizer"] + p["grad_buckets"] + (0 if offloaded else p.get("reference", 0))
+    resident += p.get("generation_copy", 0)
     phases = {"generation": resident + p["generation_weights"] + p["kv_cache"] + p["generation_activations"]}
     passes = []
     if args.beta > 0:

@@ -65,6 +65,7 @@ class Reference:
         self.device: torch.device | None = None
         self.runner: torch.nn.Module | None = None  # what the log-prob pass calls (set when sharded)
         self.sharded_policy: torch.nn.Module | None = None
+        self.zero3 = False  # partitioned by DeepSpeed ZeRO-3 (``partition``)
 
     def shard(
         self, device: torch.device, sharded_policy: torch.nn.Module, compute_dtype: torch.dtype | None = None
@@ -85,6 +86,16 @@ class Reference:
             self.runner = sharded_policy
         else:
             self.runner = shard(PolicyLogprobs(self.model.to(device)), self.model, compute_dtype)
+
+    def partition(self, args: Any, policy_runner: torch.nn.Module) -> None:
+        """Under DeepSpeed ZeRO-3: partition the copy like the policy (an inference-only engine,
+        ``train.zero.partitioned_runner``); the adapter case runs the partitioned policy itself."""
+        from grpokit.train.zero import partitioned_runner
+
+        if self.offload:
+            raise ValueError("GRPOConfig.ref_model_offload is not supported with DeepSpeed ZeRO-3")
+        self.zero3 = True
+        self.runner = policy_runner if self.model is None else partitioned_runner(self.model, args)
 
     @classmethod
     def for_run(cls, policy: torch.nn.Module, args: Any, *, adapter_disabled: bool) -> Reference | None:
@@ -119,6 +130,12 @@ class Reference:
         """ref <- alpha * policy + (1 - alpha) * ref (:func:`sync_reference`)."""
         if self.model is None:
             raise ValueError("the reference of a PEFT policy is its base model: it cannot be reset")
+        if self.zero3:  # gather both, change the reference's on one process, partition again
+            from grpokit.train.zero import gathered_params
+
+            with gathered_params(self.model, modifier_rank=0), gathered_params(self.policy):
+                sync_reference(self.model, self.policy, alpha)
+            return
         if self.runner is not None:  # sharded: a root keeps its weights gathered after a no-grad forward
             self.runner.reshard()
             self.sharded_policy.reshard()
@@ -129,6 +146,10 @@ class Reference:
         weights, gathered (a collective: every process calls it; the main one gets them)."""
         if self.model is None:
             return None
+        if self.zero3:
+            from grpokit.train.zero import gathered_state
+
+            return gathered_state(self.model)
         if self.runner is not None:
             from grpokit.train.sharding import full_state_dict
 
@@ -138,7 +159,11 @@ class Reference:
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         if self.model is None or state is None:
             return
-        if self.runner is not None:
+        if self.zero3:
+            from grpokit.train.zero import load_gathered_state
+
+            load_gathered_state(self.model, state)
+        elif self.runner is not None:
             from grpokit.train.sharding import load_full_state_dict
 
             load_full_state_dict(self.runner, state)

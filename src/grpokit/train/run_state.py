@@ -42,7 +42,7 @@ class RunState:
         """A standard ``transformers`` directory (model + tokenizer; a PEFT model writes its adapters);
         under FSDP the full weights are gathered first."""
         self.accelerator.wait_for_everyone()
-        state = sharding.full_state_dict(self.policy) if self.strategy == "fsdp" else None  # a collective
+        state = self._full_model_state()  # a collective
         if self.accelerator.is_main_process:
             Path(path).mkdir(parents=True, exist_ok=True)
             self.model.save_pretrained(path, state_dict=state)
@@ -55,9 +55,8 @@ class RunState:
         # collectives first (every process takes part), then the main process writes
         rng_states = gather_object([checkpoint.rng_state(self.generator)])  # [one per process]
         reference = None if self.reference is None else self.reference.state_dict()
-        model_state = optimizer_state = None
+        model_state, optimizer_state = self._full_model_state(), None
         if self.strategy == "fsdp":
-            model_state = sharding.full_state_dict(self.policy)
             optimizer_state = sharding.full_optimizer_state(self.policy, self.optimizer)
         staged = None
         if self.strategy == "zero":  # each process writes its optimizer partition into the staged dir
@@ -83,6 +82,14 @@ class RunState:
             checkpoint.prune_checkpoints(output_dir, save_total_limit)
         self.accelerator.wait_for_everyone()
         return path
+
+    def _full_model_state(self) -> dict[str, torch.Tensor] | None:
+        """The full weights when they are split (FSDP, ZeRO-3; a collective), else None (the model's own)."""
+        if self.strategy == "fsdp":
+            return sharding.full_state_dict(self.policy)
+        if self.zero is not None:
+            return self.zero.full_state_dict()
+        return None
 
     def resume(self, resume: str | bool, output_dir: str | Path) -> int:
         """Load the checkpoint ``resume`` names (True / "latest": the newest in ``output_dir``); returns

@@ -123,7 +123,9 @@ class GRPOTrainer:
             self.model, self.args, self.accelerator, self.reference, total, self.strategy, optimizers
         )
         self.backend = rollout_backend or make_backend(
-            self.args.generation_backend, self.model, micro_batch_size=self.args.generation_micro_batch_size
+            self.args.generation_backend,
+            self.generation_model,
+            micro_batch_size=self.args.generation_micro_batch_size,
         )
         self.prompts = PromptSampler(len(self.train_rows), self.plan.prompts, self.args)
         # From here each process draws its own random numbers (sampling, row order): seed + process index.
@@ -156,9 +158,24 @@ class GRPOTrainer:
         return self.model
 
     @property
+    def generation_model(self) -> torch.nn.Module:
+        """The model generation reads: the policy, or under ZeRO-3 its full copy refreshed before each
+        generation."""
+        return self.zero.generation_model if self.zero is not None else self.model
+
+    @property
     def scorer(self) -> torch.nn.Module:
-        """What no-grad log-prob passes of the policy call: the model, or its sharded root under FSDP."""
+        """What no-grad log-prob passes of the policy call: the model, or its sharded (partitioned) root."""
+        if self.zero is not None:
+            return self.zero.scorer
         return self.policy if self.sharded else self.model
+
+    def _generation_weights(self) -> Any:
+        """A context with the full weights where generation reads them: FSDP gathers its units, ZeRO-3
+        refreshes its generation copy."""
+        if self.zero is not None:
+            return self.zero.for_generation()
+        return sharding.gathered(self.policy if self.sharded else None)
 
     @property
     def sharded(self) -> bool:
@@ -243,8 +260,8 @@ class GRPOTrainer:
         """G completions (one when ``greedy``) for each row's prompt from the current policy, decoded."""
         group = 1 if greedy else self.args.num_generations
         prompt_ids = [self.encode_prompt(row["prompt"]) for row in rows]
-        # mixed precision applies to every model pass, not only the update; FSDP: full weights to generate
-        with self.accelerator.autocast(), sharding.gathered(self.policy if self.sharded else None):
+        # mixed precision applies to every model pass, not only the update; full weights to generate from
+        with self.accelerator.autocast(), self._generation_weights():
             generated = self.backend.generate(prompt_ids, group, self.sampling_params(greedy))
         texts = self.tokenizer.batch_decode(generated.completion_ids, skip_special_tokens=True)
         return Samples([row for row in rows for _ in range(group)], prompt_ids, generated, texts)

@@ -1,5 +1,5 @@
-"""DeepSpeed ZeRO stages 1 and 2: AdamW's state (stage 1) and the gradients (stage 2) partitioned over the
-processes, the weights replicated.
+"""DeepSpeed ZeRO: AdamW's state (stage 1), the gradients (stage 2) and the weights (stage 3) partitioned
+over the processes.
 
 Requested by ``GRPOConfig.deepspeed`` (``"zero1"``/``"zero2"``, or as in TRL a DeepSpeed JSON file or
 dict, whose ``zero_optimization`` section is used) or by ``accelerate launch`` with a DeepSpeed config
@@ -13,24 +13,42 @@ accelerate's autocast, as without DeepSpeed, so the weights stay in their own dt
 ``save_pretrained`` writes them whole). The update calls the engine's ``backward`` then ``step`` per
 micro-batch, as DeepSpeed expects; the optimizer steps at the last micro-batch.
 
-Stage 3 (partitioned weights) is refused: the lean log-prob pass and the fast sampler read weights directly
-rather than through module calls; FSDP (``fsdp=full_shard``) shards the weights instead.
+Stage 3: DeepSpeed gathers a module's weights around its forward and backward. The lean log-prob pass reads
+the LM head's weight inside its fused chunked head rather than calling the module, so that weight is
+registered as an external parameter of the ``PolicyLogprobs`` root (gathered for the root's forward and
+backward). Generation reads weights directly too (the fast sampler's fused projections): it runs on a full
+copy of the policy kept on each device and refreshed from the gathered weights before every generation
+(the cost: one full copy of the weights per device, as FSDP's gather during generation). The reference is a
+second, inference-only engine (partitioned the same way); its reset and checkpoints gather weights
+explicitly (``gathered_params``).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["SHORTHANDS", "ZeroEngine", "deepspeed_config", "zero_requested"]
+__all__ = [
+    "SHORTHANDS",
+    "ZeroEngine",
+    "deepspeed_config",
+    "gathered_params",
+    "gathered_state",
+    "load_gathered_state",
+    "partitioned_runner",
+    "zero_requested",
+    "zero_stage",
+]
 
 SHORTHANDS = {"zero1": 1, "zero2": 2, "zero3": 3}
-"""``GRPOConfig.deepspeed`` values that name a ZeRO stage (3 is refused with a message)."""
+"""``GRPOConfig.deepspeed`` values that name a ZeRO stage."""
 
 
 def _launch_config() -> dict[str, Any] | None:
@@ -63,20 +81,17 @@ def _user_config(args: Any) -> dict[str, Any] | None:
     return json.loads(path.read_text())
 
 
+def zero_stage(args: Any) -> int:
+    """The ZeRO stage this run asks for (0: none, or DeepSpeed without ZeRO)."""
+    config = _user_config(args) or {}
+    return int((config.get("zero_optimization") or {}).get("stage", 0))
+
+
 def zero_requested(args: Any, num_processes: int) -> bool:
-    """Whether this run uses DeepSpeed ZeRO (``args.deepspeed`` or ``accelerate launch``); refuses stage 3
-    and a single process with a message."""
-    config = _user_config(args)
-    if config is None:
+    """Whether this run uses DeepSpeed (``args.deepspeed`` or ``accelerate launch``); a single process is
+    refused with a message."""
+    if _user_config(args) is None:
         return False
-    stage = int((config.get("zero_optimization") or {}).get("stage", 0))
-    if stage == 3:
-        raise ValueError(
-            "DeepSpeed ZeRO-3 is not supported: it partitions the weights that grpokit's lean log-prob pass "
-            "and fast sampler read directly. Shard the weights with FSDP instead (fsdp: full_shard, or "
-            "accelerate launch --config_file recipes/accelerate/fsdp.yaml); ZeRO-1/2 work. See "
-            "docs/scaling.md"
-        )
     if num_processes == 1:
         raise ValueError("GRPOConfig.deepspeed: ZeRO partitions over processes; this run has one process")
     return True
@@ -107,12 +122,38 @@ def deepspeed_config(args: Any) -> dict[str, Any]:
 class ZeroEngine:
     """The DeepSpeed engine around ``PolicyLogprobs(model)``, and the update's two hooks into it."""
 
-    def __init__(self, policy: torch.nn.Module, optimizer: torch.optim.Optimizer, args: Any) -> None:
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, args: Any) -> None:
         import deepspeed
 
+        from grpokit.train.forward import PolicyLogprobs
+
+        self.model, self.stage = model, zero_stage(args)
+        # stage 3: a full copy to generate from, taken before the weights are partitioned
+        self.generation_model = copy.deepcopy(model) if self.stage == 3 else model
+        policy = PolicyLogprobs(model)
+        _register_head(policy, model, self.stage)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=policy, optimizer=optimizer, config=deepspeed_config(args)
         )
+
+    @property
+    def scorer(self) -> torch.nn.Module:
+        """What no-grad log-prob passes of the policy call (stage 3: the root, so the head is gathered)."""
+        return self.engine.module if self.stage == 3 else self.model
+
+    @contextmanager
+    def for_generation(self) -> Iterator[None]:
+        """Stage 3: refresh the generation copy from the gathered weights first."""
+        if self.stage == 3:
+            copies = dict(self.generation_model.named_parameters())
+            with gathered_params(self.model), torch.no_grad():
+                for name, param in self.model.named_parameters():
+                    copies[name].copy_(param)
+        yield
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Stage 3: the full weights on the CPU (a collective); below: None (the model's own are whole)."""
+        return gathered_state(self.model) if self.stage == 3 else None
 
     def backward(self, loss: torch.Tensor) -> None:
         """One micro-batch: backward (the loss is already scaled for accumulation), then the engine's step,
@@ -130,3 +171,58 @@ class ZeroEngine:
             return None if norm is None else torch.as_tensor(float(norm))
 
         return step
+
+
+def _register_head(root: torch.nn.Module, model: torch.nn.Module, stage: int) -> None:
+    """Stage 3: the LM head's weight is read inside the fused head, not by calling the module: DeepSpeed
+    gathers it for the root's forward and backward."""
+    if stage != 3:
+        return
+    import deepspeed
+
+    head = model.get_output_embeddings()
+    for param in (head.weight, head.bias):
+        if param is not None:
+            deepspeed.zero.register_external_parameter(root, param)
+
+
+def partitioned_runner(model: torch.nn.Module, args: Any) -> torch.nn.Module:
+    """Stage 3, a model that only scores (the reference): ``PolicyLogprobs(model)`` partitioned by an
+    inference-only engine; returns the module to call."""
+    import deepspeed
+
+    from grpokit.train.forward import PolicyLogprobs
+
+    runner = PolicyLogprobs(model)
+    _register_head(runner, model, 3)
+    config = {k: v for k, v in deepspeed_config(args).items() if k != "gradient_clipping"}
+    engine, *_ = deepspeed.initialize(model=runner, config=config)
+    return engine.module
+
+
+@contextmanager
+def gathered_params(module: torch.nn.Module, modifier_rank: int | None = None) -> Iterator[None]:
+    """The full weights of a stage-3 ``module`` for the duration (changes made on ``modifier_rank`` are
+    kept); on other modules nothing happens."""
+    import deepspeed
+
+    params = [p for p in module.parameters() if hasattr(p, "ds_id")]
+    if not params:
+        yield
+        return
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=modifier_rank):
+        yield
+
+
+def gathered_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The full weights of a stage-3 ``module`` by name, on the CPU (a collective: every process calls
+    it)."""
+    with gathered_params(module):
+        return {name: p.detach().cpu().clone() for name, p in module.named_parameters()}
+
+
+def load_gathered_state(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Full weights into a stage-3 ``module`` (a collective; every process reads the same state)."""
+    with gathered_params(module, modifier_rank=0), torch.no_grad():
+        for name, param in module.named_parameters():
+            param.copy_(state[name])
