@@ -219,11 +219,11 @@ class GRPOConfig:
     (``fully_shard`` per decoder layer); "" replicates them (DDP). ``accelerate launch`` with an FSDP config
     (``recipes/accelerate/fsdp.yaml``) turns it on too. See docs/scaling.md."""
     deepspeed: str | None = None
-    """DeepSpeed ZeRO (TRL/transformers name): ``"zero1"`` / ``"zero2"``, or a DeepSpeed JSON file (from
-    Python also a dict) whose ``zero_optimization`` stage 1 or 2 partitions AdamW's state (and the
-    gradients) over the processes; grpokit sets the batch sizes, clipping and optimizer itself. Stage 3 is
-    refused (use ``fsdp``). ``accelerate launch`` with a DeepSpeed config
-    (``recipes/accelerate/deepspeed_zero2.yaml``) turns it on too. See docs/scaling.md."""
+    """DeepSpeed ZeRO (TRL/transformers name): ``"zero1"`` / ``"zero2"`` / ``"zero3"``, or a DeepSpeed JSON
+    file (from Python also a dict) whose ``zero_optimization`` stage partitions AdamW's state (1), the
+    gradients (2) and the weights (3) over the processes; grpokit sets the batch sizes, clipping and
+    optimizer itself. ``accelerate launch`` with a DeepSpeed config
+    (``recipes/accelerate/deepspeed_zero{2,3}.yaml``) turns it on too. See docs/scaling.md."""
     disable_dropout: bool = False
     """Set every dropout probability of the policy to 0 (TRL's name), so the update's log-probs match the
     sampling ones."""

@@ -71,7 +71,7 @@ def make_accelerator(mixed_precision: str, use_cpu: bool) -> Accelerator:
 
 def placement(args: Any, num_processes: int) -> str:
     """How the policy is placed over the processes: "fsdp" (``fsdp=full_shard`` or an FSDP launch), "zero"
-    (DeepSpeed ZeRO-1/2: ``deepspeed`` or a DeepSpeed launch), else "ddp" (one process: plain)."""
+    (DeepSpeed ZeRO: ``deepspeed`` or a DeepSpeed launch), else "ddp" (one process: plain)."""
     from grpokit.train.sharding import fsdp_requested
     from grpokit.train.zero import zero_requested
 
@@ -87,7 +87,7 @@ class PreparedPolicy(NamedTuple):
     policy: torch.nn.Module
     optimizer: Any
     scheduler: Any
-    zero: Any = None  # train.zero.ZeroEngine under DeepSpeed ZeRO-1/2
+    zero: Any = None  # train.zero.ZeroEngine under DeepSpeed ZeRO
 
 
 def prepare_policy(
