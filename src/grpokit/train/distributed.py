@@ -102,9 +102,9 @@ def prepare_policy(
     """The model inside ``PolicyLogprobs`` (whose forward is the lean log-prob pass, so DDP, FSDP and
     DeepSpeed see that pass) under ``strategy``: "ddp" (accelerate: DDP under several processes), "fsdp"
     (``train.sharding``; the reference sharded too) or "zero" (DeepSpeed ZeRO, ``train.zero``; at stage 3
-    the reference partitioned too); then
-    the optimizer over its (possibly sharded) parameters. ``model`` stays the bare model (moved, or
-    sharded, in place)."""
+    the reference partitioned too); then the optimizer over its (possibly sharded) parameters. ``model``
+    stays the bare model (moved, or sharded, in place). ``optimizers`` (TRL's argument) only under "ddp":
+    the other strategies build the optimizer over the parameters they place."""
     from grpokit.train.forward import PolicyLogprobs
     from grpokit.train.optim import build_optimizers
 

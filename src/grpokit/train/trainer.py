@@ -61,7 +61,8 @@ class GRPOTrainer:
         peft_config: a ``peft`` config to train adapters instead of all weights.
         rollout_backend: override the generation backend (anything with the RolloutBackend protocol).
         optimizers: TRL's ``(optimizer, lr_scheduler)``; either may be None (default AdamW from ``args``;
-            the ``lr_scheduler_type`` schedule over the run's optimizer steps).
+            the ``lr_scheduler_type`` schedule over the run's optimizer steps). Not with ``fsdp`` or
+            ``deepspeed``, which build the optimizer over the parameters they place.
         process_reward_funcs: process rewards (callables ``fn(prompts, completions, steps, **columns) ->
             list[list[float] | None]``, built-in verifier names, or process-reward-model directories).
             Advantages then become per token [n, C] (``grpokit.train.process_supervision``);
