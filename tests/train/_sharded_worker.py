@@ -41,7 +41,7 @@ def run(policy_dir: str, out: str, num_processes: int, option: str = "") -> GRPO
         max_completion_length=6,
         num_iterations=2,
         beta=0.04,
-        sync_ref_model=option != "lora",  # reference reset to the policy after every step (LoRA: refused)
+        sync_ref_model=not option.startswith("lora"),  # reference reset every step (LoRA: refused)
         ref_model_sync_steps=1,
         learning_rate=1e-2,
         fsdp="full_shard" if num_processes > 1 and not zero else "",
@@ -54,7 +54,7 @@ def run(policy_dir: str, out: str, num_processes: int, option: str = "") -> GRPO
         seed=0,
     )
     peft = None
-    if option == "lora":
+    if option.startswith("lora"):
         from peft import LoraConfig
 
         targets = ["q_proj", "v_proj", "down_proj"]
@@ -65,7 +65,7 @@ def run(policy_dir: str, out: str, num_processes: int, option: str = "") -> GRPO
     if option.endswith("resume"):
         trainer.max_steps = 1  # interrupted after the checkpoint at step 1 ...
         trainer.train()
-        trainer = GRPOTrainer(policy_dir, [reward], config, train_dataset=rows)
+        trainer = GRPOTrainer(policy_dir, [reward], config, train_dataset=rows, peft_config=peft)
         trainer.backend = ScriptedBackend(trainer.tokenizer, respond)
         trainer.train(resume_from_checkpoint=True)  # ... and resumed for step 2
     else:

@@ -64,10 +64,12 @@ def test_two_sharded_processes_train_like_one(tiny_model_dir, tmp_path, one_proc
     assert ranks[0]["greedy"] == ranks[1]["greedy"] == single["greedy"]
 
 
-def test_two_sharded_processes_train_lora_like_one(tiny_model_dir, tmp_path, one_process_lora):
-    """LoRA under FSDP: the adapters (frozen base and trainable adapters in one unit) after two steps equal
-    the one-process run's, and greedy generation with the adapters from gathered weights agrees."""
-    run_two_processes(WORKER, str(tiny_model_dir), str(tmp_path), "2", "lora")
+@pytest.mark.parametrize("option", ["lora", "lora-resume"])
+def test_two_sharded_processes_train_lora_like_one(tiny_model_dir, tmp_path, one_process_lora, option):
+    """LoRA under FSDP: the adapters (frozen base and trainable adapters in one unit) after two steps, also
+    after a resume, equal the one-process run's; greedy generation with the adapters from gathered weights
+    agrees."""
+    run_two_processes(WORKER, str(tiny_model_dir), str(tmp_path), "2", option)
     sharded, single = (
         load_file(str(tmp_path / "adapter_model.safetensors")),
         load_file(str(one_process_lora / "adapter_model.safetensors")),

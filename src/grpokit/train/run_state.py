@@ -74,7 +74,11 @@ class RunState:
                 scheduler=self.scheduler,
                 trainer_state={"step": step, "prompts": self.prompts.state_dict()},
                 rng_states=rng_states,
-                extra_tensors={"reference": reference, **self.hooks.state_dict()},
+                extra_tensors={
+                    "reference": reference,
+                    "adapters": self._sharded_adapters(model_state),
+                    **self.hooks.state_dict(),
+                },
                 model_state=model_state,
                 optimizer_state=optimizer_state,
                 staged=staged is not None,
@@ -82,6 +86,16 @@ class RunState:
             checkpoint.prune_checkpoints(output_dir, save_total_limit)
         self.accelerator.wait_for_everyone()
         return path
+
+    def _sharded_adapters(
+        self, model_state: dict[str, torch.Tensor] | None
+    ) -> dict[str, torch.Tensor] | None:
+        """FSDP + PEFT: the trainable (adapter) weights under the model's own names, which a sharded resume
+        loads (peft's adapter file drops the adapter name from its keys)."""
+        if self.strategy != "fsdp" or not hasattr(self.model, "peft_config") or model_state is None:
+            return None
+        trainable = {name for name, p in self.model.named_parameters() if p.requires_grad}
+        return {name: value for name, value in model_state.items() if name in trainable}
 
     def _full_model_state(self) -> dict[str, torch.Tensor] | None:
         """The full weights when they are split (FSDP, ZeRO-3; a collective), else None (the model's own)."""
@@ -98,8 +112,10 @@ class RunState:
         if path is None:
             raise FileNotFoundError(f"resume_from_checkpoint: no checkpoint-* found in {output_dir}")
         load_optimizer_state = None  # the optimizer's own load_state_dict
+        adapters = self.strategy == "fsdp" and hasattr(self.model, "peft_config")
         if self.strategy == "fsdp":
-            sharding.load_sharded_weights(self.policy, self.model, path)
+            if not adapters:  # adapters come from extra_state.pt below
+                sharding.load_sharded_weights(self.policy, self.model, path)
             load_optimizer_state = partial(sharding.load_full_optimizer_state, self.policy, self.optimizer)
         elif self.strategy == "zero":  # weights and this process's optimizer partition, from the engine
             self.zero.engine.load_checkpoint(str(path), tag=ZERO_TAG, load_lr_scheduler_states=False)
@@ -115,6 +131,8 @@ class RunState:
             num_processes=self.accelerator.num_processes,
             load_optimizer_state=load_optimizer_state,
         )
+        if adapters:
+            sharding.load_full_state_dict(self.policy, extra["adapters"], strict=False)
         self.prompts.load_state_dict(state["prompts"])
         if self.reference is not None:
             self.reference.load_state_dict(extra.get("reference"))

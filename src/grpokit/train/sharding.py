@@ -131,11 +131,10 @@ def load_full_state_dict(
 
 
 def load_sharded_weights(root: nn.Module, model: nn.Module, path: Any) -> None:
-    """Resume: the full weights a checkpoint holds, into the sharded ``root`` of ``model``."""
+    """Resume: the full weights a checkpoint holds, into the sharded ``root`` of ``model`` (a PEFT model's
+    adapters are restored from the checkpoint's extra state instead: ``train.run_state``)."""
     from grpokit.train.checkpoint import read_model_weights
 
-    if hasattr(model, "peft_config"):
-        raise ValueError("resume_from_checkpoint: resuming a LoRA run under fsdp is not supported yet")
     load_full_state_dict(root, read_model_weights(path))
 
 
