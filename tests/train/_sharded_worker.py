@@ -12,6 +12,7 @@ import torch
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.models.parts import decoder_of
 from grpokit.rollout import ScriptedBackend, make_backend
+from grpokit.train.distributed import end_processes
 
 ANSWERS = ["3", "31", "310", "42+", "7", "", "12", "5555"]
 
@@ -100,3 +101,4 @@ def main(policy_dir: str, out: str, num_processes: str, option: str = "") -> Non
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
+    end_processes()

@@ -9,6 +9,7 @@ import sys
 import torch
 
 from grpokit import GRPOConfig, GRPOTrainer
+from grpokit.train.distributed import end_processes
 
 
 def reward(prompts, completions, completion_ids, solution, **kwargs):
@@ -64,3 +65,4 @@ def main(policy_dir: str, out: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
+    end_processes()

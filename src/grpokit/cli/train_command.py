@@ -245,4 +245,7 @@ def run_training(args: TrainArgs) -> dict[str, Any]:
             f"grpokit: done in {summary['wall_time_s']} s; model, metrics.jsonl, metrics.png and "
             f"eval_summary.json in {output_dir}"
         )
+    from grpokit.train.distributed import end_processes
+
+    end_processes()
     return summary

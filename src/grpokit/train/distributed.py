@@ -21,6 +21,7 @@ from accelerate.utils import DistributedType, gather_object
 
 __all__ = [
     "PreparedPolicy",
+    "end_processes",
     "gather_across_processes",
     "make_accelerator",
     "merge_process_metrics",
@@ -67,6 +68,15 @@ def make_accelerator(mixed_precision: str, use_cpu: bool) -> Accelerator:
         return Accelerator(mixed_precision=mixed_precision, cpu=cpu)
     finally:
         os.environ.update(saved)
+
+
+def end_processes() -> None:
+    """Leave the process group together at the end of a multi-process run: a process that exits with
+    gloo's threads still alive can abort ("terminate called without an active exception") while another
+    is still writing its files. Nothing happens in a single process."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 def placement(args: Any, num_processes: int) -> str:
