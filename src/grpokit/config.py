@@ -163,8 +163,10 @@ class GRPOConfig:
     chat_template_kwargs: dict[str, str | int | float | bool] | None = None
     """Extra variables for the chat template of conversational prompts (TRL's name), e.g.
     ``{"enable_thinking": False}`` for Qwen3."""
-    generation_backend: Literal["transformers", "fast"] = "transformers"
-    """transformers: ``model.generate``. fast: grpokit's sampler (shared prompt prefill, KV cache)."""
+    generation_backend: Literal["auto", "transformers", "fast"] = "auto"
+    """auto: the fast sampler where its shared-prefix decode supports the model (Llama, Qwen2/3, Mistral
+    without a sliding window, plain or LoRA, any dtype), else ``model.generate``; the choice is logged
+    once. transformers: ``model.generate``. fast: grpokit's sampler (shared prompt prefill, KV cache)."""
     generation_micro_batch_size: int | None = None
     """Prompts per generation call (None: all prompts of the step at once)."""
 

@@ -140,6 +140,7 @@ SMALL |= dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=
 def small_args(**overrides) -> GRPOConfig:
     values = dict(num_generations=4, per_device_train_batch_size=4, max_prompt_length=12)
     values |= dict(max_completion_length=20, beta=0.04, output_dir="unused")
+    values |= dict(generation_backend="transformers")  # the hand counts below are model.generate's
     return GRPOConfig(**{**values, **overrides})
 
 
@@ -217,6 +218,7 @@ def test_kv_cache_of_each_backend():
     assert small_plan().kv_cache == 4 * (12 + 20) * per_token  # transformers: the prompt repeated G times
     fast = small_plan(small_args(generation_backend="fast"))
     assert fast.kv_cache == (12 + 4 * 20) * per_token  # fast: each prompt's cache once
+    assert small_plan(small_args(generation_backend="auto")) == fast  # auto picks fast for llama
     calls = small_args(per_device_train_batch_size=16, generation_micro_batch_size=2)
     assert small_plan(calls).kv_cache == 2 * 4 * (12 + 20) * per_token  # 2 of the 4 prompts per call
 

@@ -2,7 +2,7 @@
 (``hf``), grpokit's fast sampler (``fast``, with ``native_decode`` for Llama-family models and ``logits`` for
 the sampling distribution), and a scripted in-memory backend for tests (``fake``)."""
 
-from grpokit.rollout.backends import GENERATION_BACKENDS, make_backend
+from grpokit.rollout.backends import GENERATION_BACKENDS, make_backend, resolve_backend_name
 from grpokit.rollout.base import GenerationOutput, RolloutBackend, SamplingParams
 from grpokit.rollout.fake import ScriptedBackend
 from grpokit.rollout.fast import FastSampler
@@ -19,5 +19,6 @@ __all__ = [
     "TransformersBackend",
     "make_backend",
     "process_logits",
+    "resolve_backend_name",
     "sample_token",
 ]

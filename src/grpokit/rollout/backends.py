@@ -1,20 +1,49 @@
-"""Choosing the generation backend by its config name."""
+"""Choosing the generation backend by its config name ("auto" picks one for the model)."""
 
 from __future__ import annotations
+
+import logging
 
 import torch
 
 from grpokit.rollout.base import RolloutBackend
 
-__all__ = ["GENERATION_BACKENDS", "make_backend"]
+__all__ = ["GENERATION_BACKENDS", "make_backend", "resolve_backend_name"]
 
-GENERATION_BACKENDS = ("transformers", "fast")
+GENERATION_BACKENDS = ("auto", "transformers", "fast")
+logger = logging.getLogger(__name__)
+_logged: set[tuple[str, str]] = set()
+
+
+def resolve_backend_name(name: str, model: torch.nn.Module) -> str:
+    """``"auto"`` -> ``"fast"`` where the fast sampler's shared-prefix decode supports ``model``
+    (``rollout.native_decode.native_supported``: the architecture, and LoRA adapters it can fuse), else
+    ``"transformers"``; the choice is logged once per model type. Other names are returned unchanged."""
+    if name != "auto":
+        return name
+    from grpokit.rollout.native_decode import native_supported
+
+    chosen = "fast" if native_supported(model) else "transformers"
+    model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+    if (model_type, chosen) not in _logged:
+        _logged.add((model_type, chosen))
+        if chosen == "fast":
+            logger.info("generation_backend=auto: the fast sampler for this %s model", model_type)
+        else:
+            logger.warning(
+                "generation_backend=auto: model.generate for this %s model (the fast sampler's decode "
+                "supports llama, qwen2, qwen3 and mistral without a sliding window)",
+                model_type,
+            )
+    return chosen
 
 
 def make_backend(name: str, model: torch.nn.Module, *, micro_batch_size: int | None = None) -> RolloutBackend:
     """``"transformers"``: ``model.generate``; ``"fast"``: grpokit's sampler (shared prompt prefill,
-    pre-allocated KV cache). Both read the live weights of ``model`` and generate for at most
-    ``micro_batch_size`` prompts per call (None: all at once), which bounds the KV cache."""
+    pre-allocated KV cache); ``"auto"``: ``resolve_backend_name``. Both read the live weights of ``model``
+    and generate for at most ``micro_batch_size`` prompts per call (None: all at once), which bounds the KV
+    cache."""
+    name = resolve_backend_name(name, model)
     if name == "transformers":
         from grpokit.rollout.hf import TransformersBackend
 

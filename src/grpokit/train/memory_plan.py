@@ -288,7 +288,9 @@ def plan_memory(
     p["generation_weights"] = (total * g + (trainable_bytes if lora else 0)) if strategy == "fsdp" else 0
     if strategy == "zero3":  # a persistent full copy, refreshed before each generation
         p["generation_copy"] = full_weights
-    if args.generation_backend == "fast":  # fused [q; k; v] and [gate; up]; each prompt's cache once
+    # fast (and auto, which picks it for the architectures planned here): fused [q; k; v] and [gate; up];
+    # each prompt's cache once
+    if args.generation_backend in ("fast", "auto"):
         shapes = shape.linear_shapes()
         fused = sum(i * o for name, (i, o) in shapes.items() if name not in ("o_proj", "down_proj"))
         p["generation_weights"] += layers * fused * g
