@@ -33,7 +33,11 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
 
 def rng_state(generator: torch.Generator | None = None) -> dict[str, Any]:
     """This process's RNG states: python, numpy, torch (and CUDA), and ``generator``'s when given."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    name, keys, position, has_gauss, cached = np.random.get_state()
+    keys = torch.from_numpy(keys.astype(np.int64))
+    numpy_state = [name, keys, int(position), int(has_gauss), float(cached)]
+    # plain types and tensors only, so the file loads with torch.load(weights_only=True)
+    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     if generator is not None:
@@ -42,8 +46,9 @@ def rng_state(generator: torch.Generator | None = None) -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any], generator: torch.Generator | None = None) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    random.setstate(_tuples(state["python"]))
+    name, keys, position, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), position, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -51,9 +56,26 @@ def set_rng_state(state: dict[str, Any], generator: torch.Generator | None = Non
         generator.set_state(state["generator"])
 
 
+def _tuples(value: Any) -> Any:
+    """Python's RNG state as ``random.setstate`` wants it (lists back to tuples, at every level)."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def load_file(file: Path) -> Any:
+    """A checkpoint file, with ``weights_only=True``: tensors and plain Python values only, never arbitrary
+    pickled objects (a checkpoint from elsewhere cannot run code when it is resumed)."""
+    try:
+        return torch.load(file, weights_only=True)
+    except Exception as err:  # torch raises UnpicklingError with its own explanation
+        raise ValueError(
+            f"resume_from_checkpoint: {file} holds more than tensors and plain values, so it is not loaded "
+            f"({type(err).__name__}: {str(err).splitlines()[0]})"
+        ) from err
+
+
 def process_rng_state(path: Path, process_index: int, num_processes: int) -> dict[str, Any]:
     """The RNG state process ``process_index`` saved in checkpoint ``path``."""
-    states = torch.load(path / RNG_FILE, weights_only=False)
+    states = load_file(path / RNG_FILE)
     if isinstance(states, dict):  # a single-process checkpoint of an earlier version
         states = [states]
     if len(states) != num_processes:
@@ -127,10 +149,10 @@ def load_checkpoint(
         raise FileNotFoundError(
             f"resume_from_checkpoint: {path} is not a grpokit checkpoint (no {STATE_FILE})"
         )
-    (load_optimizer_state or optimizer.load_state_dict)(torch.load(path / "optimizer.pt", weights_only=False))
-    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+    (load_optimizer_state or optimizer.load_state_dict)(load_file(path / "optimizer.pt"))
+    scheduler.load_state_dict(load_file(path / "scheduler.pt"))
     set_rng_state(process_rng_state(path, process_index, num_processes), generator)
-    extra = torch.load(path / "extra_state.pt", weights_only=False)
+    extra = load_file(path / "extra_state.pt")
     return json.loads((path / STATE_FILE).read_text()), extra
 
 
