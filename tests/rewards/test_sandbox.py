@@ -80,13 +80,25 @@ def test_partial_credit_and_shared_namespace():
     assert not result.timed_out
 
 
-def test_tests_run_even_when_the_program_raises_after_defining():
-    code = "def f():\n    return 1\nraise SystemExit(input())\n"  # stdin is /dev/null: EOFError
-    assert run_bounded(code, ["assert f() == 1"], SandboxLimits(timeout=5.0)).passed == (True,)
+@pytest.mark.parametrize(
+    "code",
+    [
+        "def f():\n    return 1\n1 / 0\n",
+        "def f():\n    return 1\nraise SystemExit(input())\n",  # stdin is /dev/null: EOFError
+        "def f():\n    return 1\nraise SystemExit(0)\n",
+        "def f():\n    return 1\nraise MemoryError\n",
+    ],
+    ids=["ZeroDivisionError", "EOFError", "SystemExit", "MemoryError"],
+)
+def test_a_program_that_raises_fails_every_test(code):
+    """Judged like a judge: top-level code that raises scores 0 on every test, also on tests that do not
+    touch what failed (``assert True`` would otherwise keep full credit)."""
+    result = run_bounded(code, ["assert f() == 1", "assert True"], SandboxLimits(timeout=5.0))
+    assert result.passed == (False, False) and result.fraction == 0.0
 
 
 def test_syntax_error_fails_every_test():
-    assert run_bounded("def f(:\n", ["assert f() == 1", "assert True"], PROCESS).passed == (False, True)
+    assert run_bounded("def f(:\n", ["assert f() == 1", "assert True"], PROCESS).passed == (False, False)
 
 
 def test_one_slow_test_does_not_hide_the_others():

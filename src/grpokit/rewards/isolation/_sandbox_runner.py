@@ -177,7 +177,8 @@ def _run(source, namespace, seconds, filename):
 
 
 def main():
-    """Read the job, confine the process, run the code, then each test separately, reporting as we go.
+    """Read the job, confine the process, run the code, then each test separately, reporting as we go (a
+    program that raised fails every test).
 
     fd 2 is the status channel (``ready`` or ``error ...``), closed before the untrusted code runs so the
     code cannot fake or erase it; results go to a separate file (fd 1 at start) as ``<nonce> <index> <0|1>``.
@@ -206,9 +207,11 @@ def main():
     os.dup2(devnull, 2)
     nonce, tests = job.pop("nonce"), job.pop("tests")
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
-    _run(job.pop("code"), namespace, job["timeout"], "<completion>")
+    # A program whose top-level code raises (an error, MemoryError at the limit, SystemExit, its deadline)
+    # fails every test, as a judge scores a crashing submission; its tests are not run.
+    program_ran = _run(job.pop("code"), namespace, job["timeout"], "<completion>")
     for index, test in enumerate(tests):
-        passed = _run(test, namespace, job["test_timeout"], f"<test {index}>")
+        passed = program_ran and _run(test, namespace, job["test_timeout"], f"<test {index}>")
         os.write(report, f"{nonce} {index} {int(passed)}\n".encode())
     os._exit(0)
 
