@@ -187,6 +187,9 @@ class GRPOConfig:
     """AdamW beta2."""
     max_grad_norm: float = 1.0
     """Gradient clipping by global norm; 0 disables."""
+    max_nonfinite_steps: int = 3
+    """An optimizer step whose loss or gradient is NaN/inf is skipped (counted as ``nonfinite_steps``);
+    this many GRPO steps in a row with such a skip stop the run with an error saying what to check."""
     mixed_precision: Literal["no", "fp16", "bf16"] = "no"
     """accelerate mixed precision (autocast over generation, log-prob passes and the update)."""
     bf16: bool = False

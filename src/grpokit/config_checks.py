@@ -32,6 +32,7 @@ def validate_fields(config: Any) -> None:
     require(config.repetition_penalty > 0, "repetition_penalty", "must be > 0")
     require(config.max_completion_length >= 1, "max_completion_length", "must be >= 1")
     require(config.learning_rate >= 0, "learning_rate", "must be >= 0")
+    require(config.max_nonfinite_steps >= 1, "max_nonfinite_steps", "must be >= 1")
     require(
         not (config.gradient_checkpointing_kwargs or {}).get("use_reentrant", False),
         "gradient_checkpointing_kwargs",

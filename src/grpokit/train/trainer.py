@@ -8,6 +8,7 @@ reference resets, iterative reward models, the completion log) is in step hooks 
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,8 @@ from grpokit.train.run_state import RunState
 from grpokit.train.update import UpdateContext, run_update
 
 __all__ = ["GRPOTrainer"]
+
+logger = logging.getLogger(__name__)
 
 
 class GRPOTrainer:
@@ -148,6 +151,7 @@ class GRPOTrainer:
             self.args.output_dir, self.args.report_to, self.accelerator.is_main_process
         )
         self.step = 0
+        self.nonfinite_in_a_row = 0  # GRPO steps in a row with a skipped NaN/inf optimizer step
         self.run_state = RunState(
             self.accelerator, self.model, self.policy, self.tokenizer, self.optimizer, self.scheduler,
             self.reference, self.hooks, self.prompts, self.generator, self.strategy, self.zero,
@@ -196,6 +200,7 @@ class GRPOTrainer:
         while self.step < self.max_steps:
             metrics = self.training_step()
             self.step += 1
+            self._stop_after_nonfinite_steps(metrics)
             if self.eval_rows is not None and self.args.eval_steps and self.step % self.args.eval_steps == 0:
                 metrics.update(self.evaluate())
             bar.update(1)
@@ -272,6 +277,10 @@ class GRPOTrainer:
         group-relative advantages of the whole batch ([N])."""
         local, failures = self.reward_matrix(samples)  # [n, F]
         rewards = self.accelerator.gather(local.to(self.accelerator.device))  # [N, F]
+        if bool(rewards.isnan().all()):
+            logger.warning(
+                "step %d: every reward is None/NaN: the step carries no learning signal", self.step + 1
+            )
         weights = self.reward_weights.to(rewards.device)
         advantages = multi_reward_advantages(
             rewards,
@@ -332,6 +341,17 @@ class GRPOTrainer:
             "mask_truncated": self.args.mask_truncated_completions,
             "device": self.accelerator.device,
         }
+
+    def _stop_after_nonfinite_steps(self, metrics: dict[str, float]) -> None:
+        """Count GRPO steps in a row with a skipped (NaN/inf) optimizer step; stop at max_nonfinite_steps."""
+        self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if metrics.get("nonfinite_steps", 0) else 0
+        if self.nonfinite_in_a_row >= self.args.max_nonfinite_steps:
+            raise RuntimeError(
+                f"GRPO step {self.step}: the loss or the gradients were NaN/inf in {self.nonfinite_in_a_row} "
+                f"steps in a row (their optimizer steps were skipped; last loss {metrics.get('loss')}, "
+                f"grad_norm {metrics.get('grad_norm')}). Likely causes: a learning rate too high, fp16 "
+                "overflow (try bf16), or NaN weights or inputs; raise GRPOConfig.max_nonfinite_steps to go on"
+            )
 
     def _is_logged(self, step: int) -> bool:
         """Whether the metrics (and sample completions) of GRPO step ``step`` (1-based) are logged."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -63,7 +64,8 @@ def optimizer_step(
     clip_grad_norm: Callable[..., Any] = torch.nn.utils.clip_grad_norm_,
 ) -> Callable[[float], torch.Tensor | None]:
     """``step(max_norm)``: clip the trainable gradients to ``max_norm`` (0: measure only), step the
-    optimizer and the scheduler, zero the gradients; returns the pre-clip global norm."""
+    optimizer and the scheduler, zero the gradients; returns the pre-clip global norm. A NaN/inf norm (a
+    non-finite loss or gradient) skips the optimizer and scheduler steps: the weights stay as they were."""
 
     def step(max_norm: float) -> torch.Tensor | None:
         params = [p for p in policy.parameters() if p.requires_grad]
@@ -71,6 +73,9 @@ def optimizer_step(
             norm = unwrap_tensor(clip_grad_norm(params, max_norm))
         else:
             norm = unwrap_tensor(torch.nn.utils.clip_grad_norm_(params, float("inf")))
+        if not torch.isfinite(torch.as_tensor(norm)):
+            optimizer.zero_grad(set_to_none=True)
+            return norm
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
@@ -81,7 +86,8 @@ def optimizer_step(
 
 def run_update(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext) -> dict[str, float]:
     """num_iterations epochs; each shuffles the rows into steps_per_generation optimizer steps of
-    gradient_accumulation_steps micro-batches. Returns metrics averaged over all micro-batches."""
+    gradient_accumulation_steps micro-batches. Returns metrics averaged over the optimizer steps, and
+    ``nonfinite_steps``: how many were skipped for a NaN/inf loss or gradient."""
     rows_per_optimizer_step = config.per_device_train_batch_size * config.gradient_accumulation_steps
     sums: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
@@ -93,7 +99,8 @@ def run_update(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext) -> d
             for name, value in step_metrics.items():
                 sums[name] += value
                 counts[name] += 1
-    return {name: sums[name] / counts[name] for name in sums}
+    # every metric is a mean over the optimizer steps, but nonfinite_steps counts them
+    return {name: sums[name] / (1 if name == "nonfinite_steps" else counts[name]) for name in sums}
 
 
 def _optimizer_step(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext) -> dict[str, float]:
@@ -116,6 +123,8 @@ def _optimizer_step(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext)
     grad_norm = ctx.step(config.max_grad_norm)
     if grad_norm is not None:
         metric_sums["grad_norm"] = float(grad_norm)
+    finite = math.isfinite(metric_sums["loss"]) and (grad_norm is None or math.isfinite(float(grad_norm)))
+    metric_sums["nonfinite_steps"] = 0.0 if finite else 1.0  # skipped by ctx.step (see optimizer_step)
     return dict(metric_sums)
 
 
