@@ -73,6 +73,9 @@ class GRPOConfig:
     """Seed for model init, data order and sampling."""
     resume_from_checkpoint: str | None = None
     """Path of a checkpoint-<step> directory (or "latest" in output_dir) to continue a run from."""
+    overwrite_output_dir: bool = False
+    """Start a new run in an output_dir that holds another run's checkpoints (TRL's name); without it such
+    a start is refused (resume it with ``resume_from_checkpoint``, or choose another output_dir)."""
     report_to: list[str] = field(default_factory=list)
     """Extra metric sinks besides metrics.jsonl: "tensorboard" and/or "wandb" (optional extras)."""
     disable_tqdm: bool = False
@@ -208,7 +211,7 @@ class GRPOConfig:
     gradient_checkpointing: bool = False
     """Trade compute for memory in the policy's backward: each decoder layer keeps only its input and is run
     again in the backward. Exact on every forward path (the shared-prefix one included)."""
-    gradient_checkpointing_kwargs: dict[str, Any] | None = None
+    gradient_checkpointing_kwargs: dict[str, str | int | float | bool] | None = None
     """Keyword arguments of ``torch.utils.checkpoint.checkpoint`` (TRL's name). ``use_reentrant`` must stay
     False (the default): reentrant checkpointing gives no gradient to the prompt keys/values that the
     shared-prefix forward passes from the prompt to the completions."""

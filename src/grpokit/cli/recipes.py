@@ -85,6 +85,8 @@ def to_flag_arguments(overrides: list[str]) -> list[str]:
             arguments.extend(_scalar_text(v) for pair in value.items() for v in pair)
         elif isinstance(value, bool):  # YAML's true/false/yes/no -> the True/False tyro expects
             arguments.append(str(value))
+        elif value is None and raw.strip():  # YAML's null / ~ -> the None tyro expects (not the text "null")
+            arguments.append("None")
         else:
             arguments.append(raw)
     return arguments

@@ -13,6 +13,8 @@ from grpokit.config import GRPOConfig
 from grpokit.models.loading import load_tokenizer as load_saved_tokenizer
 
 __all__ = [
+    "check_model_source",
+    "check_special_tokens",
     "check_target_modules",
     "disable_dropout",
     "enable_gradient_checkpointing",
@@ -22,14 +24,40 @@ __all__ = [
 ]
 
 
+def check_model_source(model: str | Path | torch.nn.Module) -> None:
+    """A model given as a local path must exist (a hub id is left to ``from_pretrained``): a clear error
+    naming ``model`` instead of the hub client's complaint about repo ids."""
+    if not isinstance(model, (str, Path)):
+        return
+    text = str(model)
+    looks_like_path = isinstance(model, Path) or text.startswith(("/", ".", "~")) or text.count("/") > 1
+    if looks_like_path and not Path(text).expanduser().exists():
+        raise ValueError(
+            f"model: {text!r} does not exist; give a model directory (config.json and weights) or a hub id "
+            "such as 'Qwen/Qwen2.5-0.5B-Instruct'"
+        )
+
+
+def check_special_tokens(tokenizer: Any) -> None:
+    """Generation must know where a completion ends and how to pad: a pad token, else the EOS token as
+    padding (set here); neither is refused."""
+    if tokenizer.pad_token_id is None and tokenizer.eos_token_id is None:
+        raise ValueError(
+            "processing_class: the tokenizer has neither a pad nor an EOS token; set tokenizer.eos_token "
+            "(where a completion ends) before training"
+        )
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+
 def load_tokenizer(model: str | Path | torch.nn.Module) -> Any:
     """The tokenizer saved with ``model`` (a path/hub id, or a model whose config names its path)."""
+    check_model_source(model)
     source = model if isinstance(model, (str, Path)) else getattr(model, "name_or_path", None)
     if not source:
         raise ValueError("processing_class is required when model is an in-memory module without a path")
     tokenizer = load_saved_tokenizer(str(source))
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    check_special_tokens(tokenizer)
     return tokenizer
 
 
@@ -100,6 +128,7 @@ def load_policy(
     """A causal LM from a path / hub id (``from_pretrained`` with ``args.model_init_kwargs``; float32 weights
     unless they name a ``dtype``; accelerate handles mixed precision) or the module as given."""
     if isinstance(model, (str, Path)):
+        check_model_source(model)
         policy = AutoModelForCausalLM.from_pretrained(str(model), **model_init_kwargs(args))
     elif isinstance(model, (PreTrainedModel, torch.nn.Module)):
         policy = model

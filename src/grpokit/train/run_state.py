@@ -105,6 +105,20 @@ class RunState:
             return self.zero.full_state_dict()
         return None
 
+    @staticmethod
+    def refuse_to_overwrite(args: Any, resume: Any, step: int) -> None:
+        """A fresh run (step 0, no resume) in an output_dir holding checkpoints is refused unless
+        ``overwrite_output_dir``: its checkpoints and logs would mix with the other run's."""
+        if resume or step > 0 or args.overwrite_output_dir:
+            return
+        found = checkpoint.latest_checkpoint(args.output_dir)
+        if found is not None:
+            raise ValueError(
+                f"output_dir {args.output_dir} already holds another run's checkpoints ({found.name}): "
+                "resume it with resume_from_checkpoint=latest, start over with overwrite_output_dir=true, or "
+                "choose another output_dir"
+            )
+
     def resume(self, resume: str | bool, output_dir: str | Path) -> int:
         """Load the checkpoint ``resume`` names (True / "latest": the newest in ``output_dir``); returns
         its step."""

@@ -37,7 +37,7 @@ from grpokit.train.hooks import ReferenceSync, StepHook, StepHooks
 from grpokit.train.iterative_grpo import IterativeGRPO
 from grpokit.train.metrics import PhaseTimer, reward_means, step_metrics
 from grpokit.train.metrics_log import MetricsLogger, plot_metrics
-from grpokit.train.policy import load_policy, load_tokenizer
+from grpokit.train.policy import check_special_tokens, load_policy, load_tokenizer
 from grpokit.train.process_supervision import ProcessSupervision
 from grpokit.train.prompts import PromptSampler, encode_prompt
 from grpokit.train.reference import Reference, refuse_resets_of_adapter_reference
@@ -102,6 +102,7 @@ class GRPOTrainer:
         self.train_rows = load_rows(train_dataset, name="train_dataset")
         self.eval_rows = load_rows(eval_dataset, name="eval_dataset") if eval_dataset is not None else None
         self.tokenizer = processing_class if processing_class is not None else load_tokenizer(model)
+        check_special_tokens(self.tokenizer)
         self.model = load_policy(model, self.args, peft_config)
         device = self.accelerator.device
         self.iterative = IterativeGRPO.from_config(iterative_reward_model, rm_label_func, self.args, device)
@@ -191,6 +192,7 @@ class GRPOTrainer:
     def train(self, resume_from_checkpoint: str | bool | None = None) -> list[dict[str, float]]:
         """Run ``max_steps`` GRPO steps; returns the logged metrics. Saves the final model to output_dir."""
         resume = resume_from_checkpoint or self.args.resume_from_checkpoint
+        self.run_state.refuse_to_overwrite(self.args, resume, self.step)
         if resume:
             self.step = self.run_state.resume(resume, self.args.output_dir)
         history: list[dict[str, float]] = []

@@ -1,0 +1,98 @@
+"""Every bad input a user can give is refused with a message naming the field or row and what to do: one
+test each, collected here (others live beside the code they guard: config ranges in tests/test_config.py,
+reward failures in tests/rewards/test_scoring.py, data rows in tests/train/test_trainer.py)."""
+
+from __future__ import annotations
+
+import pytest
+from tokenizers import Tokenizer, models
+from transformers import PreTrainedTokenizerFast
+
+from grpokit import GRPOConfig, GRPOTrainer
+from grpokit.cli import main
+from grpokit.cli.recipes import parse_train_args
+from grpokit.rewards import RewardFunctionError
+
+ROWS = [{"prompt": "1+1=", "solution": "2"}, {"prompt": "2+3=", "solution": "5"}]
+
+
+def config(tmp_path, **overrides) -> GRPOConfig:
+    values = dict(
+        output_dir=str(tmp_path / "run"),
+        max_steps=1,
+        num_generations=4,
+        per_device_train_batch_size=8,
+        max_completion_length=4,
+        disable_tqdm=True,
+    )
+    return GRPOConfig(**{**values, **overrides})
+
+
+def length_reward(completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
+def test_cispo_without_its_cap():
+    with pytest.raises(ValueError, match=r"GRPOConfig.epsilon_high must be > 0 with loss_type='cispo'"):
+        GRPOConfig(loss_type="cispo")
+
+
+def test_a_group_of_one():
+    with pytest.raises(ValueError, match=r"GRPOConfig.num_generations must be >= 2"):
+        GRPOConfig(num_generations=1)
+
+
+def test_null_on_the_command_line_is_none_not_the_text_null():
+    assert parse_train_args(["task=null", "dataset=train.jsonl"]).task is None
+    assert parse_train_args(["task=~", "dataset=train.jsonl"]).task is None
+
+
+def test_an_output_dir_with_another_runs_checkpoints(tiny_model_dir, tmp_path):
+    GRPOTrainer(
+        str(tiny_model_dir), [length_reward], config(tmp_path, save_steps=1), train_dataset=ROWS
+    ).train()
+    again = GRPOTrainer(str(tiny_model_dir), [length_reward], config(tmp_path), train_dataset=ROWS)
+    with pytest.raises(ValueError, match=r"already holds another run's checkpoints \(checkpoint-1\).*resume"):
+        again.train()
+    over = config(tmp_path, overwrite_output_dir=True)
+    GRPOTrainer(str(tiny_model_dir), [length_reward], over, train_dataset=ROWS).train()  # allowed
+    resumed = config(tmp_path, max_steps=2, resume_from_checkpoint="latest")
+    assert len(GRPOTrainer(str(tiny_model_dir), [length_reward], resumed, train_dataset=ROWS).train()) == 1
+
+
+def test_a_model_path_that_does_not_exist(tmp_path):
+    for model in (str(tmp_path / "no-such-model"), "./models/missing"):
+        with pytest.raises(ValueError, match=r"model: .* does not exist; give a model directory"):
+            GRPOTrainer(model, [length_reward], config(tmp_path), train_dataset=ROWS)
+
+
+def test_a_tokenizer_without_pad_or_eos(tiny_model_dir, tmp_path):
+    bare = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, "[UNK]"))
+    )
+    with pytest.raises(
+        ValueError, match="processing_class: the tokenizer has neither a pad nor an EOS token"
+    ):
+        GRPOTrainer(
+            str(tiny_model_dir), [length_reward], config(tmp_path), train_dataset=ROWS, processing_class=bare
+        )
+
+
+def test_an_empty_data_set(tiny_model_dir, tmp_path):
+    with pytest.raises(ValueError, match="train_dataset is empty"):
+        GRPOTrainer(str(tiny_model_dir), [length_reward], config(tmp_path), train_dataset=[])
+
+
+def test_a_reward_function_returning_the_wrong_number_of_values(tiny_model_dir, tmp_path):
+    def short(completions, **kwargs):
+        return [1.0]
+
+    trainer = GRPOTrainer(str(tiny_model_dir), [short], config(tmp_path), train_dataset=ROWS)
+    with pytest.raises(RewardFunctionError, match=r"short.*returned 1 values? for 8 completions"):
+        trainer.train()
+
+
+def test_a_recipe_key_with_a_typo(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "arithmetic-tiny", "num_generation=4"])
+    assert "num_generation" in capsys.readouterr().err
