@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["append_jsonl", "json_number", "read_jsonl", "write_jsonl"]
+__all__ = ["append_jsonl", "drop_steps_after", "json_number", "read_jsonl", "write_jsonl"]
 
 
 def json_number(value: float, digits: int | None = None) -> float | None:
@@ -53,3 +53,11 @@ def _write(path: Path, records: Iterable[Any], mode: str) -> None:
     with path.open(mode) as handle:
         for record in records:
             handle.write(json.dumps(record) + "\n")
+
+
+def drop_steps_after(path: str | Path, step: int) -> None:
+    """Keep only the records of ``path`` whose ``step`` is at most ``step`` (a resumed run writes the later
+    steps again, so each step stays once); nothing when the file does not exist."""
+    file = Path(path)
+    if file.exists():
+        write_jsonl(file, [r for r in read_jsonl(file, file.name) if r.get("step", 0) <= step])

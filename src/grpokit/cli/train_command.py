@@ -227,6 +227,9 @@ def run_training(args: TrainArgs) -> dict[str, Any]:
         )
         print(f"grpokit: held-out accuracy before GRPO: {summary['before']['accuracy']:.3f}")
     history = trainer.train()
+    if trainer.stopped_by is not None:  # a checkpoint was saved; the run continues with resume
+        summary["stopped_by"] = trainer.stopped_by
+        evaluating = False
     if trainer.iterative is not None:
         from grpokit.train.iterative_grpo import rm_metric_summary
 

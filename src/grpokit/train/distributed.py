@@ -21,6 +21,7 @@ from accelerate.utils import DistributedType, gather_object
 
 __all__ = [
     "PreparedPolicy",
+    "any_process",
     "end_processes",
     "gather_across_processes",
     "make_accelerator",
@@ -68,6 +69,17 @@ def make_accelerator(mixed_precision: str, use_cpu: bool) -> Accelerator:
         return Accelerator(mixed_precision=mixed_precision, cpu=cpu)
     finally:
         os.environ.update(saved)
+
+
+def any_process(accelerator: Accelerator) -> Callable[[bool], bool]:
+    """``agree(flag)``: True on every process when the flag is True on any (a max all-reduce)."""
+
+    def agree(flag: bool) -> bool:
+        if accelerator.num_processes == 1:
+            return flag
+        return bool(accelerator.reduce(torch.tensor(float(flag), device=accelerator.device), "max") > 0)
+
+    return agree
 
 
 def end_processes() -> None:

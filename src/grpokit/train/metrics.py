@@ -18,7 +18,14 @@ from grpokit.core import combine_rewards
 from grpokit.rollout.base import GenerationOutput
 from grpokit.train.batch import Scores
 
-__all__ = ["PhaseTimer", "completion_metrics", "reward_means", "reward_metrics", "step_metrics"]
+__all__ = [
+    "PhaseTimer",
+    "completion_metrics",
+    "progress_fields",
+    "reward_means",
+    "reward_metrics",
+    "step_metrics",
+]
 
 
 class PhaseTimer:
@@ -115,4 +122,13 @@ def step_metrics(
         "learning_rate": learning_rate,
         **timer.metrics(),
         "tokens_per_second": num_tokens / max(elapsed, 1e-9),
+    }
+
+
+def progress_fields(metrics: dict[str, float]) -> dict[str, str]:
+    """What the progress bar shows after a step: reward, KL and loss."""
+    return {
+        "reward": f"{metrics['reward']:.3f}",
+        "kl": f"{metrics.get('kl', 0.0):.4f}",
+        "loss": f"{metrics['loss']:.4f}",
     }

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from accelerate.utils import gather_object
 
+from grpokit.records import drop_steps_after
 from grpokit.train import checkpoint, sharding
 
 __all__ = ["RunState"]
@@ -151,7 +152,11 @@ class RunState:
         if self.reference is not None:
             self.reference.load_state_dict(extra.get("reference"))
         self.hooks.load_state_dict(extra)
-        return int(state["step"])
+        step = int(state["step"])
+        if self.accelerator.is_main_process:  # the logs hold each step once: later steps are written again
+            for name in ("metrics.jsonl", "completions.jsonl"):
+                drop_steps_after(Path(output_dir) / name, step)
+        return step
 
 
 def _loaded_by_the_engine(state: dict[str, Any]) -> None:

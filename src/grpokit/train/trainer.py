@@ -27,15 +27,17 @@ from grpokit.train import sharding
 from grpokit.train.batch import LogprobPass, Samples, Scores, pad_samples
 from grpokit.train.completion_log import CompletionLog
 from grpokit.train.distributed import (
+    any_process,
     gather_across_processes,
     make_accelerator,
     merged_across_processes,
     placement,
     prepare_policy,
 )
+from grpokit.train.guards import NonfiniteGuard, StopSignals
 from grpokit.train.hooks import ReferenceSync, StepHook, StepHooks
 from grpokit.train.iterative_grpo import IterativeGRPO
-from grpokit.train.metrics import PhaseTimer, reward_means, step_metrics
+from grpokit.train.metrics import PhaseTimer, progress_fields, reward_means, step_metrics
 from grpokit.train.metrics_log import MetricsLogger, plot_metrics
 from grpokit.train.policy import check_special_tokens, load_policy, load_tokenizer
 from grpokit.train.process_supervision import ProcessSupervision
@@ -152,7 +154,8 @@ class GRPOTrainer:
             self.args.output_dir, self.args.report_to, self.accelerator.is_main_process
         )
         self.step = 0
-        self.nonfinite_in_a_row = 0  # GRPO steps in a row with a skipped NaN/inf optimizer step
+        self.guard = NonfiniteGuard(self.args.max_nonfinite_steps)  # NaN/inf steps in a row stop the run
+        self.stopped_by: str | None = None  # the signal that ended train() early (SIGTERM, SIGINT)
         self.run_state = RunState(
             self.accelerator, self.model, self.policy, self.tokenizer, self.optimizer, self.scheduler,
             self.reference, self.hooks, self.prompts, self.generator, self.strategy, self.zero,
@@ -190,7 +193,8 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------------------------------------
     def train(self, resume_from_checkpoint: str | bool | None = None) -> list[dict[str, float]]:
-        """Run ``max_steps`` GRPO steps; returns the logged metrics. Saves the final model to output_dir."""
+        """Run ``max_steps`` GRPO steps; returns the logged metrics. Saves the final model to output_dir.
+        SIGTERM/SIGINT end it after the current step with a checkpoint (``stopped_by`` names the signal)."""
         resume = resume_from_checkpoint or self.args.resume_from_checkpoint
         self.run_state.refuse_to_overwrite(self.args, resume, self.step)
         if resume:
@@ -199,29 +203,31 @@ class GRPOTrainer:
         main = self.accelerator.is_main_process
         hide = self.args.disable_tqdm or not self.accelerator.is_local_main_process
         bar = tqdm(total=self.max_steps, initial=self.step, desc="GRPO", disable=hide)
-        while self.step < self.max_steps:
-            metrics = self.training_step()
-            self.step += 1
-            self._stop_after_nonfinite_steps(metrics)
-            if self.eval_rows is not None and self.args.eval_steps and self.step % self.args.eval_steps == 0:
-                metrics.update(self.evaluate())
-            bar.update(1)
-            bar.set_postfix(
-                reward=f"{metrics['reward']:.3f}",
-                kl=f"{metrics.get('kl', 0.0):.4f}",
-                loss=f"{metrics['loss']:.4f}",
-            )
-            if self._is_logged(self.step):
-                self.logger.log(self.step, metrics)
-                history.append({"step": self.step, **metrics})
-            if self.args.save_steps and self.step % self.args.save_steps == 0:
-                self.save_checkpoint()
+        evaluating = self.eval_rows is not None and self.args.eval_steps > 0
+        with StopSignals(any_process(self.accelerator)) as signals:
+            while self.step < self.max_steps:
+                self.stopped_by = signals.stop_here(self.step, self.save_checkpoint, announce=main)
+                if self.stopped_by is not None:
+                    break
+                metrics = self.training_step()
+                self.step += 1
+                self.guard.check(self.step, metrics)
+                if evaluating and self.step % self.args.eval_steps == 0:
+                    metrics.update(self.evaluate())
+                bar.update(1)
+                bar.set_postfix(progress_fields(metrics))
+                if self._is_logged(self.step):
+                    self.logger.log(self.step, metrics)
+                    history.append({"step": self.step, **metrics})
+                if self.args.save_steps and self.step % self.args.save_steps == 0:
+                    self.save_checkpoint()
         bar.close()
-        self.save_model(self.args.output_dir)
-        if self.iterative is not None and main:
-            self.iterative.save(Path(self.args.output_dir) / "reward_model")
-        if main:
-            plot_metrics(self.logger.read(), Path(self.args.output_dir) / "metrics.png")
+        if self.stopped_by is None:
+            self.save_model(self.args.output_dir)
+            if self.iterative is not None and main:
+                self.iterative.save(Path(self.args.output_dir) / "reward_model")
+            if main:
+                plot_metrics(self.logger.read(), Path(self.args.output_dir) / "metrics.png")
         return history
 
     def training_step(self) -> dict[str, float]:
@@ -343,17 +349,6 @@ class GRPOTrainer:
             "mask_truncated": self.args.mask_truncated_completions,
             "device": self.accelerator.device,
         }
-
-    def _stop_after_nonfinite_steps(self, metrics: dict[str, float]) -> None:
-        """Count GRPO steps in a row with a skipped (NaN/inf) optimizer step; stop at max_nonfinite_steps."""
-        self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if metrics.get("nonfinite_steps", 0) else 0
-        if self.nonfinite_in_a_row >= self.args.max_nonfinite_steps:
-            raise RuntimeError(
-                f"GRPO step {self.step}: the loss or the gradients were NaN/inf in {self.nonfinite_in_a_row} "
-                f"steps in a row (their optimizer steps were skipped; last loss {metrics.get('loss')}, "
-                f"grad_norm {metrics.get('grad_norm')}). Likely causes: a learning rate too high, fp16 "
-                "overflow (try bf16), or NaN weights or inputs; raise GRPOConfig.max_nonfinite_steps to go on"
-            )
 
     def _is_logged(self, step: int) -> bool:
         """Whether the metrics (and sample completions) of GRPO step ``step`` (1-based) are logged."""

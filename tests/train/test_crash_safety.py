@@ -1,0 +1,95 @@
+"""Crash-safe runs, with real processes and signals: SIGTERM (a preempted job) or SIGINT (Ctrl-C) saves a
+checkpoint at the next step boundary and exits 0 saying how to resume; after kill -9 at any moment, a
+resume from the latest checkpoint ends with the weights of an uninterrupted run, bit for bit, and the logs
+hold each step once; a checkpoint cut off mid-write is never the latest."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpokit.train import checkpoint
+
+WORKER = Path(__file__).with_name("_crash_worker.py")
+STEPS = 5
+
+
+def start(policy_dir, out: Path, *extra: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK"))}
+    env["OMP_NUM_THREADS"] = "1"
+    command = [sys.executable, str(WORKER), str(policy_dir), str(out), str(STEPS), *extra]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def wait_for_checkpoint(out: Path, step: int, process: subprocess.Popen, limit: float = 120.0) -> None:
+    deadline = time.monotonic() + limit
+    while not (checkpoint.checkpoint_dir(out, step) / checkpoint.STATE_FILE).exists():
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no checkpoint in time"
+        time.sleep(0.05)
+
+
+def steps_logged(out: Path, name: str) -> list[int]:
+    return [json.loads(line)["step"] for line in (out / name).read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_model_dir, tmp_path_factory) -> dict[str, torch.Tensor]:
+    out = tmp_path_factory.mktemp("uninterrupted")
+    process = start(tiny_model_dir, out)
+    assert process.wait(timeout=300) == 0, process.communicate()[1][-3000:]
+    return torch.load(out / "weights.pt")
+
+
+def assert_same_weights(out: Path, expected: dict[str, torch.Tensor]) -> None:
+    got = torch.load(out / "weights.pt")
+    assert set(got) == set(expected)
+    assert all(torch.equal(got[k], v) for k, v in expected.items())  # bit for bit
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_checkpoints_and_exits_cleanly(tiny_model_dir, tmp_path, uninterrupted, sig):
+    process = start(tiny_model_dir, tmp_path)
+    wait_for_checkpoint(tmp_path, 2, process)
+    process.send_signal(sig)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr[-3000:]
+    assert f"stopped by {sig.name} after step" in stdout and "resume_from_checkpoint=latest" in stdout
+    stopped = checkpoint.latest_checkpoint(tmp_path)
+    assert stopped is not None and int(stopped.name.split("-")[1]) < STEPS
+    resumed = start(tiny_model_dir, tmp_path, "resume")
+    assert resumed.wait(timeout=300) == 0, resumed.communicate()[1][-3000:]
+    assert_same_weights(tmp_path, uninterrupted)
+    assert steps_logged(tmp_path, "metrics.jsonl") == list(range(1, STEPS + 1))
+
+
+def test_kill_9_then_resume_is_exact_and_logs_each_step_once(tiny_model_dir, tmp_path, uninterrupted):
+    process = start(tiny_model_dir, tmp_path)
+    wait_for_checkpoint(tmp_path, 2, process)
+    time.sleep(0.4)  # somewhere inside step 3 or 4
+    process.kill()
+    process.wait(timeout=60)
+    resumed = start(tiny_model_dir, tmp_path, "resume")
+    assert resumed.wait(timeout=300) == 0, resumed.communicate()[1][-3000:]
+    assert_same_weights(tmp_path, uninterrupted)
+    assert steps_logged(tmp_path, "metrics.jsonl") == list(range(1, STEPS + 1))
+    completions = steps_logged(tmp_path, "completions.jsonl")
+    assert sorted(set(completions)) == list(range(1, STEPS + 1))
+    assert all(completions.count(step) == 8 for step in range(1, STEPS + 1))  # 2 prompts x G=4 each, once
+
+
+def test_a_checkpoint_cut_off_mid_write_is_never_the_latest(tmp_path):
+    complete = checkpoint.checkpoint_dir(tmp_path, 2)
+    complete.mkdir(parents=True)
+    (complete / checkpoint.STATE_FILE).write_text("{}")
+    (tmp_path / "checkpoint-3.tmp").mkdir()  # killed while writing: never renamed
+    (tmp_path / "checkpoint-4").mkdir()  # a directory without its state file
+    assert checkpoint.latest_checkpoint(tmp_path) == complete
