@@ -96,3 +96,35 @@ def test_a_recipe_key_with_a_typo(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["train", "arithmetic-tiny", "num_generation=4"])
     assert "num_generation" in capsys.readouterr().err
+
+
+def test_a_model_directory_with_custom_code_is_not_run_without_trust_remote_code(tmp_path):
+    """Loading never passes trust_remote_code: a directory whose config maps to its own Python code is
+    refused by transformers, and the code is never imported (a user opts in with
+    ``model_init_kwargs={trust_remote_code: true}``)."""
+    import json
+
+    model = tmp_path / "custom"
+    model.mkdir()
+    marker = tmp_path / "code-ran"
+    (model / "modeling_custom.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    (model / "configuration_custom.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    settings = {
+        "model_type": "custom-unknown",
+        "auto_map": {
+            "AutoConfig": "configuration_custom.CustomConfig",
+            "AutoModelForCausalLM": "modeling_custom.CustomModel",
+        },
+    }
+    (model / "config.json").write_text(json.dumps(settings))
+    from grpokit.models import build_char_tokenizer
+
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        GRPOTrainer(
+            str(model),
+            [length_reward],
+            config(tmp_path),
+            train_dataset=ROWS,
+            processing_class=build_char_tokenizer(),
+        )
+    assert not marker.exists()
