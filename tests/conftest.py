@@ -5,7 +5,23 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grpokit import GRPOConfig
 from grpokit.models.tiny import build_char_tokenizer, build_tiny_model
+
+
+def small_config(tmp_path, **overrides) -> GRPOConfig:
+    """A one-step run of 2 prompts x G=4 with short completions in ``tmp_path/run``: what most trainer tests
+    start from (override any field)."""
+    values = dict(
+        output_dir=str(tmp_path / "run"),
+        max_steps=1,
+        num_generations=4,
+        per_device_train_batch_size=8,
+        max_completion_length=4,
+        disable_tqdm=True,
+        seed=0,
+    )
+    return GRPOConfig(**{**values, **overrides})
 
 
 @pytest.fixture(autouse=True)

@@ -13,19 +13,13 @@ from grpokit.cli import main
 from grpokit.cli.recipes import parse_train_args
 from grpokit.rewards import RewardFunctionError
 
+from .conftest import small_config
+
 ROWS = [{"prompt": "1+1=", "solution": "2"}, {"prompt": "2+3=", "solution": "5"}]
 
 
 def config(tmp_path, **overrides) -> GRPOConfig:
-    values = dict(
-        output_dir=str(tmp_path / "run"),
-        max_steps=1,
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_completion_length=4,
-        disable_tqdm=True,
-    )
-    return GRPOConfig(**{**values, **overrides})
+    return small_config(tmp_path, seed=42, **overrides)
 
 
 def length_reward(completions, **kwargs):

@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpokit import GRPOConfig, GRPOTrainer
+from grpokit import GRPOTrainer
 from grpokit.train import checkpoint
 
+from ..conftest import small_config
 from .conftest import digit_reward
 
 RAN: list[str] = []
@@ -27,15 +28,7 @@ class Hostile:
 
 
 def trainer(tiny_model_dir, rows, tmp_path) -> GRPOTrainer:
-    config = GRPOConfig(
-        output_dir=str(tmp_path / "run"),
-        max_steps=1,
-        save_steps=1,
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_completion_length=4,
-        disable_tqdm=True,
-    )
+    config = small_config(tmp_path, save_steps=1)
     return GRPOTrainer(str(tiny_model_dir), [digit_reward], config, train_dataset=rows)
 
 

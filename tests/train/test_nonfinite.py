@@ -9,9 +9,10 @@ import logging
 import pytest
 import torch
 
-from grpokit import GRPOConfig, GRPOTrainer
+from grpokit import GRPOTrainer
 from grpokit.rollout import ScriptedBackend
 
+from ..conftest import small_config
 from .conftest import digit_reward
 
 
@@ -29,18 +30,8 @@ class NaNLoss:
 
 
 def make_trainer(tiny_model_dir, rows, tmp_path, bad, **overrides):
-    values = dict(
-        output_dir=str(tmp_path / "run"),
-        max_steps=2,
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_completion_length=5,
-        learning_rate=1e-2,
-        disable_tqdm=True,
-    )
-    trainer = GRPOTrainer(
-        str(tiny_model_dir), [digit_reward], GRPOConfig(**{**values, **overrides}), train_dataset=rows
-    )
+    config = small_config(tmp_path, **{"max_steps": 2, "learning_rate": 1e-2, **overrides})
+    trainer = GRPOTrainer(str(tiny_model_dir), [digit_reward], config, train_dataset=rows)
     trainer.backend = ScriptedBackend(trainer.tokenizer, lambda prompt, i: ["2", "5", "12", "77"][i % 4])
     trainer.update_context.loss = NaNLoss(trainer.update_context.loss, bad)
     return trainer
@@ -74,15 +65,7 @@ def test_a_step_without_any_reward_is_reported(tiny_model_dir, rows, tmp_path, c
     def nothing(prompts, completions, completion_ids, **kwargs):
         return [None] * len(completions)
 
-    config = GRPOConfig(
-        output_dir=str(tmp_path / "run"),
-        max_steps=1,
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_completion_length=5,
-        disable_tqdm=True,
-    )
-    trainer = GRPOTrainer(str(tiny_model_dir), [nothing], config, train_dataset=rows)
+    trainer = GRPOTrainer(str(tiny_model_dir), [nothing], small_config(tmp_path), train_dataset=rows)
     with caplog.at_level(logging.WARNING, logger="grpokit.train.trainer"):
         trainer.train()
     assert "step 1: every reward is None/NaN: the step carries no learning signal" in caplog.text

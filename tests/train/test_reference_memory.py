@@ -9,21 +9,12 @@ from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.train.batch import LogprobPass, RolloutBatch
 from grpokit.train.reference import Reference
 
+from ..conftest import small_config
 from .conftest import digit_reward
 
 
 def config(tmp_path, **overrides) -> GRPOConfig:
-    values = dict(
-        output_dir=str(tmp_path / "run"),
-        max_steps=1,
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_completion_length=6,
-        beta=0.04,
-        disable_tqdm=True,
-        seed=0,
-    )
-    return GRPOConfig(**{**values, **overrides})
+    return small_config(tmp_path, max_completion_length=6, beta=0.04, **overrides)
 
 
 def dtypes(model: torch.nn.Module) -> set[torch.dtype]:
