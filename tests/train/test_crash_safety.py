@@ -93,3 +93,14 @@ def test_a_checkpoint_cut_off_mid_write_is_never_the_latest(tmp_path):
     (tmp_path / "checkpoint-3.tmp").mkdir()  # killed while writing: never renamed
     (tmp_path / "checkpoint-4").mkdir()  # a directory without its state file
     assert checkpoint.latest_checkpoint(tmp_path) == complete
+
+
+def test_a_second_signal_stops_at_once():
+    from grpokit.train.guards import StopSignals
+
+    with StopSignals() as signals:
+        signals._note(signal.SIGINT, None)
+        assert signals.requested() and signals.received == "SIGINT"
+        with pytest.raises(KeyboardInterrupt, match="SIGINT again"):
+            signals._note(signal.SIGINT, None)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the previous handler is back

@@ -31,7 +31,8 @@ class NonfiniteGuard:
 
 
 class StopSignals:
-    """Within ``with``: SIGTERM and SIGINT only set a flag (the previous handlers come back after).
+    """Within ``with``: SIGTERM and SIGINT only set a flag (the previous handlers come back after); a
+    second one stops at once (``KeyboardInterrupt``, no checkpoint).
     ``requested()`` is read at step boundaries; ``agree`` combines the flag over processes (any process
     signalled: all stop at the same step), default this process's own."""
 
@@ -54,6 +55,9 @@ class StopSignals:
         self._previous.clear()
 
     def _note(self, signum: int, frame: FrameType | None) -> None:
+        if self.received is not None:  # a second signal (Ctrl-C twice): stop now, without a checkpoint
+            self.__exit__()
+            raise KeyboardInterrupt(f"{signal.Signals(signum).name} again: stopped without a checkpoint")
         self.received = signal.Signals(signum).name
 
     def requested(self) -> bool:
