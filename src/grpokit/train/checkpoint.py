@@ -61,7 +61,7 @@ def _tuples(value: Any) -> Any:
     return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
-def load_file(file: Path) -> Any:
+def load_checkpoint_file(file: Path) -> Any:
     """A checkpoint file, with ``weights_only=True``: tensors and plain Python values only, never arbitrary
     pickled objects (a checkpoint from elsewhere cannot run code when it is resumed)."""
     try:
@@ -75,9 +75,7 @@ def load_file(file: Path) -> Any:
 
 def process_rng_state(path: Path, process_index: int, num_processes: int) -> dict[str, Any]:
     """The RNG state process ``process_index`` saved in checkpoint ``path``."""
-    states = load_file(path / RNG_FILE)
-    if isinstance(states, dict):  # a single-process checkpoint of an earlier version
-        states = [states]
+    states = load_checkpoint_file(path / RNG_FILE)
     if len(states) != num_processes:
         raise ValueError(
             f"resume_from_checkpoint: {path} was saved by {len(states)} process(es), this run has "
@@ -149,10 +147,10 @@ def load_checkpoint(
         raise FileNotFoundError(
             f"resume_from_checkpoint: {path} is not a grpokit checkpoint (no {STATE_FILE})"
         )
-    (load_optimizer_state or optimizer.load_state_dict)(load_file(path / "optimizer.pt"))
-    scheduler.load_state_dict(load_file(path / "scheduler.pt"))
+    (load_optimizer_state or optimizer.load_state_dict)(load_checkpoint_file(path / "optimizer.pt"))
+    scheduler.load_state_dict(load_checkpoint_file(path / "scheduler.pt"))
     set_rng_state(process_rng_state(path, process_index, num_processes), generator)
-    extra = load_file(path / "extra_state.pt")
+    extra = load_checkpoint_file(path / "extra_state.pt")
     return json.loads((path / STATE_FILE).read_text()), extra
 
 

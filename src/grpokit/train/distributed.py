@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from accelerate.utils import DistributedType, gather_object
+from accelerate.utils import gather_object
 
 __all__ = [
     "PreparedPolicy",
@@ -130,8 +130,6 @@ def prepare_policy(
     from grpokit.train.forward import PolicyLogprobs
     from grpokit.train.optim import build_optimizers
 
-    if accelerator.distributed_type == DistributedType.DEEPSPEED:  # not expected: make_accelerator avoids it
-        raise ValueError("accelerate prepared DeepSpeed itself; grpokit builds the DeepSpeed engine")
     if strategy == "ddp":
         optimizer, scheduler = build_optimizers(model, args, total_optimizer_steps, *optimizers)
         prepared = accelerator.prepare(PolicyLogprobs(model), optimizer, scheduler)

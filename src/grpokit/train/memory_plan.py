@@ -166,10 +166,11 @@ class MemoryPlan:
 
 
 def weights_dtype(args: GRPOConfig, shape: ModelShape) -> str:
-    """The policy weights' dtype as ``load_policy`` loads them: ``model_init_kwargs["dtype"]`` (or
-    ``torch_dtype``); float32 without it; "auto": the config's dtype (float32 if it names none)."""
-    kwargs = args.model_init_kwargs or {}
-    dtype = kwargs.get("dtype", kwargs.get("torch_dtype", "float32"))
+    """The policy weights' dtype as ``load_policy`` loads them (``train.policy.model_init_kwargs``: the
+    ``dtype``, float32 without one); "auto": the config's dtype (float32 if it names none)."""
+    from grpokit.train.policy import model_init_kwargs
+
+    dtype = model_init_kwargs(args)["dtype"]
     if dtype == "auto":
         return shape.config_dtype or "float32"
     return dtype_name(dtype)

@@ -45,12 +45,16 @@ class UpdateContext:
         """Backward, gradient clipping (the pre-clip global norm, a plain tensor also when the gradients
         are sharded), the optimizer and scheduler steps and cross-process sums through ``accelerator``;
         backward and step through the DeepSpeed engine when ``zero`` (``train.zero.ZeroEngine``) is given."""
-        step = optimizer_step(optimizer, scheduler, policy, accelerator.clip_grad_norm_)
+        if zero is None:
+            backward = accelerator.backward
+            step = optimizer_step(optimizer, scheduler, policy, accelerator.clip_grad_norm_)
+        else:
+            backward, step = zero.backward, zero.step_function(scheduler)
         return cls(
             loss=loss,
             policy=policy,
-            backward=accelerator.backward if zero is None else zero.backward,
-            step=step if zero is None else zero.step_function(scheduler),
+            backward=backward,
+            step=step,
             sum_across_processes=lambda t: accelerator.reduce(t.to(accelerator.device), "sum"),
             num_processes=accelerator.num_processes,
             generator=generator,
