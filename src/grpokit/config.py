@@ -19,14 +19,17 @@ steps; each optimizer step accumulates gradients over ``gradient_accumulation_st
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
 from grpokit.config_checks import require, validate_fields
+from grpokit.config_integrations import IntegrationFields, resolve_integration_fields
+from grpokit.trl_compat import split_trl_fields
 
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
 ScaleRewards = Literal["group", "batch", "none"]
@@ -53,14 +56,19 @@ class BatchPlan:
 
 
 @dataclass
-class GRPOConfig:
-    """Configuration of a GRPO run. Invalid combinations raise ``ValueError`` saying why."""
+class GRPOConfig(IntegrationFields):
+    """Configuration of a GRPO run. Invalid combinations raise ``ValueError`` saying why.
+
+    Also accepts every other field of TRL's ``GRPOConfig``: one grpokit does not implement is refused with
+    the reason when set to turn its feature on, never with a TypeError (``grpokit.trl_compat``). The data,
+    evaluation, checkpoint, tracking and hub fields are in ``grpokit.config_integrations``."""
 
     # ---- output and schedule -------------------------------------------------------------------
     output_dir: str = "runs/grpo"
     """Directory for metrics.jsonl, checkpoints and the final model."""
     max_steps: int = -1
-    """Number of GRPO steps (generation rounds) to run; -1 derives it from ``num_train_epochs``."""
+    """Number of GRPO steps (generation rounds; see ``max_steps_unit``) to run; -1 derives it from
+    ``num_train_epochs``."""
     num_train_epochs: float = 1.0
     """Passes over the training prompts, used when ``max_steps`` is -1."""
     logging_steps: int = 1
@@ -76,8 +84,6 @@ class GRPOConfig:
     overwrite_output_dir: bool = False
     """Start a new run in an output_dir that holds another run's checkpoints (TRL's name); without it such
     a start is refused (resume it with ``resume_from_checkpoint``, or choose another output_dir)."""
-    report_to: list[str] = field(default_factory=list)
-    """Extra metric sinks besides metrics.jsonl: "tensorboard" and/or "wandb" (optional extras)."""
     disable_tqdm: bool = False
     """Hide the progress bar."""
     log_completions: bool = False
@@ -236,10 +242,6 @@ class GRPOConfig:
     """Set every dropout probability of the policy to 0 (TRL's name), so the update's log-probs match the
     sampling ones."""
 
-    # ---- evaluation ----------------------------------------------------------------------------------------
-    eval_steps: int = 0
-    """Evaluate on eval_dataset every this many steps (mean reward, greedy); 0 disables."""
-
     # ---- process supervision (docs/process-supervision.md) ---------------------------------------------
     step_delimiter: str = "\n"
     """What ends a reasoning step in a completion (default: one step per line; or a step tag such as
@@ -270,6 +272,7 @@ class GRPOConfig:
 
     def __post_init__(self) -> None:
         self._resolve_precision_aliases()
+        resolve_integration_fields(self)
         self._validate()
 
     def _resolve_precision_aliases(self) -> None:
@@ -347,7 +350,11 @@ class GRPOConfig:
 
     # -- YAML ------------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field, the GRPO knobs first, then the data/tracking/hub ones."""
+        values = dataclasses.asdict(self)
+        integration = [f.name for f in dataclasses.fields(IntegrationFields)]
+        order = [name for name in values if name not in integration] + integration
+        return {name: values[name] for name in order}
 
     def to_yaml(self, path: str | Path | None = None) -> str:
         text = yaml.safe_dump(self.to_dict(), sort_keys=False)
@@ -357,7 +364,8 @@ class GRPOConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> GRPOConfig:
-        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
+        values = split_trl_fields(values, _FIELD_NAMES)
+        unknown = sorted(set(values) - _FIELD_NAMES)
         if unknown:
             raise ValueError(f"unknown GRPOConfig field(s): {', '.join(unknown)}")
         return cls(**values)
@@ -368,3 +376,16 @@ class GRPOConfig:
         if not isinstance(values, dict):
             raise ValueError(f"{path}: expected a mapping of GRPOConfig fields, got {type(values).__name__}")
         return cls.from_dict(values)
+
+
+_FIELD_NAMES = {f.name for f in dataclasses.fields(GRPOConfig)}
+_dataclass_init = GRPOConfig.__init__
+
+
+@functools.wraps(_dataclass_init)
+def _init_accepting_trl_fields(self: GRPOConfig, *args: Any, **kwargs: Any) -> None:
+    """The dataclass ``__init__``, after checking TRL-only keyword arguments (``grpokit.trl_compat``)."""
+    _dataclass_init(self, *args, **split_trl_fields(kwargs, _FIELD_NAMES))
+
+
+GRPOConfig.__init__ = _init_accepting_trl_fields  # type: ignore[method-assign]

@@ -203,7 +203,7 @@ class GRPOTrainer:
         main = self.accelerator.is_main_process
         hide = self.args.disable_tqdm or not self.accelerator.is_local_main_process
         bar = tqdm(total=self.max_steps, initial=self.step, desc="GRPO", disable=hide)
-        evaluating = self.eval_rows is not None and self.args.eval_steps > 0
+        evaluating = self.eval_rows is not None and self.args.eval_strategy == "steps"
         with StopSignals(any_process(self.accelerator)) as signals:
             while self.step < self.max_steps:
                 self.stopped_by = signals.stop_here(self.step, self.save_checkpoint, announce=main)
