@@ -105,8 +105,11 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "torch_compile": ((False,), "torch.compile is not supported yet"),
     "torch_compile_backend": ((None,), "torch.compile is not supported yet"),
     "torch_compile_mode": ((None,), "torch.compile is not supported yet"),
-    "use_liger_kernel": ((False,), "Liger kernels are not supported; grpokit's chunked log-prob pass "
-                         "(docs/performance.md) already avoids the full [B, T, V] logits"),
+    "use_liger_kernel": (
+        (False,),
+        "Liger kernels are not supported; grpokit's chunked log-prob pass "
+        "(docs/performance.md) already avoids the full [B, T, V] logits",
+    ),
     "liger_kernel_config": ((None,), "Liger kernels are not supported"),
     "neftune_noise_alpha": ((None,), "NEFTune is a supervised fine-tuning method"),
     "torch_empty_cache_steps": ((None,), "not supported"),
