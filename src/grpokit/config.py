@@ -271,9 +271,18 @@ class GRPOConfig(IntegrationFields):
     """Most samples the replay buffer keeps (a uniform reservoir of all history); None keeps all."""
 
     def __post_init__(self) -> None:
+        self._none_means_default()
         self._resolve_precision_aliases()
         resolve_integration_fields(self)
         self._validate()
+
+    def _none_means_default(self) -> None:
+        """TRL writes None for "not set" where grpokit has a concrete default (``output_dir``, ``min_p``,
+        ``fsdp``, ``bf16``, ``disable_tqdm``): None there means grpokit's default."""
+        for f in dataclasses.fields(self):
+            if getattr(self, f.name) is None and "None" not in str(f.type):
+                default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+                setattr(self, f.name, default)
 
     def _resolve_precision_aliases(self) -> None:
         """bf16/fp16 (TRL's booleans) -> mixed_precision, refusing contradictions."""

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["NO_EFFECT", "REFUSED", "split_trl_fields"]
+__all__ = ["NO_EFFECT", "REFUSED", "refuse_trainer_arguments", "split_trl_fields"]
 
 logger = logging.getLogger("grpokit")
 
@@ -192,3 +192,22 @@ def _same(value: Any, allowed: Any) -> bool:
     if isinstance(allowed, bool) or isinstance(value, bool) or allowed is None:
         return value is allowed
     return value == allowed
+
+
+_TRAINER_ARGUMENTS = {
+    "reward_processing_classes": "reward models given by directory load their own tokenizer; pass reward "
+    "models as directories (or wrap a model in a reward function)",
+    "quantization_config": "quantised (bitsandbytes) policies are not supported yet; load the weights in "
+    "bfloat16 (model_init_kwargs={dtype: bfloat16}) and use peft_config for LoRA",
+    "tools": "tool calling is not supported yet",
+    "rollout_func": "pass a rollout_backend (the RolloutBackend protocol, grpokit.rollout) instead",
+    "environment_factory": "environments are not supported yet",
+}
+
+
+def refuse_trainer_arguments(**arguments: Any) -> None:
+    """TRL's ``GRPOTrainer`` arguments grpokit does not support: None is accepted, anything else refused
+    with the reason."""
+    for name, value in arguments.items():
+        if value is not None:
+            raise ValueError(f"GRPOTrainer({name}=...) is not supported: {_TRAINER_ARGUMENTS[name]}")

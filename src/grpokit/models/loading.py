@@ -11,7 +11,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 __all__ = ["load_tokenizer", "pad_token_id"]
 
 
-def load_tokenizer(path: str) -> Any:
+def load_tokenizer(path: str, *, trust_remote_code: bool = False) -> Any:
     """The tokenizer saved in ``path``, exactly as saved.
 
     ``AutoTokenizer`` picks the tokenizer class from the model's ``config.json`` when the directory has one,
@@ -25,6 +25,8 @@ def load_tokenizer(path: str) -> Any:
         tokenizer_class = json.loads(config.read_text()).get("tokenizer_class")
         if tokenizer_class in ("TokenizersBackend", "PreTrainedTokenizerFast"):
             return PreTrainedTokenizerFast.from_pretrained(path)
+    if trust_remote_code:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=True)
     return AutoTokenizer.from_pretrained(path)
 
 

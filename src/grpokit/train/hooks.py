@@ -21,7 +21,7 @@ from typing import Any
 from grpokit.train.batch import RolloutBatch, Samples, Scores
 from grpokit.train.reference import Reference
 
-__all__ = ["ReferenceSync", "StepHook", "StepHooks"]
+__all__ = ["ReferenceSync", "StepHook", "StepHooks", "run_hooks"]
 
 
 class StepHook:
@@ -90,3 +90,31 @@ class ReferenceSync(StepHook):
     def after_update(self, step: int) -> None:
         if step % self.every == 0:
             self.reference.reset(self.alpha)
+
+
+def run_hooks(trainer: Any) -> list[StepHook]:
+    """The optional behaviour a ``GRPOTrainer``'s run asked for, in the order it runs: process supervision,
+    reference resets, iterative reward-model updates, the completion log."""
+    from grpokit.train.completion_log import CompletionLog
+    from grpokit.train.distributed import gather_across_processes
+
+    args, accelerator = trainer.args, trainer.accelerator
+    hooks: list[StepHook] = [trainer.process] if trainer.process is not None else []
+    if trainer.reference is not None and args.sync_ref_model:
+        hooks.append(ReferenceSync(trainer.reference, args.ref_model_sync_steps, args.ref_model_mixup_alpha))
+    if trainer.iterative is not None:
+        trainer.iterative.reference = trainer.reference
+        trainer.iterative.gather = gather_across_processes(accelerator)
+        hooks.append(trainer.iterative)
+    hooks.append(
+        CompletionLog(
+            args.output_dir,
+            args.log_completions,
+            args.num_completions_to_print,
+            reward_names=trainer.reward_names,
+            is_logged=trainer.schedule.logs,
+            gather=gather_across_processes(accelerator),
+            enabled=accelerator.is_main_process,
+        )
+    )
+    return hooks

@@ -20,14 +20,17 @@ def build_optimizers(
     optimizer: torch.optim.Optimizer | None = None,
     scheduler: Any = None,
 ) -> tuple[torch.optim.Optimizer, Any]:
-    """``(optimizer, scheduler)``: the given ones, else AdamW over the trainable parameters and the
-    configured schedule (with warm-up) over ``total_optimizer_steps``."""
+    """``(optimizer, scheduler)``: the given ones, else AdamW (``optim``: the fused kernel or the default
+    one) over the trainable parameters and the configured schedule (with warm-up, ``lr_scheduler_kwargs``)
+    over ``total_optimizer_steps``."""
     if optimizer is None:
         optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
             lr=args.learning_rate,
             betas=(args.adam_beta1, args.adam_beta2),
+            eps=args.adam_epsilon,
             weight_decay=args.weight_decay,
+            fused=args.optim == "adamw_torch_fused" or None,
         )
     if scheduler is None:
         scheduler = get_scheduler(
@@ -35,5 +38,6 @@ def build_optimizers(
             optimizer,
             num_warmup_steps=args.num_warmup_steps(total_optimizer_steps),
             num_training_steps=total_optimizer_steps,
+            scheduler_specific_kwargs=dict(args.lr_scheduler_kwargs or {}),
         )
     return optimizer, scheduler

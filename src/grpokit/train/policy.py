@@ -50,21 +50,22 @@ def check_special_tokens(tokenizer: Any) -> None:
         tokenizer.pad_token = tokenizer.eos_token
 
 
-def load_tokenizer(model: str | Path | torch.nn.Module) -> Any:
+def load_tokenizer(model: str | Path | torch.nn.Module, trust_remote_code: bool = False) -> Any:
     """The tokenizer saved with ``model`` (a path/hub id, or a model whose config names its path)."""
     check_model_source(model)
     source = model if isinstance(model, (str, Path)) else getattr(model, "name_or_path", None)
     if not source:
         raise ValueError("processing_class is required when model is an in-memory module without a path")
-    tokenizer = load_saved_tokenizer(str(source))
+    tokenizer = load_saved_tokenizer(str(source), trust_remote_code=trust_remote_code)
     check_special_tokens(tokenizer)
     return tokenizer
 
 
 def model_init_kwargs(args: GRPOConfig) -> dict[str, Any]:
     """``from_pretrained`` keyword arguments: ``args.model_init_kwargs`` with ``dtype`` (or TRL's older
-    ``torch_dtype``) as a torch dtype (``"auto"`` kept; default float32), "true"/"false" as booleans."""
-    kwargs: dict[str, Any] = {}
+    ``torch_dtype``) as a torch dtype (``"auto"`` kept; default float32), "true"/"false" as booleans, and
+    ``trust_remote_code`` when the config's field says so."""
+    kwargs: dict[str, Any] = {"trust_remote_code": True} if args.trust_remote_code else {}
     for key, value in (args.model_init_kwargs or {}).items():
         if isinstance(value, str) and value.lower() in ("true", "false"):
             value = value.lower() == "true"

@@ -9,12 +9,11 @@ reference resets, iterative reward models, the completion log) is in step hooks 
 from __future__ import annotations
 
 import logging
-import math
 from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate.utils import gather_object, set_seed
+from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
 from grpokit.chat import as_completion
@@ -25,26 +24,28 @@ from grpokit.rewards import resolve_rewards, reward_names, reward_weights, score
 from grpokit.rollout import RolloutBackend, SamplingParams, make_backend
 from grpokit.train import sharding
 from grpokit.train.batch import LogprobPass, Samples, Scores, pad_samples
-from grpokit.train.completion_log import CompletionLog
+from grpokit.train.callbacks import Callbacks
 from grpokit.train.distributed import (
     any_process,
-    gather_across_processes,
     make_accelerator,
     merged_across_processes,
     placement,
     prepare_policy,
 )
+from grpokit.train.evaluation import greedy_reward_means
 from grpokit.train.guards import NonfiniteGuard, StopSignals
-from grpokit.train.hooks import ReferenceSync, StepHook, StepHooks
+from grpokit.train.hooks import StepHooks, run_hooks
 from grpokit.train.iterative_grpo import IterativeGRPO
-from grpokit.train.metrics import PhaseTimer, progress_fields, reward_means, step_metrics
+from grpokit.train.metrics import PhaseTimer, progress_fields, step_metrics
 from grpokit.train.metrics_log import MetricsLogger, plot_metrics
 from grpokit.train.policy import check_special_tokens, load_policy, load_tokenizer
 from grpokit.train.process_supervision import ProcessSupervision
 from grpokit.train.prompts import PromptSampler, encode_prompt
 from grpokit.train.reference import Reference, refuse_resets_of_adapter_reference
 from grpokit.train.run_state import RunState
+from grpokit.train.schedule import RunSchedule
 from grpokit.train.update import UpdateContext, run_update
+from grpokit.trl_compat import refuse_trainer_arguments
 
 __all__ = ["GRPOTrainer"]
 
@@ -63,11 +64,14 @@ class GRPOTrainer:
         train_dataset: a ``datasets.Dataset``, a list of dicts, or a json/jsonl/csv/parquet path.
         eval_dataset: optional, same forms; mean reward under greedy decoding every ``eval_steps``.
         processing_class: the tokenizer (default: loaded from ``model``).
-        peft_config: a ``peft`` config to train adapters instead of all weights.
-        rollout_backend: override the generation backend (anything with the RolloutBackend protocol).
+        callbacks: ``transformers.TrainerCallback`` objects (``grpokit.train.callbacks``).
         optimizers: TRL's ``(optimizer, lr_scheduler)``; either may be None (default AdamW from ``args``;
             the ``lr_scheduler_type`` schedule over the run's optimizer steps). Not with ``fsdp`` or
             ``deepspeed``, which build the optimizer over the parameters they place.
+        peft_config: a ``peft`` config to train adapters instead of all weights.
+        reward_processing_classes, quantization_config, tools, rollout_func, environment_factory: TRL's
+            arguments that grpokit does not support; anything but None is refused with the reason.
+        rollout_backend: override the generation backend (anything with the RolloutBackend protocol).
         process_reward_funcs: process rewards (callables ``fn(prompts, completions, steps, **columns) ->
             list[list[float] | None]``, built-in verifier names, or process-reward-model directories).
             Advantages then become per token [n, C] (``grpokit.train.process_supervision``);
@@ -88,22 +92,37 @@ class GRPOTrainer:
         train_dataset: Any = None,
         eval_dataset: Any = None,
         processing_class: Any = None,
-        peft_config: Any = None,
-        rollout_backend: RolloutBackend | None = None,
+        reward_processing_classes: Any = None,
+        callbacks: list[Any] | None = None,
         optimizers: tuple[Any, Any] = (None, None),
+        quantization_config: Any = None,
+        peft_config: Any = None,
+        tools: Any = None,
+        rollout_func: Any = None,
+        environment_factory: Any = None,
         *,
+        rollout_backend: RolloutBackend | None = None,
         process_reward_funcs: Any = None,
         iterative_reward_model: Any = None,
         rm_label_func: Any = None,
     ) -> None:
         self.args = args or GRPOConfig()
+        refuse_trainer_arguments(
+            reward_processing_classes=reward_processing_classes,
+            quantization_config=quantization_config,
+            tools=tools,
+            rollout_func=rollout_func,
+            environment_factory=environment_factory,
+        )
         refuse_resets_of_adapter_reference(self.args, peft_config)
         set_seed(self.args.seed)  # the same initial weights (LoRA adapters, heads) on every process
         self.accelerator = make_accelerator(self.args.mixed_precision, self.args.use_cpu)
         self.plan = self.args.batch_plan(self.accelerator.num_processes)
-        self.train_rows = load_rows(train_dataset, name="train_dataset")
-        self.eval_rows = load_rows(eval_dataset, name="eval_dataset") if eval_dataset is not None else None
-        self.tokenizer = processing_class if processing_class is not None else load_tokenizer(model)
+        self.train_rows = self._load_rows(train_dataset, "train_dataset")
+        self.eval_rows = self._load_rows(eval_dataset, "eval_dataset") if eval_dataset is not None else None
+        self.tokenizer = processing_class or load_tokenizer(
+            model, trust_remote_code=self.args.trust_remote_code
+        )
         check_special_tokens(self.tokenizer)
         self.model = load_policy(model, self.args, peft_config)
         device = self.accelerator.device
@@ -123,7 +142,8 @@ class GRPOTrainer:
         weights = reward_weights(self.args.reward_weights, self.reward_names, "reward_weights")
         self.reward_weights = torch.tensor(weights, dtype=torch.float32)
         self.reference = Reference.for_run(self.model, self.args, adapter_disabled=peft_config is not None)
-        self.max_steps = self._total_steps()
+        self.schedule = RunSchedule.from_config(self.args, len(self.train_rows), self.plan)
+        self.max_steps = self.schedule.max_steps
         self.strategy = placement(self.args, self.accelerator.num_processes)  # ddp, fsdp or zero
         total = self.max_steps * self.plan.optimizer_steps  # optimizer steps of the run
         self.policy, self.optimizer, self.scheduler, self.zero = prepare_policy(
@@ -149,10 +169,14 @@ class GRPOTrainer:
             self.generator,
             self.zero,
         )
-        self.hooks = StepHooks(self._step_hooks())
+        self.hooks = StepHooks(run_hooks(self))
         self.logger = MetricsLogger(
             self.args.output_dir, self.args.report_to, self.accelerator.is_main_process
         )
+        self.callbacks = Callbacks(
+            callbacks, self.args, model=self.model, processing_class=self.tokenizer,
+            optimizer=self.optimizer, lr_scheduler=self.scheduler,
+        )  # fmt: skip
         self.step = 0
         self.guard = NonfiniteGuard(self.args.max_nonfinite_steps)  # NaN/inf steps in a row stop the run
         self.stopped_by: str | None = None  # the signal that ended train() early (SIGTERM, SIGINT)
@@ -160,6 +184,7 @@ class GRPOTrainer:
             self.accelerator, self.model, self.policy, self.tokenizer, self.optimizer, self.scheduler,
             self.reference, self.hooks, self.prompts, self.generator, self.strategy, self.zero,
         )  # fmt: skip
+        self.callbacks.event("on_init_end")
 
     @property
     def unwrapped_model(self) -> torch.nn.Module:
@@ -203,24 +228,35 @@ class GRPOTrainer:
         main = self.accelerator.is_main_process
         hide = self.args.disable_tqdm or not self.accelerator.is_local_main_process
         bar = tqdm(total=self.max_steps, initial=self.step, desc="GRPO", disable=hide)
-        evaluating = self.eval_rows is not None and self.args.eval_strategy == "steps"
+        schedule, callbacks = self.schedule, self.callbacks
+        callbacks.begin(
+            max_steps=self.max_steps, step=self.step, epoch=schedule.epoch(self.step),
+            logging_steps=self.args.logging_steps, is_main=main,
+        )  # fmt: skip
+        if self.args.eval_on_start and self.eval_rows is not None and self.step == 0:
+            self._log(0, self._evaluate_with_callbacks(), history)
         with StopSignals(any_process(self.accelerator)) as signals:
             while self.step < self.max_steps:
                 self.stopped_by = signals.stop_here(self.step, self.save_checkpoint, announce=main)
                 if self.stopped_by is not None:
                     break
+                callbacks.step_begin()
                 metrics = self.training_step()
                 self.step += 1
                 self.guard.check(self.step, metrics)
-                if evaluating and self.step % self.args.eval_steps == 0:
-                    metrics.update(self.evaluate())
+                control = callbacks.step_end(self.step, schedule.epoch(self.step))
+                if self.eval_rows is not None and (schedule.evaluates(self.step) or control.should_evaluate):
+                    metrics.update(self._evaluate_with_callbacks())
                 bar.update(1)
                 bar.set_postfix(progress_fields(metrics))
-                if self._is_logged(self.step):
-                    self.logger.log(self.step, metrics)
-                    history.append({"step": self.step, **metrics})
-                if self.args.save_steps and self.step % self.args.save_steps == 0:
+                if schedule.logs(self.step) or control.should_log:
+                    self._log(self.step, metrics, history)
+                if schedule.ends_epoch(self.step):
+                    callbacks.event("on_epoch_end")
+                if schedule.saves(self.step) or control.should_save:
                     self.save_checkpoint()
+                if control.should_training_stop:
+                    break
         bar.close()
         if self.stopped_by is None:
             self.save_model(self.args.output_dir)
@@ -228,7 +264,19 @@ class GRPOTrainer:
                 self.iterative.save(Path(self.args.output_dir) / "reward_model")
             if main:
                 plot_metrics(self.logger.read(), Path(self.args.output_dir) / "metrics.png")
+        callbacks.event("on_train_end")
         return history
+
+    def _log(self, step: int, metrics: dict[str, float], history: list[dict[str, float]]) -> None:
+        """Write one step's metrics to every sink and tell the callbacks."""
+        self.logger.log(step, metrics)
+        history.append({"step": step, **metrics})
+        self.callbacks.log(metrics)
+
+    def _evaluate_with_callbacks(self) -> dict[str, float]:
+        metrics = self.evaluate(batch_size=self.args.per_device_eval_batch_size)
+        self.callbacks.event("on_evaluate", metrics=metrics)
+        return metrics
 
     def training_step(self) -> dict[str, float]:
         """One GRPO step on this process's share of the prompts; the metrics of the whole batch."""
@@ -317,21 +365,15 @@ class GRPOTrainer:
         return matrix, {f"rewards/{name}/failures": float(count) for name, count in failures.items()}
 
     def evaluate(self, eval_dataset: Any = None, batch_size: int = 64) -> dict[str, float]:
-        """``eval/reward`` (weighted sum, mean over rows) and ``eval/rewards/<name>/mean`` of greedy
-        completions of ``eval_dataset`` (default: the trainer's). Under several processes each process
-        generates for every ``num_processes``-th row and the rewards are gathered: every row counts once."""
-        rows = self.eval_rows if eval_dataset is None else load_rows(eval_dataset, name="eval_dataset")
+        """``eval/reward`` and ``eval/rewards/<name>/mean`` of greedy completions of ``eval_dataset``
+        (default: the trainer's), every row counted once across processes (``train.evaluation``)."""
+        rows = self.eval_rows if eval_dataset is None else self._load_rows(eval_dataset, "eval_dataset")
         if rows is None:
             raise ValueError("evaluate: no eval_dataset (give one here or to GRPOTrainer)")
-        share = rows[self.accelerator.process_index :: self.accelerator.num_processes]
-        parts = [torch.empty(0, len(self.reward_funcs))]
-        for start in range(0, len(share), batch_size):
-            parts.append(self.reward_matrix(self.sample(share[start : start + batch_size], greedy=True))[0])
-        matrix = torch.cat(parts)  # [len(share), F]
-        if self.accelerator.num_processes > 1:  # every process's rows, in process order
-            matrix = torch.tensor(gather_object(matrix.tolist()), dtype=torch.float32)
-            matrix = matrix.reshape(-1, len(self.reward_funcs))
-        return reward_means(matrix, self.reward_weights, self.reward_names, prefix="eval/")
+        return greedy_reward_means(self, rows, batch_size)
+
+    def _load_rows(self, source: Any, name: str) -> list[dict[str, Any]]:
+        return load_rows(source, name=name)
 
     def encode_prompt(self, prompt: Any) -> list[int]:
         """Token ids of a prompt (chat template for message lists), cut from the left to max_prompt_length."""
@@ -350,40 +392,6 @@ class GRPOTrainer:
             "device": self.accelerator.device,
         }
 
-    def _is_logged(self, step: int) -> bool:
-        """Whether the metrics (and sample completions) of GRPO step ``step`` (1-based) are logged."""
-        return step % self.args.logging_steps == 0 or step == self.max_steps
-
-    def _step_hooks(self) -> list[StepHook]:
-        """The optional behaviour this run asked for, in the order it runs."""
-        hooks: list[StepHook] = [self.process] if self.process is not None else []
-        if self.reference is not None and self.args.sync_ref_model:
-            hooks.append(
-                ReferenceSync(self.reference, self.args.ref_model_sync_steps, self.args.ref_model_mixup_alpha)
-            )
-        if self.iterative is not None:
-            self.iterative.reference = self.reference
-            self.iterative.gather = gather_across_processes(self.accelerator)
-            hooks.append(self.iterative)
-        hooks.append(
-            CompletionLog(
-                self.args.output_dir,
-                self.args.log_completions,
-                self.args.num_completions_to_print,
-                reward_names=self.reward_names,
-                is_logged=self._is_logged,
-                gather=gather_across_processes(self.accelerator),
-                enabled=self.accelerator.is_main_process,
-            )
-        )
-        return hooks
-
-    def _total_steps(self) -> int:
-        if self.args.max_steps > 0:
-            return self.args.max_steps
-        per_epoch = len(self.train_rows) / self.plan.prompts
-        return max(1, math.ceil(self.args.num_train_epochs * per_epoch))
-
     # ------------------------------------------------------------------------------------------------
     def save_model(self, path: str | Path) -> None:
         """Write a standard ``transformers`` checkpoint directory (model + tokenizer; a PEFT model writes
@@ -392,4 +400,10 @@ class GRPOTrainer:
 
     def save_checkpoint(self) -> Path:
         """Everything a resume needs, in ``<output_dir>/checkpoint-<step>`` (``train.run_state``)."""
-        return self.run_state.save(self.args.output_dir, self.step, self.args.save_total_limit)
+        path = self.run_state.save(self.args.output_dir, self.step, self.args.save_total_limit)
+        self.callbacks.event("on_save")
+        return path
+
+    def add_callback(self, callback: Any) -> None:
+        """Add a ``TrainerCallback`` (an instance or a class), as in TRL."""
+        self.callbacks.add(callback)

@@ -1,0 +1,92 @@
+"""``GRPOTrainer(callbacks=[...])``: the ``transformers.TrainerCallback`` interface, called at the same
+moments as in TRL's trainer, with transformers' own ``TrainerState`` and ``TrainerControl``.
+
+Events: ``on_init_end``, ``on_train_begin``, ``on_step_begin``, ``on_step_end``, ``on_evaluate``
+(``metrics=``), ``on_log`` (``logs=``), ``on_save``, ``on_epoch_end``, ``on_train_end``; each receives
+``(args, state, control, model=, processing_class=, optimizer=, lr_scheduler=)``. One difference from TRL:
+``state.global_step`` and ``state.max_steps`` count GRPO steps (grpokit's step: one generation round and
+its updates), the unit of ``logging_steps``/``save_steps``/``eval_steps`` here. A callback may set
+``control.should_training_stop`` (the run ends after this step, with the final model saved),
+``control.should_save`` (a checkpoint now) or ``control.should_evaluate`` (an evaluation now).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState
+
+__all__ = ["Callbacks"]
+
+_EVENTS = (
+    "on_init_end",
+    "on_train_begin",
+    "on_step_begin",
+    "on_step_end",
+    "on_evaluate",
+    "on_log",
+    "on_save",
+    "on_epoch_end",
+    "on_train_end",
+)
+
+
+class Callbacks:
+    """The run's callbacks with the ``TrainerState`` / ``TrainerControl`` they share."""
+
+    def __init__(self, callbacks: Iterable[Any] | None, args: Any, **objects: Any) -> None:
+        """callbacks: ``TrainerCallback`` instances or classes (instantiated here); anything with some of the
+        event methods works. objects: what every event receives (model, processing_class, optimizer,
+        lr_scheduler)."""
+        self.callbacks = [cb() if isinstance(cb, type) else cb for cb in callbacks or []]
+        for cb in self.callbacks:
+            if not isinstance(cb, TrainerCallback) and not any(hasattr(cb, e) for e in _EVENTS):
+                raise ValueError(
+                    f"callbacks: {type(cb).__name__} is not a TrainerCallback and has none of its events "
+                    f"({', '.join(_EVENTS)})"
+                )
+        self.args = args
+        self.objects = objects
+        self.state = TrainerState()
+        self.control = TrainerControl()
+
+    def __bool__(self) -> bool:
+        return bool(self.callbacks)
+
+    def add(self, callback: Any) -> None:
+        self.callbacks.append(callback() if isinstance(callback, type) else callback)
+
+    def event(self, name: str, **kwargs: Any) -> TrainerControl:
+        """Call ``name`` on every callback that has it, in order; a callback may return a new control."""
+        for cb in self.callbacks:
+            method = getattr(cb, name, None)
+            if method is None:
+                continue
+            result = method(self.args, self.state, self.control, **self.objects, **kwargs)
+            if isinstance(result, TrainerControl):
+                self.control = result
+        return self.control
+
+    def begin(self, *, max_steps: int, step: int, epoch: float, logging_steps: int, is_main: bool) -> None:
+        """Fill the state for the run (or its resumption) and send ``on_train_begin``."""
+        self.state.max_steps = max_steps
+        self.state.global_step = step
+        self.state.epoch = epoch
+        self.state.logging_steps = logging_steps
+        self.state.is_world_process_zero = self.state.is_local_process_zero = is_main
+        self.control.should_training_stop = False
+        self.event("on_train_begin")
+
+    def step_begin(self) -> None:
+        self.control.should_log = self.control.should_evaluate = self.control.should_save = False
+        self.event("on_step_begin")
+
+    def step_end(self, step: int, epoch: float) -> TrainerControl:
+        self.state.global_step = step
+        self.state.epoch = epoch
+        return self.event("on_step_end")
+
+    def log(self, logs: dict[str, float]) -> None:
+        self.state.log_history.append({**logs, "step": self.state.global_step})
+        self.event("on_log", logs=logs)

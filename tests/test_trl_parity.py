@@ -1,0 +1,121 @@
+"""Every field of TRL 1.16's GRPOConfig is accepted with TRL's meaning, accepted as having no effect, or
+refused with a reason: never a TypeError, never silently dropped."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import pytest
+
+from grpokit import GRPOConfig
+from grpokit.trl_compat import NO_EFFECT, REFUSED, refuse_trainer_arguments
+from tests.trl_1_16_fields import TRL_1_16_DEFAULTS
+
+OWN = {f.name for f in dataclasses.fields(GRPOConfig)}
+
+
+def test_every_trl_field_has_exactly_one_treatment():
+    unhandled = [n for n in TRL_1_16_DEFAULTS if n not in OWN | set(NO_EFFECT) | set(REFUSED)]
+    assert unhandled == []
+    assert not (OWN & set(NO_EFFECT)) and not (OWN & set(REFUSED)) and not (set(NO_EFFECT) & set(REFUSED))
+
+
+def test_a_trl_config_with_every_default_constructs():
+    config = GRPOConfig(**TRL_1_16_DEFAULTS)
+    # TRL's defaults keep TRL's meaning where grpokit has the field
+    assert config.loss_type == "dapo" and config.beta == 0.0 and config.num_train_epochs == 3.0
+    assert config.report_to == [] and config.save_strategy == "steps" and config.save_steps == 500
+    assert config.eval_strategy == "no" and config.optim == "adamw_torch_fused"
+    # TRL's None for "unset" becomes grpokit's default
+    assert config.output_dir == "runs/grpo" and config.min_p == 0.0 and config.fsdp == "" and not config.bf16
+
+
+def _turned_on(allowed: tuple) -> object:
+    """A value outside ``allowed`` that turns the feature on."""
+    flags = [v for v in allowed if isinstance(v, bool)]
+    if flags:
+        return not flags[0]
+    numbers = [v for v in allowed if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if numbers:
+        return numbers[0] + 1.5
+    return "something-else"
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_refused_fields_accept_their_off_value_and_refuse_the_rest_with_a_reason(name):
+    allowed, why = REFUSED[name]
+    for value in allowed:
+        GRPOConfig(**{name: value})
+    with pytest.raises(ValueError, match=rf"GRPOConfig\.{name}=.* is not supported: ") as err:
+        GRPOConfig(**{name: _turned_on(allowed)})
+    assert why in str(err.value)
+
+
+@pytest.mark.parametrize("name", sorted(NO_EFFECT))
+def test_no_effect_fields_are_accepted_and_logged(name, caplog):
+    with caplog.at_level(logging.INFO, logger="grpokit"):
+        GRPOConfig(**{name: 7})
+    assert f"GRPOConfig.{name}=7 has no effect in grpokit: {NO_EFFECT[name]}" in caplog.text
+
+
+def test_trl_only_fields_go_through_yaml_and_dicts_too():
+    assert GRPOConfig.from_dict({"use_vllm": False, "do_train": True}).to_dict()["beta"] == 0.04
+    with pytest.raises(ValueError, match="use_vllm=True is not supported: grpokit has no vLLM backend"):
+        GRPOConfig.from_dict({"use_vllm": True})
+    with pytest.raises(ValueError, match="unknown GRPOConfig field"):
+        GRPOConfig.from_dict({"not_a_field": 1})
+    assert "use_vllm" not in GRPOConfig(use_vllm=False).to_dict()  # nothing TRL-only is stored
+
+
+def test_a_name_trl_does_not_have_is_still_a_type_error_from_the_dataclass():
+    with pytest.raises(TypeError, match="not_a_field"):
+        GRPOConfig(not_a_field=1)
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [("none", []), ("wandb", ["wandb"]), (["tensorboard", "wandb"], ["tensorboard", "wandb"]),
+     ("all", ["all"]), (["none"], []), (None, [])],
+)  # fmt: skip
+def test_report_to_takes_trl_forms(given, expected):
+    assert GRPOConfig(report_to=given).report_to == expected
+
+
+def test_report_to_names_an_unknown_sink():
+    with pytest.raises(ValueError, match="report_to names an unknown sink 'comet'"):
+        GRPOConfig(report_to="comet")
+
+
+def test_generation_kwargs_take_precedence_over_the_sampling_fields():
+    config = GRPOConfig(temperature=1.0, generation_kwargs={"temperature": 0.7, "max_new_tokens": 33})
+    assert config.temperature == 0.7 and config.max_completion_length == 33
+    with pytest.raises(ValueError, match=r"generation_kwargs key 'num_beams' is not supported"):
+        GRPOConfig(generation_kwargs={"num_beams": 4})
+    with pytest.raises(ValueError, match="temperature must be > 0"):  # still validated
+        GRPOConfig(generation_kwargs={"temperature": 0.0})
+
+
+@pytest.mark.parametrize(
+    ("fields", "strategy", "steps"),
+    [({}, "no", None), ({"eval_steps": 5}, "steps", 5), ({"eval_strategy": "steps", "logging_steps": 3},
+     "steps", 3), ({"eval_strategy": "epoch"}, "epoch", None)],
+)  # fmt: skip
+def test_eval_strategy_resolves_like_trl(fields, strategy, steps):
+    config = GRPOConfig(**fields)
+    assert (config.eval_strategy, config.eval_steps) == (strategy, steps)
+
+
+def test_save_strategy_resolves_like_trl():
+    assert GRPOConfig().save_strategy == "no"
+    assert GRPOConfig(save_steps=10).save_strategy == "steps"
+    with pytest.raises(ValueError, match="save_steps must be >= 1 with save_strategy='steps'"):
+        GRPOConfig(save_strategy="steps", save_steps=0)
+
+
+def test_unsupported_trainer_arguments_are_refused_with_the_reason():
+    refuse_trainer_arguments(tools=None, quantization_config=None)
+    with pytest.raises(ValueError, match=r"GRPOTrainer\(tools=...\) is not supported: tool calling"):
+        refuse_trainer_arguments(tools=[print])
+    with pytest.raises(ValueError, match=r"quantization_config=...\) is not supported: quantised"):
+        refuse_trainer_arguments(quantization_config={"load_in_4bit": True})
