@@ -1,53 +1,154 @@
-"""Datasets in, validated prompt rows out.
+"""Data sets in, validated prompt rows out (docs/data.md).
 
-A training dataset is a ``datasets.Dataset``, a list of dicts, or a local json/jsonl/csv/parquet file. Each
-row needs a ``prompt``: a string (standard format) or a list of ``{"role", "content"}`` messages
-(conversational format, rendered with the tokenizer's chat template: ``grpokit.chat``). Every other
-column is forwarded to the reward functions.
+``train_dataset`` / ``eval_dataset`` is a ``datasets.Dataset`` or ``DatasetDict``, a list of dicts, a local
+json/jsonl/csv/parquet file or folder of data files, or a name that ``datasets.load_dataset`` resolves
+(``grpokit.data.sources``). Then, in this order: ``column_mapping`` renames columns, ``prompt_column`` names
+the column that becomes the row's ``prompt``, and every row is checked. A prompt is a string (standard
+format) or a list of ``{"role", "content"}`` messages (conversational format, rendered with the tokenizer's
+chat template: ``grpokit.chat``). Every other column is forwarded to the reward functions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from grpokit.records import read_jsonl
+from grpokit.chat import message_content
+from grpokit.data.sources import source_rows
 
-__all__ = ["load_rows", "reward_columns", "validate_rows"]
+if TYPE_CHECKING:
+    from grpokit.config import GRPOConfig
 
-_FILE_LOADERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+__all__ = [
+    "DataSettings",
+    "apply_columns",
+    "load_dataset_rows",
+    "load_rows",
+    "reward_columns",
+    "validate_rows",
+]
 
 
-def load_rows(source: Any, *, name: str = "train_dataset") -> list[dict[str, Any]]:
-    """Materialise ``source`` (Dataset, list of dicts, or file path) as a validated list of row dicts."""
-    if source is None:
-        raise ValueError(f"{name} is required")
-    if isinstance(source, (str, Path)):
-        rows = _load_file(Path(source), name)
-    elif isinstance(source, Sequence) and not isinstance(source, (str, bytes)):
-        rows = [dict(row) if isinstance(row, dict) else row for row in source]
-    elif hasattr(source, "to_list"):  # datasets.Dataset
-        rows = source.to_list()
-    else:
-        raise TypeError(
-            f"{name}: expected a datasets.Dataset, a list of dicts or a file path, got {type(source)}"
+@dataclass(frozen=True)
+class DataSettings:
+    """The data set fields of ``GRPOConfig`` (same names, same defaults) that shape the loaded rows."""
+
+    dataset_config: str | None = None
+    dataset_train_split: str = "train"
+    dataset_test_split: str = "test"
+    prompt_column: str = "prompt"
+    column_mapping: Mapping[str, str] | None = None
+
+    @classmethod
+    def from_args(cls, args: GRPOConfig | DataSettings | None) -> DataSettings:
+        """The settings of ``args`` (None: the defaults)."""
+        if args is None:
+            return cls()
+        return cls(
+            dataset_config=args.dataset_config,
+            dataset_train_split=args.dataset_train_split,
+            dataset_test_split=args.dataset_test_split,
+            prompt_column=args.prompt_column,
+            column_mapping=args.column_mapping,
         )
+
+
+def load_dataset_rows(
+    source: Any, args: GRPOConfig | DataSettings | None, *, name: str = "train_dataset"
+) -> list[dict[str, Any]]:
+    """The validated rows of ``source`` under the data set settings of ``args``.
+
+    ``name`` is the argument's name in messages; ``"eval_dataset"`` takes ``args.dataset_test_split`` of a
+    ``DatasetDict``, folder or hub name, anything else ``args.dataset_train_split``. ``dataset_config`` goes
+    to ``datasets.load_dataset``; ``column_mapping`` ({source: target}) renames columns first, then the
+    ``prompt_column`` becomes each row's ``"prompt"``. Raises ValueError naming the field, the row and the
+    columns for anything unusable (FileNotFoundError for a missing local path, TypeError for an object
+    that is no data set).
+    """
+    settings = DataSettings.from_args(args)
+    split = settings.dataset_test_split if name == "eval_dataset" else settings.dataset_train_split
+    rows = source_rows(source, split=split, dataset_config=settings.dataset_config, name=name)
+    if len(rows) == 0:
+        raise ValueError(f"{name} is empty")
+    rows = apply_columns(rows, settings.column_mapping, settings.prompt_column, name)
     validate_rows(rows, name)
     return rows
 
 
-def _load_file(path: Path, name: str) -> list[dict[str, Any]]:
-    if not path.exists():
-        raise FileNotFoundError(f"{name}: no such file {path}")
-    kind = _FILE_LOADERS.get(path.suffix.lower())
-    if kind is None:
-        raise ValueError(f"{name}: unsupported file type {path.suffix!r}; use one of {sorted(_FILE_LOADERS)}")
-    if path.suffix.lower() == ".jsonl":
-        return read_jsonl(path, name)
-    import datasets
+def load_rows(source: Any, *, name: str = "train_dataset") -> list[dict[str, Any]]:
+    """``load_dataset_rows`` with the default settings: the ``train`` split (``test`` for
+    ``eval_dataset``), no configuration, no renames, the prompt in the ``prompt`` column."""
+    return load_dataset_rows(source, None, name=name)
 
-    return datasets.load_dataset(kind, data_files=str(path), split="train").to_list()
+
+def apply_columns(
+    rows: list[Any], column_mapping: Mapping[str, str] | None, prompt_column: str, name: str
+) -> list[Any]:
+    """Rows with ``column_mapping``'s renames applied, then ``prompt_column`` renamed to ``"prompt"``
+    (moved, not copied: reward functions receive the prompt as ``prompts``). Rows that are not dicts are
+    passed through for ``validate_rows`` to report."""
+    mapping = dict(column_mapping or {})
+    if not mapping and prompt_column == "prompt":
+        return rows
+    columns = _columns(rows)
+    _check_mapping(mapping, columns, name)
+    renames = {column: mapping.get(column, column) for column in columns}
+    if prompt_column != "prompt":
+        renamed = list(renames.values())
+        if prompt_column not in renamed:
+            raise ValueError(
+                f"prompt_column={prompt_column!r}: {name} has no such column (columns"
+                f"{' after column_mapping' if mapping else ''}: {renamed})"
+            )
+        if "prompt" in renamed:
+            raise ValueError(
+                f"prompt_column={prompt_column!r}, but {name} also has a 'prompt' column; rename that one "
+                "with column_mapping, e.g. {'prompt': 'original_prompt'}"
+            )
+        renames = {column: "prompt" if new == prompt_column else new for column, new in renames.items()}
+    out: list[Any] = []
+    for index, row in enumerate(rows):
+        if not isinstance(row, dict):
+            out.append(row)
+            continue
+        new = {renames[key]: value for key, value in row.items()}
+        if prompt_column != "prompt" and "prompt" not in new:
+            raise ValueError(
+                f"{name} row {index}: missing the prompt column {prompt_column!r} (prompt_column; "
+                f"columns: {sorted(row)})"
+            )
+        out.append(new)
+    return out
+
+
+def _columns(rows: list[Any]) -> list[str]:
+    """Every key of every dict row, in order of first appearance."""
+    seen: dict[str, None] = {}
+    for row in rows:
+        if isinstance(row, dict):
+            seen.update(dict.fromkeys(row))
+    return list(seen)
+
+
+def _check_mapping(mapping: dict[str, str], columns: list[str], name: str) -> None:
+    for source, target in mapping.items():
+        if source not in columns:
+            raise ValueError(
+                f"column_mapping: {name} has no column {source!r} to rename (columns: {columns})"
+            )
+        if not isinstance(target, str) or not target:
+            raise ValueError(f"column_mapping: the new name of {source!r} must be a non-empty string")
+    targets: dict[str, str] = {}
+    for source, target in mapping.items():
+        if target in targets:
+            raise ValueError(f"column_mapping renames both {targets[target]!r} and {source!r} to {target!r}")
+        targets[target] = source
+        if target in columns and target not in mapping:
+            raise ValueError(
+                f"column_mapping renames {source!r} to {target!r}, but {name} already has a {target!r} "
+                f"column; rename that one too (columns: {columns})"
+            )
 
 
 def validate_rows(rows: list[Any], name: str) -> None:
@@ -63,17 +164,33 @@ def validate_rows(rows: list[Any], name: str) -> None:
 
 
 def _validate_prompt(prompt: Any, where: str) -> None:
+    """A non-blank string, or a non-empty list of messages with some text."""
+    if prompt is None:
+        raise ValueError(f"{where}: empty (None)")
     if isinstance(prompt, str):
-        if not prompt:
-            raise ValueError(f"{where}: empty string")
+        if not prompt.strip():
+            raise ValueError(f"{where}: {'empty string' if not prompt else 'whitespace-only string'}")
         return
-    if not isinstance(prompt, list) or not prompt:
+    if not isinstance(prompt, list):
         raise ValueError(
-            f"{where}: expected a string or a non-empty list of messages, got {type(prompt).__name__}"
+            f"{where}: expected a string or a list of {{'role', 'content'}} messages, got "
+            f"{type(prompt).__name__}"
         )
+    if not prompt:
+        raise ValueError(f"{where}: empty list of messages")
     for turn, message in enumerate(prompt):
         if not isinstance(message, dict) or "role" not in message or "content" not in message:
             raise ValueError(f"{where}: message {turn} must be a dict with 'role' and 'content'")
+        content = message["content"]
+        if isinstance(content, list) and not content:
+            raise ValueError(f"{where}: message {turn} has an empty content list")
+        if not isinstance(content, (str, list)):
+            raise ValueError(
+                f"{where}: message {turn} content must be a string or a list of parts, got "
+                f"{type(content).__name__}"
+            )
+    if not any(message_content(message).strip() for message in prompt):
+        raise ValueError(f"{where}: every message's content is empty")
 
 
 def reward_columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:

@@ -1,5 +1,5 @@
-"""Which prompts each step trains on (a seeded shuffle per epoch and a position that checkpoints save), and
-prompts as token ids."""
+"""Which prompts each step trains on (a seeded shuffle per epoch and a position that checkpoints save),
+prompts as token ids, and the up-front length check of ``prompt_truncation="error"``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from grpokit.chat import render_prompt
 from grpokit.config import GRPOConfig
 
-__all__ = ["PromptSampler", "encode_prompt"]
+__all__ = ["PromptSampler", "check_prompt_lengths", "encode_prompt"]
 
 
 def encode_prompt(
@@ -24,6 +24,40 @@ def encode_prompt(
     text = render_prompt(prompt, tokenizer, chat_template_kwargs)
     ids = tokenizer(text, add_special_tokens=isinstance(prompt, str))["input_ids"]
     return ids[-max_prompt_length:] if max_prompt_length is not None and len(ids) > max_prompt_length else ids
+
+
+def check_prompt_lengths(rows: list[dict[str, Any]], tokenizer: Any, args: GRPOConfig, *, name: str) -> None:
+    """With ``args.prompt_truncation == "error"`` and a ``max_prompt_length``, refuse the first prompt
+    longer than ``max_prompt_length`` tokens (ValueError naming ``name``, the row, its token count and the
+    limit); otherwise do nothing (``"left"`` cuts long prompts in ``encode_prompt``).
+
+    Tokens are counted as ``encode_prompt`` counts them: the chat template (with
+    ``args.chat_template_kwargs``) for message lists, special tokens for plain strings. Rows are encoded
+    in batches of ``_CHECK_BATCH`` texts, so a large data set costs a few batched tokenizer calls.
+    """
+    limit = args.max_prompt_length
+    if args.prompt_truncation != "error" or limit is None:
+        return
+    for start in range(0, len(rows), _CHECK_BATCH):
+        chunk = [row["prompt"] for row in rows[start : start + _CHECK_BATCH]]
+        lengths = [0] * len(chunk)
+        for standard in (True, False):  # plain strings get special tokens, rendered chats already have them
+            indices = [i for i, prompt in enumerate(chunk) if isinstance(prompt, str) == standard]
+            if indices:
+                texts = [render_prompt(chunk[i], tokenizer, args.chat_template_kwargs) for i in indices]
+                encoded = tokenizer(texts, add_special_tokens=standard)["input_ids"]
+                for i, ids in zip(indices, encoded, strict=True):
+                    lengths[i] = len(ids)
+        for i, length in enumerate(lengths):
+            if length > limit:
+                raise ValueError(
+                    f"{name} row {start + i}: the prompt is {length} tokens, longer than "
+                    f"max_prompt_length={limit} (prompt_truncation='error'; raise max_prompt_length, "
+                    "shorten or drop the row, or set prompt_truncation='left' to keep its last tokens)"
+                )
+
+
+_CHECK_BATCH = 1024
 
 
 class PromptSampler:

@@ -1,0 +1,119 @@
+"""Where a data set comes from: a local file or folder, a name that ``datasets.load_dataset`` resolves, an
+in-memory ``datasets.Dataset`` / ``DatasetDict``, or a list of dicts. Every form becomes a list of row dicts
+(``source_rows``); column renames and prompt checks come after, in ``grpokit.data.loading``.
+
+Resolution order for a string: an existing file (json, jsonl, csv, parquet), an existing folder (read by
+``datasets.load_dataset(folder)`` exactly as a hub repository of data files is: ``train.jsonl`` +
+``test.jsonl``, ``data/train-*.parquet`` ...), a string that can only be a local path (it has a data file
+suffix, or starts with ``/``, ``.`` or ``~``: a missing file), and otherwise a hub data set name.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from grpokit.records import read_jsonl
+
+__all__ = ["FILE_LOADERS", "source_rows", "split_field"]
+
+FILE_LOADERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+"""Local file suffixes and the ``datasets`` builder that reads each (``.jsonl`` is read line by line)."""
+
+
+def split_field(name: str) -> str:
+    """The GRPOConfig field that chooses the split of ``name``: the test split for ``eval_dataset``."""
+    return "dataset_test_split" if name == "eval_dataset" else "dataset_train_split"
+
+
+def source_rows(source: Any, *, split: str, dataset_config: str | None, name: str) -> list[Any]:
+    """The rows of ``source`` as a list (dict rows copied; anything else left for validation to report).
+
+    ``split`` picks the split of a ``DatasetDict``, of a folder and of a hub name; ``dataset_config`` is
+    the configuration (subset) name given to ``datasets.load_dataset`` for a folder or a hub name.
+    """
+    if source is None:
+        raise ValueError(f"{name} is required")
+    if isinstance(source, (str, os.PathLike)):
+        return _path_or_name_rows(source, split, dataset_config, name)
+    if isinstance(source, (list, tuple)):
+        return [dict(row) if isinstance(row, Mapping) else row for row in source]
+    import datasets
+
+    if isinstance(source, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+        return _split_rows(source, split, name, "the DatasetDict")
+    if isinstance(source, datasets.Dataset):
+        return source.to_list()
+    if isinstance(source, datasets.IterableDataset):
+        return [dict(row) for row in source]
+    if isinstance(source, Sequence) and not isinstance(source, (str, bytes)):
+        return [dict(row) if isinstance(row, Mapping) else row for row in source]
+    raise TypeError(
+        f"{name}: expected a datasets.Dataset, a datasets.DatasetDict, a list of dicts, a local file or "
+        f"folder, or a data set name, got {type(source).__name__}"
+    )
+
+
+def _path_or_name_rows(source: str | os.PathLike, split: str, dataset_config: str | None, name: str) -> list:
+    path = Path(source).expanduser()
+    if path.is_file():
+        return _file_rows(path, name)
+    if path.is_dir():
+        return _load_dataset_rows(str(path), split, dataset_config, name, folder=True)
+    if isinstance(source, os.PathLike) or _only_local(str(source)):
+        raise FileNotFoundError(f"{name}: no such file or folder {str(source)!r}")
+    return _load_dataset_rows(str(source), split, dataset_config, name, folder=False)
+
+
+def _only_local(text: str) -> bool:
+    """A string no hub data set name can be: it ends in a data file suffix or starts like a path."""
+    return Path(text).suffix.lower() in FILE_LOADERS or text.startswith(("/", ".", "~", "\\"))
+
+
+def _file_rows(path: Path, name: str) -> list[Any]:
+    kind = FILE_LOADERS.get(path.suffix.lower())
+    if kind is None:
+        raise ValueError(
+            f"{name}: unsupported file type {path.suffix!r} ({path}); use one of {sorted(FILE_LOADERS)}, "
+            "or a folder of such files"
+        )
+    if path.suffix.lower() == ".jsonl":
+        return read_jsonl(path, name)
+    import datasets
+
+    return datasets.load_dataset(kind, data_files=str(path), split="train").to_list()
+
+
+def _load_dataset_rows(
+    target: str, split: str, dataset_config: str | None, name: str, *, folder: bool
+) -> list[dict[str, Any]]:
+    """``datasets.load_dataset(target, dataset_config)`` (every split, as TRL's scripts load it), then the
+    chosen split's rows."""
+    import datasets
+
+    call = f"datasets.load_dataset({target!r}" + (f", {dataset_config!r})" if dataset_config else ")")
+    try:
+        loaded = datasets.load_dataset(target, **({"name": dataset_config} if dataset_config else {}))
+    except Exception as err:  # every failure of the lookup (no network, no such repo...) with its reason
+        reason = f"{type(err).__name__}: {err}"
+        if folder:
+            raise ValueError(f"{name}={target!r}: {call} could not read the folder: {reason}") from err
+        raise ValueError(
+            f"{name}={target!r} is not a local file or folder and could not be loaded from the hub "
+            f"with {call}: {reason}"
+        ) from err
+    if isinstance(loaded, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+        return _split_rows(loaded, split, name, f"{target!r}")
+    return source_rows(loaded, split=split, dataset_config=None, name=name)
+
+
+def _split_rows(splits: Mapping[str, Any], split: str, name: str, what: str) -> list[dict[str, Any]]:
+    if split not in splits:
+        raise ValueError(
+            f"{name}: {what} has no split {split!r} (splits: {sorted(splits)}); set GRPOConfig."
+            f"{split_field(name)} to one of them"
+        )
+    chosen = splits[split]
+    return chosen.to_list() if hasattr(chosen, "to_list") else [dict(row) for row in chosen]
