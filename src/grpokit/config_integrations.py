@@ -23,7 +23,8 @@ class IntegrationFields:
     # ---- data sets (docs/data.md) ------------------------------------------------------------------
     dataset_config: str | None = None
     """Configuration (subset) name when ``train_dataset`` / ``eval_dataset`` is a data set name that
-    ``datasets.load_dataset`` resolves (a hub id, or a local folder with a loading script)."""
+    ``datasets.load_dataset`` resolves (a hub id, or a local folder of data files; configs from its
+    README.md)."""
     dataset_train_split: str = "train"
     """Split of a named (or folder) ``train_dataset`` to train on (TRL ScriptArguments' name)."""
     dataset_test_split: str = "test"

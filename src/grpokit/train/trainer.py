@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from grpokit.chat import as_completion
 from grpokit.config import GRPOConfig
 from grpokit.core import PolicyLoss, combine_rewards, multi_reward_advantages
-from grpokit.data.loading import load_rows, reward_columns
+from grpokit.data.loading import load_dataset_rows, reward_columns
 from grpokit.rewards import resolve_rewards, reward_names, reward_weights, score_completions
 from grpokit.rollout import RolloutBackend, SamplingParams, make_backend
 from grpokit.train import sharding
@@ -40,7 +40,7 @@ from grpokit.train.metrics import PhaseTimer, progress_fields, step_metrics
 from grpokit.train.metrics_log import MetricsLogger, plot_metrics
 from grpokit.train.policy import check_special_tokens, load_policy, load_tokenizer
 from grpokit.train.process_supervision import ProcessSupervision
-from grpokit.train.prompts import PromptSampler, encode_prompt
+from grpokit.train.prompts import PromptSampler, check_prompt_lengths, encode_prompt
 from grpokit.train.reference import Reference, refuse_resets_of_adapter_reference
 from grpokit.train.run_state import RunState
 from grpokit.train.schedule import RunSchedule
@@ -118,12 +118,11 @@ class GRPOTrainer:
         set_seed(self.args.seed)  # the same initial weights (LoRA adapters, heads) on every process
         self.accelerator = make_accelerator(self.args.mixed_precision, self.args.use_cpu)
         self.plan = self.args.batch_plan(self.accelerator.num_processes)
+        remote = self.args.trust_remote_code
+        self.tokenizer = processing_class if processing_class is not None else load_tokenizer(model, remote)
+        check_special_tokens(self.tokenizer)
         self.train_rows = self._load_rows(train_dataset, "train_dataset")
         self.eval_rows = self._load_rows(eval_dataset, "eval_dataset") if eval_dataset is not None else None
-        self.tokenizer = processing_class or load_tokenizer(
-            model, trust_remote_code=self.args.trust_remote_code
-        )
-        check_special_tokens(self.tokenizer)
         self.model = load_policy(model, self.args, peft_config)
         device = self.accelerator.device
         self.iterative = IterativeGRPO.from_config(iterative_reward_model, rm_label_func, self.args, device)
@@ -373,7 +372,11 @@ class GRPOTrainer:
         return greedy_reward_means(self, rows, batch_size)
 
     def _load_rows(self, source: Any, name: str) -> list[dict[str, Any]]:
-        return load_rows(source, name=name)
+        """Rows of a data set in any form (``grpokit.data``: names, files, folders, Datasets, lists), with the
+        configured split and columns; prompts over ``max_prompt_length`` refused if so configured."""
+        rows = load_dataset_rows(source, self.args, name=name)
+        check_prompt_lengths(rows, self.tokenizer, self.args, name=name)
+        return rows
 
     def encode_prompt(self, prompt: Any) -> list[int]:
         """Token ids of a prompt (chat template for message lists), cut from the left to max_prompt_length."""
