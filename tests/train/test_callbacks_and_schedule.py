@@ -170,3 +170,14 @@ def test_trust_remote_code_reaches_from_pretrained():
 def test_a_callback_without_any_event_is_refused(tiny_model_dir, rows, tmp_path):
     with pytest.raises(ValueError, match="callbacks: object is not a TrainerCallback"):
         make_trainer(tiny_model_dir, rows, tmp_path, callbacks=[object()])
+
+
+def test_data_seed_orders_the_prompts_instead_of_seed():
+    from grpokit.train.prompts import PromptSampler
+
+    def first_epoch(**fields):
+        return PromptSampler(10, 10, GRPOConfig(**fields)).next_indices()
+
+    expected = torch.randperm(10, generator=torch.Generator().manual_seed(7)).tolist()
+    assert first_epoch(seed=1, data_seed=7) == expected == first_epoch(seed=7)
+    assert first_epoch(seed=1) != expected

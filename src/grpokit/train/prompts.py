@@ -68,7 +68,7 @@ class PromptSampler:
         self.num_rows = num_rows
         self.prompts_per_step = prompts_per_step
         self.shuffle = args.shuffle_dataset
-        self.seed = args.seed
+        self.seed = args.seed if args.data_seed is None else args.data_seed
         self.epoch = 0
         self.position = 0
         self._order = self._epoch_order()
