@@ -193,6 +193,26 @@ def print_memory_plan(args: TrainArgs) -> None:
     print(describe_plan(args, processes, strategy), flush=True)
 
 
+def publish_model_card(args: TrainArgs, config: GRPOConfig, trainer: Any, summary: dict[str, Any]) -> None:
+    """Rewrite the model card in output_dir with the held-out evaluation (and the recipe's model and task
+    names); with ``push_to_hub`` push it again, with ``eval_summary.json``."""
+    from grpokit.train.hub import push_model, resolve_repo_id
+    from grpokit.train.model_card import write_model_card
+
+    write_model_card(
+        config.output_dir,
+        config,
+        base_model=args.model,
+        dataset_name=args.dataset or (f"the built-in `{args.task}` task" if args.task else None),
+        reward_names=trainer.reward_names,
+        metrics=trainer.logger.read(),
+        eval_summary=summary,
+        model_id=resolve_repo_id(config) if config.push_to_hub else None,
+    )
+    if config.push_to_hub:
+        push_model(config.output_dir, config, commit_message="Held-out evaluation")
+
+
 def run_training(args: TrainArgs) -> dict[str, Any]:
     """Train per the recipe; evaluate held-out greedy accuracy before and after; write eval_summary.json."""
     from grpokit.data import load_rows
@@ -244,6 +264,8 @@ def run_training(args: TrainArgs) -> dict[str, Any]:
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "eval_summary.json").write_text(json.dumps(summary, indent=2))
         config.to_yaml(output_dir / "config.yaml")
+        if trainer.stopped_by is None:
+            publish_model_card(args, config, trainer, summary)
         print(
             f"grpokit: done in {summary['wall_time_s']} s; model, metrics.jsonl, metrics.png and "
             f"eval_summary.json in {output_dir}"
