@@ -1,79 +1,298 @@
-"""``grpokit eval``: a model on a built-in task's held-out split (or a file): greedy accuracy, and pass@k /
-maj@k / mean@k when sampling."""
+"""``grpokit eval model=... eval_dataset=... reward_funcs=[...] [key=value ...]``: any model on any prompt
+file, graded by any reward functions and/or an answer extractor; or a built-in task's held-out split
+(``task=arithmetic``, the default when no eval_dataset is given, with its ``tiny:<task>`` policy).
+
+Options are ``key=value`` (YAML-typed, as for ``grpokit train``) or ``--key value``. What the output keys
+mean: :func:`grpokit.eval.grade_completions` and docs/evaluation.md.
+"""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import tyro
 
-from grpokit.cli.recipes import TYRO_MARKERS
-from grpokit.cli.train_command import resolve_model, task_graders, task_splits
+from grpokit.cli.recipes import TYRO_MARKERS, to_flag_arguments
+from grpokit.cli.train_command import resolve_model, task_splits
 
-__all__ = ["EvalArgs", "eval_main", "run_eval"]
+__all__ = [
+    "EvalArgs",
+    "EvalPlan",
+    "eval_main",
+    "load_eval_model",
+    "parse_eval_args",
+    "plan_eval",
+    "resolve_device",
+    "run_eval",
+]
+
+DEFAULT_TASK = "arithmetic"
+TASK_MAX_NEW_TOKENS = 64
+DATASET_MAX_NEW_TOKENS = 512
 
 
 @dataclass
 class EvalArgs:
-    """Evaluate a model on a task's held-out split (or a file): greedy accuracy, optionally pass@k/maj@k."""
+    """Evaluate a model: generate for every prompt of a data set (or a built-in task's held-out split) and
+    grade with reward functions and/or an answer extractor. Options may also be given as key=value."""
 
     model: str
     """A model directory or hub id, or ``tiny:<task>`` for the built-in cold-started tiny policy."""
-    task: str = "arithmetic"
-    """A built-in task whose held-out split and answer check are used."""
     eval_dataset: str | None = None
-    """Held-out prompts from a local file instead of the task's split."""
-    num_eval_examples: int | None = None
-    """Held-out questions to generate for a built-in task."""
-    task_seed: int = 0
-    """Seed of the built-in task's question generator."""
+    """Prompts to evaluate: a local json/jsonl/csv/parquet file or folder of data files, or a hub data set
+    name. Rows need a prompt (a string or chat messages; see prompt_column) and whatever columns the graders
+    read (``solution`` for answer grading and maj@k)."""
+    dataset_config: str | None = None
+    """The configuration (subset) of a hub data set or folder, e.g. ``main`` for gsm8k."""
+    dataset_split: str = "test"
+    """The split of a hub data set, folder or DatasetDict to evaluate (a single file is read whole)."""
+    prompt_column: str = "prompt"
+    """The column holding the prompt, e.g. ``question``."""
+    column_mapping: dict[str, str] | None = None
+    """Column renames applied first, ``{old: new}``, e.g. ``{answer: solution}``."""
+    task: str | None = None
+    """A built-in task (arithmetic, chain): without eval_dataset its held-out split is evaluated (default
+    arithmetic); its reward names (exact_answer, format, ...) may be used in reward_funcs, and unless
+    reward_funcs / answer_extractor are given it grades with its correctness reward and answer extractor."""
+    reward_funcs: list[str] | None = None
+    """Reward functions as training takes them: built-in names (accuracy, think_format, ...),
+    ``module.function`` / ``module:function`` import paths, reward-model directories, or the task's names.
+    A completion's reward is their weighted sum."""
+    reward_weights: list[float] | None = None
+    """One weight per reward function (default 1.0 each)."""
+    answer_extractor: str | None = None
+    """How to read the final answer of a completion: boxed, answer_tag, hash, last_number, auto, or a
+    ``module.function`` path (str -> str | None). Without reward_funcs a completion is correct when its
+    answer equals the row's ``solution``; with num_samples > 1 it enables maj@k."""
+    correct_threshold: float = 1.0
+    """A completion is correct when its (weighted) reward is >= this."""
     num_samples: int = 1
-    """Samples per prompt; >1 reports pass@k, maj@k and mean@k with sampling at ``temperature``."""
-    temperature: float = 1.0
-    """Sampling temperature when num_samples > 1 (greedy otherwise)."""
-    max_new_tokens: int = 64
-    """Completion limit."""
+    """Completions per prompt (k); k > 1 reports pass@k, mean@k and (with an answer extractor) maj@k."""
+    pass_k: list[int] | None = None
+    """Smaller budgets j < num_samples to report pass@j for as well (same unbiased estimator), e.g. [1, 4]."""
+    temperature: float | None = None
+    """Sampling temperature; 0 is greedy decoding. Default: 0 when num_samples = 1, else 1.0."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1.0 = off); ignored when greedy."""
+    top_k: int = 0
+    """Keep only the top_k most likely tokens (0 = off); ignored when greedy."""
+    max_new_tokens: int | None = None
+    """Completion limit in tokens. Default: 64 for a built-in task, 512 for an eval_dataset."""
+    max_prompt_length: int | None = None
+    """Cut longer prompts from the left, as training does (None: keep whole)."""
+    chat_template_kwargs: dict[str, str | int | float | bool] | None = None
+    """Extra chat-template variables for conversational prompts, e.g. ``{enable_thinking: false}``."""
+    device: str = "auto"
+    """cpu, cuda, cuda:1, ... or auto (cuda when available, else cpu)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights' dtype; auto keeps the checkpoint's own."""
+    generation_backend: Literal["auto", "fast", "transformers"] = "auto"
+    """auto: grpokit's fast sampler where it supports the model (llama, qwen2, qwen3, mistral), else
+    transformers' model.generate."""
+    batch_size: int = 64
+    """Prompts per generation call (each with its num_samples completions)."""
+    seed: int = 0
+    """Sampling seed."""
+    per_example: bool = False
+    """Add ``records``: per prompt its completions, rewards, correctness and extracted answers."""
     output: str | None = None
     """Write the result as JSON here."""
+    num_eval_examples: int | None = None
+    """Evaluate only this many prompts: a built-in task generates this many, an eval_dataset's first rows."""
+    task_seed: int = 0
+    """Seed of the built-in task's question generator (and of the tiny:<task> policy)."""
+    progress: bool = True
+    """Show a progress bar over prompts (on stderr)."""
 
 
-def run_eval(args: EvalArgs) -> dict[str, Any]:
-    """Evaluate a model on held-out prompts; print (and optionally write) the metrics."""
+def resolve_device(spec: str) -> str:
+    """``auto`` -> ``cuda`` when a GPU is available, else ``cpu``; anything else is checked and returned."""
+    import torch
+
+    if spec == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        torch.device(spec)
+    except RuntimeError as error:
+        raise ValueError(f"device: {spec!r} is not a torch device (cpu, cuda, cuda:1, auto)") from error
+    return spec
+
+
+def load_eval_model(path: str, device: str = "auto", dtype: str = "auto") -> tuple[Any, Any]:
+    """(model in eval mode on ``device`` in ``dtype``, tokenizer) of a directory or hub id."""
+    import torch
     from transformers import AutoModelForCausalLM
 
-    from grpokit.data import load_rows
-    from grpokit.eval import evaluate_accuracy
     from grpokit.models import load_tokenizer
 
-    path = resolve_model(args.model, seed=args.task_seed)
-    model = AutoModelForCausalLM.from_pretrained(path)
-    tokenizer = load_tokenizer(path)
-    rows = (
-        load_rows(args.eval_dataset, name="eval_dataset")
-        if args.eval_dataset
-        else task_splits(args.task, args)[1]
+    weights: Any = "auto" if dtype == "auto" else getattr(torch, dtype)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=weights)
+    return model.to(resolve_device(device)).eval(), load_tokenizer(path)
+
+
+def _template_value(value: Any) -> Any:
+    """A chat-template variable from the command line typed as YAML (``false`` -> False, ``3`` -> 3): tyro
+    reads the values of a ``dict[str, str | ...]`` as strings, and the string "false" is true in Jinja."""
+    if not isinstance(value, str):
+        return value
+    import yaml
+
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
+    return parsed if isinstance(parsed, (bool, int, float)) else value
+
+
+def _graders(args: EvalArgs, task: Any) -> tuple[list[Any], Any]:
+    """(reward function specs, answer extractor spec): the task's names resolve to its functions; a task
+    grades with its correctness reward and extractor unless told otherwise."""
+    rewards: list[Any] = list(args.reward_funcs or [])
+    extractor: Any = args.answer_extractor
+    if task is not None:
+        rewards = [task.reward_funcs.get(r, r) for r in rewards]
+        if not rewards and extractor is None:
+            rewards = [task.reward_funcs[task.correctness_reward]]
+        if extractor is None:
+            extractor = task.extract_answer
+    return rewards, extractor
+
+
+def _rows(args: EvalArgs, task_name: str | None) -> list[dict[str, Any]]:
+    """The built-in task's held-out split, or ``eval_dataset`` loaded as training loads data sets
+    (``grpokit.data.loading.load_dataset_rows``: split, configuration, column renames, prompt column)."""
+    from grpokit.data.loading import DataSettings, load_dataset_rows
+
+    if args.eval_dataset is None:
+        return task_splits(task_name, args)[1]
+    settings = DataSettings(
+        dataset_config=args.dataset_config,
+        dataset_test_split=args.dataset_split,
+        prompt_column=args.prompt_column,
+        column_mapping=args.column_mapping,
     )
-    sampled = args.num_samples > 1
-    result = evaluate_accuracy(
+    rows = load_dataset_rows(args.eval_dataset, settings, name="eval_dataset")
+    return rows if args.num_eval_examples is None else rows[: args.num_eval_examples]
+
+
+@dataclass
+class EvalPlan:
+    """What ``run_eval`` evaluates, resolved and checked before any model loads."""
+
+    rows: list[dict[str, Any]]
+    reward_funcs: list[Any]
+    extractor: Any
+    task: str | None
+    temperature: float
+    max_new_tokens: int
+
+
+def plan_eval(args: EvalArgs) -> EvalPlan:
+    """Rows, graders and decoding of ``args``; every input error raises ValueError (or FileNotFoundError)
+    naming the option, before the model loads."""
+    from grpokit.eval import resolve_extractor, validate_grading
+    from grpokit.rewards import resolve_rewards
+
+    task_name = args.task or (DEFAULT_TASK if args.eval_dataset is None else None)
+    task = None
+    if task_name is not None:
+        from grpokit.data.tasks import TASKS
+
+        if task_name not in TASKS:
+            raise ValueError(f"task: unknown built-in task {task_name!r}; known tasks: {sorted(TASKS)}")
+        task = TASKS[task_name]
+    rows = _rows(args, task_name)
+    reward_specs, extractor_spec = _graders(args, task)
+    try:
+        reward_funcs = resolve_rewards(reward_specs, allow_empty=True)
+    except ValueError as error:
+        raise ValueError(f"reward_funcs: {error}") from error
+    extractor = resolve_extractor(extractor_spec)
+    temperature = args.temperature
+    if temperature is None:
+        temperature = 0.0 if args.num_samples == 1 else 1.0
+    validate_grading(
+        rows,
+        num_reward_funcs=len(reward_funcs),
+        extractor=extractor,
+        num_samples=args.num_samples,
+        temperature=temperature,
+        reward_weights=args.reward_weights,
+        pass_k=args.pass_k or (),
+    )
+    max_new = args.max_new_tokens
+    if max_new is None:
+        max_new = TASK_MAX_NEW_TOKENS if args.eval_dataset is None else DATASET_MAX_NEW_TOKENS
+    if max_new < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new}")
+    if args.batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {args.batch_size}")
+    resolve_device(args.device)
+    return EvalPlan(rows, reward_funcs, extractor, task_name, temperature, max_new)
+
+
+def run_eval(args: EvalArgs, plan: EvalPlan | None = None) -> dict[str, Any]:
+    """Plan (:func:`plan_eval`, unless given), load the model, evaluate; print the metrics (``records`` too
+    only when no output file takes them) and write the whole result as JSON to ``output``."""
+    from grpokit.eval import evaluate_model
+
+    plan = plan or plan_eval(args)
+    path = resolve_model(args.model, seed=args.task_seed)
+    model, tokenizer = load_eval_model(path, args.device, args.dtype)
+    template = {k: _template_value(v) for k, v in (args.chat_template_kwargs or {}).items()}
+    result = evaluate_model(
         model,
         tokenizer,
-        rows,
-        **task_graders(args.task),
-        max_new_tokens=args.max_new_tokens,
+        plan.rows,
+        reward_funcs=plan.reward_funcs,
+        reward_weights=args.reward_weights,
+        answer_extractor=plan.extractor,
+        correct_threshold=args.correct_threshold,
+        pass_k=args.pass_k or (),
         num_samples=args.num_samples,
-        temperature=args.temperature if sampled else 0.0,
+        temperature=plan.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        max_new_tokens=plan.max_new_tokens,
+        max_prompt_length=args.max_prompt_length,
+        chat_template_kwargs=template or None,
+        generation_backend=args.generation_backend,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        per_example=args.per_example,
+        progress=args.progress,
     )
-    result = {k: v for k, v in result.items() if k != "completions"}
-    print(json.dumps(result, indent=2))
+    result = {"model": args.model, "eval_dataset": args.eval_dataset, "task": plan.task, **result}
+    shown = {k: v for k, v in result.items() if k != "records"} if args.output else result
+    print(json.dumps(shown, indent=2))
     if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(json.dumps(result, indent=2))
     return result
 
 
+def parse_eval_args(argv: list[str]) -> EvalArgs:
+    """``key=value`` / ``--key value`` arguments -> EvalArgs (tyro; ``--help`` lists every option)."""
+    return tyro.cli(
+        EvalArgs,
+        args=to_flag_arguments(argv),
+        prog="grpokit eval",
+        description="Evaluate a model. Options below may also be given as key=value.",
+        use_underscores=True,
+        config=TYRO_MARKERS,
+    )
+
+
 def eval_main(argv: list[str]) -> int:
-    """``grpokit eval [--option value ...]``; returns the exit status."""
-    run_eval(tyro.cli(EvalArgs, args=argv, prog="grpokit eval", use_underscores=True, config=TYRO_MARKERS))
+    """``grpokit eval [key=value | --key value ...]``; returns the exit status. Bad input stops with a
+    message naming the option: from the parser (exit status 2), or ``SystemExit("grpokit eval: ...")``."""
+    args = parse_eval_args(argv)
+    try:
+        plan = plan_eval(args)  # fail on bad input before the model loads
+    except (ValueError, FileNotFoundError) as error:
+        raise SystemExit(f"grpokit eval: {error}") from error
+    run_eval(args, plan)
     return 0

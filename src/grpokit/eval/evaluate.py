@@ -22,7 +22,7 @@ from grpokit.models.loading import pad_token_id
 from grpokit.rewards.base import RewardFunc
 from grpokit.rewards.scoring import score_completions
 
-__all__ = ["evaluate_accuracy"]
+__all__ = ["evaluate_accuracy", "stop_token_ids"]
 
 
 def _rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -90,7 +90,7 @@ def evaluate_accuracy(
     if device is None:
         device = next(model.parameters()).device
     pad_id = pad_token_id(tokenizer)
-    eos_ids = _eos_ids(model, tokenizer)
+    eos_ids = stop_token_ids(model, tokenizer)
 
     was_training = model.training
     model.eval()
@@ -167,7 +167,9 @@ def evaluate_accuracy(
     return result
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The ids that end a completion: the tokenizer's EOS and every EOS id of the model's generation config
+    (instruct models often name several, e.g. Qwen's ``<|im_end|>`` and ``<|endoftext|>``)."""
     ids: list[int] = []
     gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     for e in (tokenizer.eos_token_id, gen_eos):
