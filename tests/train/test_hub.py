@@ -17,7 +17,6 @@ from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.records import read_jsonl
 from grpokit.train import hub
 from grpokit.train.hub import HUB_IGNORE_PATTERNS, check_hub_access, push_model, resolve_repo_id
-from grpokit.train.model_card import write_model_card
 
 TOKEN = "hf_NotARealTokenButSecretAbCdEf123456"
 ROWS = [
@@ -81,8 +80,10 @@ def files_uploaded(folder: Path, ignore_patterns: list[str]) -> set[str]:
 
 @pytest.fixture(scope="module")
 def trained(tiny_model_dir, tmp_path_factory):
-    """A real run's output folder: 2 steps, a checkpoint each step, the completion log on, the model card,
-    and the config dump ``grpokit train`` writes (which holds the token); plus the bare model's files."""
+    """A real run with ``push_to_hub`` whose hub client is the recording stand-in (``hub.HfApi`` replaced):
+    2 steps, a checkpoint each step (pushed: ``hub_strategy="every_save"``), the completion log on, the model
+    card the trainer writes, and the config dump ``grpokit train`` writes (which holds the token); plus the
+    bare model's files and the stand-in's record of the run's calls."""
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("hub")
     args = GRPOConfig(
@@ -90,21 +91,39 @@ def trained(tiny_model_dir, tmp_path_factory):
         max_completion_length=4, disable_tqdm=True, seed=0, save_steps=1, log_completions=True,
         push_to_hub=True, hub_token=TOKEN,
     )  # fmt: skip
-    trainer = GRPOTrainer(str(tiny_model_dir), [digit_reward], args, train_dataset=ROWS)
-    trainer.train()
+    api = RecordingApi()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hub, "HfApi", lambda token=None: api)
+        trainer = GRPOTrainer(str(tiny_model_dir), [digit_reward], args, train_dataset=ROWS)
+        trainer.train()
     output = Path(args.output_dir)
-    write_model_card(
-        output, args, base_model=str(tiny_model_dir), dataset_name=None, reward_names=trainer.reward_names,
-        metrics=trainer.logger.read(), model_id="alice/tiny-grpo",
-    )  # fmt: skip
     args.to_yaml(output / "config.yaml")
     trainer.save_model(root / "bare")  # what save_pretrained writes for this model: model + tokenizer
     model_files = {p.name for p in (root / "bare").iterdir()}
-    return output, model_files
+    return output, model_files, api
+
+
+def test_the_trainer_checks_access_first_then_pushes_every_checkpoint_and_the_end(trained):
+    output, _, api = trained
+    assert api.calls[0][0] == "whoami"  # check_hub_access, when the trainer was built
+    uploads = [kwargs for name, _, kwargs in api.calls if name == "upload_folder"]
+    assert [u["folder_path"] for u in uploads] == [
+        str(output / "checkpoint-1"),
+        str(output / "checkpoint-2"),
+        str(output),
+    ]
+    assert [u["commit_message"] for u in uploads] == [
+        "Training in progress, step 1",
+        "Training in progress, step 2",
+        "End of training",
+    ]
+    assert all(u["repo_id"] == "alice/tiny-grpo" for u in uploads)
+    card = (output / "README.md").read_text()
+    assert "alice/tiny-grpo" in card and TOKEN not in card  # the card names the repo the model went to
 
 
 def test_push_uploads_the_folder_with_the_card(trained):
-    output, _ = trained
+    output, _, _ = trained
     api = RecordingApi()
     args = hub_args(output, hub_revision="experiment")
     url = push_model(output, args, commit_message="End of training", api=api)
@@ -122,7 +141,7 @@ def test_push_uploads_the_folder_with_the_card(trained):
 
 
 def test_the_files_sent_are_the_model_tokenizer_card_and_metrics(trained):
-    output, model_files = trained
+    output, model_files, _ = trained
     api = RecordingApi()
     push_model(output, hub_args(output), commit_message="End of training", api=api)
     patterns = api.call("upload_folder")[1]["ignore_patterns"]
@@ -136,13 +155,13 @@ def test_the_files_sent_are_the_model_tokenizer_card_and_metrics(trained):
 
 
 def test_a_checkpoint_push_sends_the_model_without_the_resume_state(trained):
-    output, model_files = trained
+    output, model_files, _ = trained
     checkpoint = output / "checkpoint-2"
     api = RecordingApi()
     push_model(checkpoint, hub_args(output), commit_message="Training in progress, step 2", api=api)
     assert api.call("create_repo")[0] == ("alice/tiny-grpo",)  # named after output_dir, not the checkpoint
     sent = files_uploaded(checkpoint, api.call("upload_folder")[1]["ignore_patterns"])
-    assert sent == model_files
+    assert sent == model_files | {"README.md"}  # with the card written at every_save
     assert {"optimizer.pt", "rng_state.pt", "trainer_state.json"} <= files_uploaded(checkpoint, [])
 
 

@@ -382,3 +382,28 @@ def test_run_info_defaults(tmp_path):
     assert (run.name, run.tensorboard_dir) == ("last", tmp_path / "x" / "last" / "tensorboard")
     assert RunInfo(output_dir=Path("."), run_name="r").name == "r"
     assert RunInfo(output_dir=Path(".")).name == Path.cwd().name
+
+
+def test_a_training_run_reports_to_tensorboard_and_wandb_and_finishes_both(tiny_model_dir, tmp_path):
+    """Through GRPOTrainer: every logged step reaches both trackers with the values of metrics.jsonl, the
+    W&B run is named after run_name and finished when train() returns."""
+    from grpokit import GRPOTrainer
+    from grpokit.records import read_jsonl
+
+    from ..conftest import small_config
+
+    def reward(prompts, completions, completion_ids, **kwargs):
+        return [float(len(ids) % 3) for ids in completion_ids]
+
+    args = small_config(
+        tmp_path, max_steps=2, beta=0.0, report_to=["tensorboard", "wandb"], run_name="grpo-tiny"
+    )
+    rows = [{"prompt": "1+1="}, {"prompt": "2+3="}]
+    GRPOTrainer(str(tiny_model_dir), [reward], args, train_dataset=rows).train()
+    logged = read_jsonl(tmp_path / "run" / "metrics.jsonl", "metrics")
+    scalars = tensorboard_scalars(tmp_path / "run" / "tensorboard")
+    assert scalars["reward"] == [(r["step"], pytest.approx(r["reward"])) for r in logged]
+    run = wandb_run(tmp_path / "run")
+    assert run["name"] == "grpo-tiny" and run["exit_codes"] == [0]
+    assert sorted(run["history"]) == [1, 2]
+    assert run["history"][2]["reward"] == pytest.approx(logged[1]["reward"])

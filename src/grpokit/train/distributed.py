@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -103,13 +104,39 @@ def placement(args: Any, num_processes: int) -> str:
     return "fsdp" if fsdp else "zero" if zero else "ddp"
 
 
-class PreparedPolicy(NamedTuple):
-    """The policy as the update calls it, its optimizer and schedule, and the DeepSpeed engine if any."""
+@dataclass
+class PreparedPolicy:
+    """The policy as the update calls it, its optimizer and schedule, the DeepSpeed engine if any, and what
+    generation and the no-grad log-prob passes read under the chosen placement."""
 
     policy: torch.nn.Module
     optimizer: Any
     scheduler: Any
     zero: Any = None  # train.zero.ZeroEngine under DeepSpeed ZeRO
+    model: torch.nn.Module | None = None  # the bare model (moved or sharded in place)
+    sharded: bool = False  # FSDP
+
+    @property
+    def scorer(self) -> torch.nn.Module:
+        """What no-grad log-prob passes of the policy call: the model, or its sharded (partitioned) root."""
+        if self.zero is not None:
+            return self.zero.scorer
+        return self.policy if self.sharded else self.model
+
+    @property
+    def generation_model(self) -> torch.nn.Module:
+        """The model generation reads: the policy, or under ZeRO-3 its full copy refreshed before each
+        generation."""
+        return self.zero.generation_model if self.zero is not None else self.model
+
+    def generation_weights(self) -> Any:
+        """A context with the full weights where generation reads them: FSDP gathers its units, ZeRO-3
+        refreshes its generation copy."""
+        if self.zero is not None:
+            return self.zero.for_generation()
+        from grpokit.train.sharding import gathered
+
+        return gathered(self.policy if self.sharded else None)
 
 
 def prepare_policy(
@@ -135,7 +162,7 @@ def prepare_policy(
         prepared = accelerator.prepare(PolicyLogprobs(model), optimizer, scheduler)
         if reference is not None:
             reference.to(accelerator.device)
-        return PreparedPolicy(*prepared)
+        return PreparedPolicy(*prepared, model=model)
     if any(part is not None for part in optimizers):
         raise ValueError(f"optimizers: not supported with {strategy} (grpokit builds the optimizer)")
     if strategy == "zero":
@@ -147,7 +174,7 @@ def prepare_policy(
             reference.to(accelerator.device)
             if zero.stage == 3:
                 reference.partition(args, zero.engine.module)
-        return PreparedPolicy(zero.engine, zero.optimizer, scheduler, zero)
+        return PreparedPolicy(zero.engine, zero.optimizer, scheduler, zero, model=model)
     from grpokit.train.sharding import shard
 
     compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(accelerator.mixed_precision))
@@ -156,7 +183,7 @@ def prepare_policy(
         reference.shard(accelerator.device, policy, compute)
     optimizer, scheduler = build_optimizers(model, args, total_optimizer_steps)
     optimizer, scheduler = accelerator.prepare(optimizer, scheduler)
-    return PreparedPolicy(policy, optimizer, scheduler)
+    return PreparedPolicy(policy, optimizer, scheduler, model=model, sharded=True)
 
 
 def _forget_single_process_state(mixed_precision: str, cpu: bool) -> None:

@@ -22,7 +22,6 @@ from grpokit.core import PolicyLoss, combine_rewards, multi_reward_advantages
 from grpokit.data.loading import load_dataset_rows, reward_columns
 from grpokit.rewards import resolve_rewards, reward_names, reward_weights, score_completions
 from grpokit.rollout import RolloutBackend, SamplingParams, make_backend
-from grpokit.train import sharding
 from grpokit.train.batch import LogprobPass, Samples, Scores, pad_samples
 from grpokit.train.callbacks import Callbacks
 from grpokit.train.distributed import (
@@ -41,6 +40,7 @@ from grpokit.train.metrics_log import MetricsLogger, plot_metrics
 from grpokit.train.policy import check_special_tokens, load_policy, load_tokenizer
 from grpokit.train.process_supervision import ProcessSupervision
 from grpokit.train.prompts import PromptSampler, check_prompt_lengths, encode_prompt
+from grpokit.train.publish import Publisher
 from grpokit.train.reference import Reference, refuse_resets_of_adapter_reference
 from grpokit.train.run_state import RunState
 from grpokit.train.schedule import RunSchedule
@@ -117,6 +117,8 @@ class GRPOTrainer:
         refuse_resets_of_adapter_reference(self.args, peft_config)
         set_seed(self.args.seed)  # the same initial weights (LoRA adapters, heads) on every process
         self.accelerator = make_accelerator(self.args.mixed_precision, self.args.use_cpu)
+        main = self.accelerator.is_main_process
+        self.publisher = Publisher(self.args, model, train_dataset, is_main=main)  # checks hub access
         self.plan = self.args.batch_plan(self.accelerator.num_processes)
         remote = self.args.trust_remote_code
         self.tokenizer = processing_class if processing_class is not None else load_tokenizer(model, remote)
@@ -145,14 +147,16 @@ class GRPOTrainer:
         self.max_steps = self.schedule.max_steps
         self.strategy = placement(self.args, self.accelerator.num_processes)  # ddp, fsdp or zero
         total = self.max_steps * self.plan.optimizer_steps  # optimizer steps of the run
-        self.policy, self.optimizer, self.scheduler, self.zero = prepare_policy(
+        self.placed = prepare_policy(
             self.model, self.args, self.accelerator, self.reference, total, self.strategy, optimizers
         )
+        placed = self.placed
+        self.policy, self.optimizer, self.scheduler = placed.policy, placed.optimizer, placed.scheduler
+        self.zero = placed.zero
         self.backend = rollout_backend or make_backend(
-            self.args.generation_backend,
-            self.generation_model,
+            self.args.generation_backend, self.generation_model,
             micro_batch_size=self.args.generation_micro_batch_size,
-        )
+        )  # fmt: skip
         self.prompts = PromptSampler(len(self.train_rows), self.plan.prompts, self.args)
         # From here each process draws its own random numbers (sampling, row order): seed + process index.
         set_seed(self.args.seed, device_specific=True)
@@ -160,18 +164,10 @@ class GRPOTrainer:
         self.loss = PolicyLoss.from_config(self.args)
         self.logprob_pass = LogprobPass.from_config(self.args)
         self.update_context = UpdateContext.from_accelerator(
-            self.accelerator,
-            self.loss,
-            self.policy,
-            self.optimizer,
-            self.scheduler,
-            self.generator,
-            self.zero,
+            self.accelerator, self.loss, placed, self.generator
         )
         self.hooks = StepHooks(run_hooks(self))
-        self.logger = MetricsLogger(
-            self.args.output_dir, self.args.report_to, self.accelerator.is_main_process
-        )
+        self.logger = MetricsLogger.from_config(self.args, enabled=self.accelerator.is_main_process)
         self.callbacks = Callbacks(
             callbacks, self.args, model=self.model, processing_class=self.tokenizer,
             optimizer=self.optimizer, lr_scheduler=self.scheduler,
@@ -192,23 +188,8 @@ class GRPOTrainer:
 
     @property
     def generation_model(self) -> torch.nn.Module:
-        """The model generation reads: the policy, or under ZeRO-3 its full copy refreshed before each
-        generation."""
-        return self.zero.generation_model if self.zero is not None else self.model
-
-    @property
-    def scorer(self) -> torch.nn.Module:
-        """What no-grad log-prob passes of the policy call: the model, or its sharded (partitioned) root."""
-        if self.zero is not None:
-            return self.zero.scorer
-        return self.policy if self.sharded else self.model
-
-    def _generation_weights(self) -> Any:
-        """A context with the full weights where generation reads them: FSDP gathers its units, ZeRO-3
-        refreshes its generation copy."""
-        if self.zero is not None:
-            return self.zero.for_generation()
-        return sharding.gathered(self.policy if self.sharded else None)
+        """The model generation reads (``PreparedPolicy.generation_model``)."""
+        return self.placed.generation_model
 
     @property
     def sharded(self) -> bool:
@@ -234,7 +215,8 @@ class GRPOTrainer:
         )  # fmt: skip
         if self.args.eval_on_start and self.eval_rows is not None and self.step == 0:
             self._log(0, self._evaluate_with_callbacks(), history)
-        with StopSignals(any_process(self.accelerator)) as signals:
+        # the trackers are finished when the loop ends (marked failed if it raised)
+        with self.logger, StopSignals(any_process(self.accelerator)) as signals:
             while self.step < self.max_steps:
                 self.stopped_by = signals.stop_here(self.step, self.save_checkpoint, announce=main)
                 if self.stopped_by is not None:
@@ -253,7 +235,7 @@ class GRPOTrainer:
                 if schedule.ends_epoch(self.step):
                     callbacks.event("on_epoch_end")
                 if schedule.saves(self.step) or control.should_save:
-                    self.save_checkpoint()
+                    self.publisher.checkpoint_saved(self.save_checkpoint(), self)
                 if control.should_training_stop:
                     break
         bar.close()
@@ -263,6 +245,7 @@ class GRPOTrainer:
                 self.iterative.save(Path(self.args.output_dir) / "reward_model")
             if main:
                 plot_metrics(self.logger.read(), Path(self.args.output_dir) / "metrics.png")
+            self.publisher.run_finished(self)
         callbacks.event("on_train_end")
         return history
 
@@ -294,7 +277,8 @@ class GRPOTrainer:
         # 5. fixed log-probs: pi_old only when the update is off-policy (mu > 1 or several optimizer steps
         #    per generation), pi_ref only when beta > 0
         with timer.phase("old_logprobs"), self.accelerator.autocast():
-            batch.old_logps = self.logprob_pass(self.scorer, batch) if self.plan.optimizer_steps > 1 else None
+            off_policy = self.plan.optimizer_steps > 1
+            batch.old_logps = self.logprob_pass(self.placed.scorer, batch) if off_policy else None
         with timer.phase("reference"), self.accelerator.autocast():
             batch.ref_logps = self.reference.logprobs(batch, self.logprob_pass) if self.reference else None
         # 6. mu epochs of clipped policy-gradient updates, then what follows them (reference reset, RM update)
@@ -322,7 +306,7 @@ class GRPOTrainer:
         group = 1 if greedy else self.args.num_generations
         prompt_ids = [self.encode_prompt(row["prompt"]) for row in rows]
         # mixed precision applies to every model pass, not only the update; full weights to generate from
-        with self.accelerator.autocast(), self._generation_weights():
+        with self.accelerator.autocast(), self.placed.generation_weights():
             generated = self.backend.generate(prompt_ids, group, self.sampling_params(greedy))
         texts = self.tokenizer.batch_decode(generated.completion_ids, skip_special_tokens=True)
         return Samples([row for row in rows for _ in range(group)], prompt_ids, generated, texts)

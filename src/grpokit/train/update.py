@@ -33,18 +33,13 @@ class UpdateContext:
 
     @classmethod
     def from_accelerator(
-        cls,
-        accelerator: Any,
-        loss: PolicyLoss,
-        policy: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        scheduler: Any,
-        generator: torch.Generator,
-        zero: Any = None,
+        cls, accelerator: Any, loss: PolicyLoss, placed: Any, generator: torch.Generator
     ) -> UpdateContext:
         """Backward, gradient clipping (the pre-clip global norm, a plain tensor also when the gradients
         are sharded), the optimizer and scheduler steps and cross-process sums through ``accelerator``;
-        backward and step through the DeepSpeed engine when ``zero`` (``train.zero.ZeroEngine``) is given."""
+        backward and step through the DeepSpeed engine when ``placed.zero`` (``train.zero.ZeroEngine``) is
+        set. ``placed``: the ``train.distributed.PreparedPolicy``."""
+        policy, optimizer, scheduler, zero = placed.policy, placed.optimizer, placed.scheduler, placed.zero
         if zero is None:
             backward = accelerator.backward
             step = optimizer_step(optimizer, scheduler, policy, accelerator.clip_grad_norm_)
