@@ -119,3 +119,13 @@ def test_unsupported_trainer_arguments_are_refused_with_the_reason():
         refuse_trainer_arguments(tools=[print])
     with pytest.raises(ValueError, match=r"quantization_config=...\) is not supported: quantised"):
         refuse_trainer_arguments(quantization_config={"load_in_4bit": True})
+
+
+def test_command_line_dict_values_are_typed_like_yaml():
+    """tyro gives the values of a dict field as strings; "false" would be true in a Jinja template."""
+    config = GRPOConfig(
+        chat_template_kwargs={"enable_thinking": "false", "budget": "3", "name": "x"},
+        lr_scheduler_kwargs={"num_cycles": "0.5"},
+    )
+    assert config.chat_template_kwargs == {"enable_thinking": False, "budget": 3, "name": "x"}
+    assert config.lr_scheduler_kwargs == {"num_cycles": 0.5}

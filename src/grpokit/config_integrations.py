@@ -122,6 +122,14 @@ def resolve_integration_fields(config: Any) -> None:
     from grpokit.config_checks import require
 
     config.report_to = _report_to_list(config.report_to)
+    for name in ("chat_template_kwargs", "lr_scheduler_kwargs", "generation_kwargs"):
+        values = getattr(config, name)
+        if values:
+            setattr(config, name, {key: typed_value(value) for key, value in values.items()})
+    if config.gradient_checkpointing_kwargs:
+        config.gradient_checkpointing_kwargs = {
+            key: typed_value(value) for key, value in config.gradient_checkpointing_kwargs.items()
+        }
     for key, value in (config.generation_kwargs or {}).items():
         require(
             key in _GENERATION_KWARGS,
@@ -156,3 +164,18 @@ def _report_to_list(report_to: str | list[str] | None) -> list[str]:
             f"names an unknown sink {name!r}; use {', '.join(SINKS)}, 'all' or 'none'",
         )
     return names
+
+
+def typed_value(value: Any) -> Any:
+    """A dict value from the command line typed as YAML (``false`` -> False, ``3`` -> 3, ``0.5`` -> 0.5):
+    tyro reads the values of a ``dict[str, str | ...]`` as strings, and the string "false" is true in a
+    Jinja chat template. Other strings, and non-strings, are returned unchanged."""
+    if not isinstance(value, str):
+        return value
+    import yaml
+
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
+    return parsed if isinstance(parsed, (bool, int, float)) else value

@@ -17,6 +17,7 @@ import tyro
 
 from grpokit.cli.recipes import TYRO_MARKERS, to_flag_arguments
 from grpokit.cli.train_command import resolve_model, task_splits
+from grpokit.config_integrations import typed_value
 
 __all__ = [
     "EvalArgs",
@@ -133,20 +134,6 @@ def load_eval_model(path: str, device: str = "auto", dtype: str = "auto") -> tup
     return model.to(resolve_device(device)).eval(), load_tokenizer(path)
 
 
-def _template_value(value: Any) -> Any:
-    """A chat-template variable from the command line typed as YAML (``false`` -> False, ``3`` -> 3): tyro
-    reads the values of a ``dict[str, str | ...]`` as strings, and the string "false" is true in Jinja."""
-    if not isinstance(value, str):
-        return value
-    import yaml
-
-    try:
-        parsed = yaml.safe_load(value)
-    except yaml.YAMLError:
-        return value
-    return parsed if isinstance(parsed, (bool, int, float)) else value
-
-
 def _graders(args: EvalArgs, task: Any) -> tuple[list[Any], Any]:
     """(reward function specs, answer extractor spec): the task's names resolve to its functions; a task
     grades with its correctness reward and extractor unless told otherwise."""
@@ -242,7 +229,7 @@ def run_eval(args: EvalArgs, plan: EvalPlan | None = None) -> dict[str, Any]:
     plan = plan or plan_eval(args)
     path = resolve_model(args.model, seed=args.task_seed)
     model, tokenizer = load_eval_model(path, args.device, args.dtype)
-    template = {k: _template_value(v) for k, v in (args.chat_template_kwargs or {}).items()}
+    template = {k: typed_value(v) for k, v in (args.chat_template_kwargs or {}).items()}
     result = evaluate_model(
         model,
         tokenizer,

@@ -215,7 +215,7 @@ def publish_model_card(args: TrainArgs, config: GRPOConfig, trainer: Any, summar
 
 def run_training(args: TrainArgs) -> dict[str, Any]:
     """Train per the recipe; evaluate held-out greedy accuracy before and after; write eval_summary.json."""
-    from grpokit.data import load_rows
+    from grpokit.data import load_dataset_rows
     from grpokit.train import GRPOTrainer
 
     started = time.perf_counter()
@@ -241,7 +241,7 @@ def run_training(args: TrainArgs) -> dict[str, Any]:
         evaluating = False
     max_new = args.eval_max_new_tokens or config.max_completion_length
     if evaluating:
-        eval_rows = load_rows(eval_rows, name="eval_dataset")
+        eval_rows = load_dataset_rows(eval_rows, config, name="eval_dataset")
         summary["before"] = held_out_accuracy(
             trainer.unwrapped_model, trainer.tokenizer, eval_rows, args.task, max_new
         )
@@ -263,7 +263,7 @@ def run_training(args: TrainArgs) -> dict[str, Any]:
     if trainer.accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "eval_summary.json").write_text(json.dumps(summary, indent=2))
-        config.to_yaml(output_dir / "config.yaml")
+        dataclasses.replace(config, hub_token=None).to_yaml(output_dir / "config.yaml")  # no secrets on disk
         if trainer.stopped_by is None:
             publish_model_card(args, config, trainer, summary)
         print(
