@@ -170,3 +170,27 @@ def test_unknown_task_column_or_file_and_bad_dtype(question_file, tmp_path, caps
     with pytest.raises(SystemExit) as error:  # tyro: not one of the choices
         main(["eval", "model=no/such-model", "dtype=float8"])
     assert error.value.code == 2 and "float8" in capsys.readouterr().err
+
+
+def test_the_console_script_finds_a_reward_module_in_the_working_directory(tiny_model_dir, tmp_path):
+    """`grpokit eval reward_funcs=[my_rewards.fn]` from the folder holding my_rewards.py, as README shows
+    (a console script, unlike `python -m`, does not put the working directory on sys.path by itself)."""
+    import shutil
+    import subprocess
+
+    script = shutil.which("grpokit")
+    assert script is not None, "grpokit is installed with pip install -e, which creates the script"
+    (tmp_path / "my_rewards.py").write_text(
+        "def nonempty(prompts, completions, completion_ids, **kwargs):\n"
+        "    return [1.0 if ids else 0.0 for ids in completion_ids]\n"
+    )
+    (tmp_path / "rows.jsonl").write_text('{"question": "1+1="}\n{"question": "2+2="}\n')
+    done = subprocess.run(
+        [script, "eval", f"model={tiny_model_dir}", "eval_dataset=rows.jsonl", "prompt_column=question",
+         "reward_funcs=[my_rewards.nonempty]", "max_new_tokens=3", "output=out.json", "progress=false"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "out.json").read_text())
+    assert result["reward_funcs"] == ["nonempty"] and result["num_examples"] == 2
+    assert result["mean_reward"] == 1.0  # every completion has at least one token (3 new, or EOS)

@@ -8,11 +8,14 @@ A recipe is a flat YAML mapping of TrainArgs fields (model, task, dataset, rewar
 fields (beta, loss_type, ...); ``base: other-recipe`` starts from another recipe and overrides it.
 Overrides come after it as ``key=value`` (YAML-typed values, so
 ``reward_funcs=[accuracy,think_format]`` and ``epsilon_high=0.28`` both work) or as ``--key value``.
-Parsing and ``--help`` (every option with its docstring) are done by ``tyro``.
+Parsing and ``--help`` (every option with its docstring) are done by ``tyro``. Import paths in options
+(``reward_funcs=[my_rewards.correct]``, ``answer_extractor=my_rewards.extract``) find modules of the
+working directory, as ``python -m`` would.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from grpokit.cli.recipes import find_recipe, load_recipe, parse_train_args, to_flag_arguments
@@ -22,6 +25,8 @@ __all__ = ["find_recipe", "load_recipe", "main", "parse_train_args", "to_flag_ar
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if os.getcwd() not in sys.path:  # import paths (reward_funcs=[my_rewards.fn]) find the working
+        sys.path.insert(0, os.getcwd())  # directory's modules, as under `python -m`
     command = argv[0] if argv and not argv[0].startswith("-") else None
     if command in (None, "train"):
         from grpokit.cli.train_command import run_training
