@@ -29,6 +29,7 @@ import yaml
 
 from grpokit.config_checks import require, validate_fields
 from grpokit.config_integrations import IntegrationFields, resolve_integration_fields
+from grpokit.config_sampling import SamplingFields, validate_sampling_fields
 from grpokit.trl_compat import split_trl_fields
 
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
@@ -56,12 +57,14 @@ class BatchPlan:
 
 
 @dataclass
-class GRPOConfig(IntegrationFields):
+class GRPOConfig(IntegrationFields, SamplingFields):
     """Configuration of a GRPO run. Invalid combinations raise ``ValueError`` saying why.
 
     Also accepts every other field of TRL's ``GRPOConfig``: one grpokit does not implement is refused with
     the reason when set to turn its feature on, never with a TypeError (``grpokit.trl_compat``). The data,
-    evaluation, checkpoint, tracking and hub fields are in ``grpokit.config_integrations``."""
+    evaluation, checkpoint, tracking and hub fields are in ``grpokit.config_integrations``; the fields
+    choosing which groups a step trains on (dynamic sampling, curriculum, adaptive G) in
+    ``grpokit.config_sampling``."""
 
     # ---- output and schedule -------------------------------------------------------------------
     output_dir: str = "runs/grpo"
@@ -315,6 +318,7 @@ class GRPOConfig(IntegrationFields):
         """Every field's range and the fields' agreement (``grpokit.config_checks``); the loss fields by
         building the run's loss; the batch sizes by planning a step."""
         validate_fields(self)
+        validate_sampling_fields(self)
         self._validate_loss()
         self.batch_plan(num_processes=1)  # checks the sizes fit together
 
@@ -359,9 +363,11 @@ class GRPOConfig(IntegrationFields):
 
     # -- YAML ------------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """Every field, the GRPO knobs first, then the data/tracking/hub ones."""
+        """Every field, the GRPO knobs first, then the sampling and the data/tracking/hub ones."""
         values = dataclasses.asdict(self)
-        integration = [f.name for f in dataclasses.fields(IntegrationFields)]
+        integration = [
+            f.name for f in (*dataclasses.fields(SamplingFields), *dataclasses.fields(IntegrationFields))
+        ]
         order = [name for name in values if name not in integration] + integration
         return {name: values[name] for name in order}
 
