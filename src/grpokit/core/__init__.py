@@ -1,5 +1,5 @@
-"""Pure GRPO tensor math: advantages, KL estimators, policy losses, log-probs, padding. Imports torch only:
-no models, files or globals."""
+"""Pure GRPO tensor math: advantages (equal or ragged groups), KL estimators, policy losses, log-probs,
+padding. Imports torch only: no models, files or globals."""
 
 from .advantages import (
     combine_outcome_and_process,
@@ -36,6 +36,7 @@ from .objectives import (
     sapo_objective,
 )
 from .padding import pad_left, pad_right, trim_at_eos
+from .ragged import group_mean_std, pad_groups, resolve_group_sizes, unpad_groups
 
 __all__ = [
     "AGGREGATIONS",
@@ -56,18 +57,22 @@ __all__ = [
     "dr_grpo_aggregation",
     "entropy_from_logits",
     "group_advantages",
+    "group_mean_std",
     "grpo_aggregation",
     "importance_ratio",
     "importance_sampling_weights",
     "kl_penalty",
     "logprobs_and_entropy",
     "multi_reward_advantages",
+    "pad_groups",
     "pad_left",
     "pad_right",
     "policy_loss",
     "process_advantages",
+    "resolve_group_sizes",
     "sapo_objective",
     "selective_log_softmax",
     "top_entropy_mask",
     "trim_at_eos",
+    "unpad_groups",
 ]

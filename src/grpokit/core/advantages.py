@@ -1,8 +1,10 @@
 """Group-relative advantages: outcome supervision, several rewards, process supervision and the two combined.
 
 DeepSeekMath (arXiv:2402.03300), section 4.1.2 and 4.1.3. Groups are contiguous: rows k*G .. k*G+G-1 answer
-the same prompt. Every std here is the unbiased (Bessel, divide by n-1) std. NaN marks "no reward" (a reward
-function returned None): it is left out of every mean and std, and its row gets advantage 0.
+the same prompt (``group_size=G``), or, for ragged groups, the first ``group_sizes[0]`` rows are group 0, the
+next ``group_sizes[1]`` group 1, and so on. Every std here is the unbiased (Bessel, divide by n-1) std. NaN
+marks "no reward" (a reward function returned None): it is left out of every mean and std, and its row gets
+advantage 0.
 """
 
 from __future__ import annotations
@@ -14,34 +16,10 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from .ragged import check_group_size, masked_mean_std, pad_groups, resolve_group_sizes, unpad_groups
+
 SCALES = ("group", "batch", "none")
 MULTI_REWARD_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
-
-
-def _check_groups(num_rows: int, group_size: int) -> None:
-    if not isinstance(group_size, int) or group_size < 2:
-        raise ValueError(
-            f"group_size must be an int >= 2 (a group of one has no baseline), got {group_size!r}"
-        )
-    if num_rows % group_size != 0:
-        raise ValueError(f"group_size={group_size} does not divide N={num_rows}: groups must be whole")
-
-
-def _masked_mean_std(values: Tensor, valid: Tensor, dim: int | None) -> tuple[Tensor, Tensor, Tensor]:
-    """NaN-aware mean, unbiased std and count of ``values`` where ``valid``, over ``dim`` (None: all).
-
-    count = sum(valid); mean = sum(v) / count; std = sqrt(sum((v - mean)^2) / (count - 1)).
-    With count < 2 the std is returned as 0 (callers zero those advantages anyway).
-    """
-    zeros = torch.zeros_like(values)
-    v = torch.where(valid, values, zeros)
-    keep = dim is not None
-    dims = dim if dim is not None else tuple(range(values.dim()))
-    count = valid.sum(dim=dims, keepdim=keep).to(values.dtype)
-    mean = v.sum(dim=dims, keepdim=keep) / count.clamp(min=1.0)
-    centered = torch.where(valid, values - mean, zeros)
-    var = centered.pow(2).sum(dim=dims, keepdim=keep) / (count - 1.0).clamp(min=1.0)
-    return mean, var.sqrt(), count
 
 
 def _all_equal(values: Tensor, valid: Tensor, dim: int) -> Tensor:
@@ -52,37 +30,53 @@ def _all_equal(values: Tensor, valid: Tensor, dim: int) -> Tensor:
     return vmax == vmin
 
 
-def group_advantages(rewards: Tensor, group_size: int, scale: str = "group", eps: float = 1e-4) -> Tensor:
+def group_advantages(
+    rewards: Tensor,
+    group_size: int | None = None,
+    scale: str = "group",
+    eps: float = 1e-4,
+    *,
+    group_sizes: Sequence[int] | None = None,
+) -> Tensor:
     """Outcome-supervision advantages, one per completion.
 
-    rewards: [N] (NaN = no reward), N = K * group_size. Returns [N] float32 on rewards' device.
+    rewards: [N] (NaN = no reward). Groups: ``group_size`` G (N = K * G) or ragged ``group_sizes``
+    [G_0, .., G_{K-1}] (contiguous, each >= 2, sum N); give one, or both if they agree. Returns [N] float32 on
+    rewards' device.
 
         A_i = (r_i - mean_g) / (std_g + eps)      scale="group"  (the paper; std_g: unbiased, in the group)
         A_i = (r_i - mean_g) / (std_B + eps)      scale="batch"  (std_B: unbiased std of all valid rewards)
         A_i =  r_i - mean_g                       scale="none"   (Dr. GRPO, arXiv:2503.20783)
 
-    mean_g and std_g skip NaN rewards. A NaN row, every row of a group with fewer than 2 valid rewards, and
-    every row of a group whose valid rewards are all equal get exactly 0.
+    mean_g and std_g skip NaN rewards and use the group's own size. A NaN row, every row of a group with fewer
+    than 2 valid rewards, and every row of a group whose valid rewards are all equal get exactly 0.
+    ``group_sizes=[G] * K`` gives bit-identical results to ``group_size=G``.
     """
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D [N], got shape {tuple(rewards.shape)}")
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
-    _check_groups(rewards.shape[0], group_size)
-    r = rewards.to(torch.float32).view(-1, group_size)  # [K, G]
+    if group_sizes is None:
+        sizes = None
+        check_group_size(rewards.shape[0], group_size)
+        r = rewards.to(torch.float32).view(-1, group_size)  # [K, G]
+    else:
+        sizes = resolve_group_sizes(rewards.shape[0], group_size, group_sizes)
+        # Ragged groups padded with NaN, which every statistic below skips: [K, G_max].
+        r = pad_groups(rewards.to(torch.float32), sizes)  # [K, G_max]
     valid = ~torch.isnan(r)  # [K, G]
-    mean, std, count = _masked_mean_std(r, valid, dim=1)  # [K, 1] each
+    mean, std, count = masked_mean_std(r, valid, dim=1)  # [K, 1] each
     centered = r - mean  # [K, G]
     if scale == "group":
         adv = centered / (std + eps)
     elif scale == "batch":
-        _, batch_std, _ = _masked_mean_std(r, valid, dim=None)  # 0-dim
+        _, batch_std, _ = masked_mean_std(r, valid, dim=None)  # 0-dim
         adv = centered / (batch_std + eps)
     else:
         adv = centered
     no_signal = (count < 2) | _all_equal(r, valid, dim=1)  # [K, 1]
     adv = torch.where(valid & ~no_signal, adv, torch.zeros_like(adv))  # [K, G]
-    return adv.reshape(-1)
+    return adv.reshape(-1) if sizes is None else unpad_groups(adv, sizes)  # [N]
 
 
 def combine_rewards(rewards: Tensor, weights: Tensor | None = None) -> Tensor:
@@ -108,13 +102,16 @@ def combine_rewards(rewards: Tensor, weights: Tensor | None = None) -> Tensor:
 def multi_reward_advantages(
     rewards: Tensor,
     weights: Tensor | None,
-    group_size: int,
+    group_size: int | None = None,
     scale: str = "group",
     aggregation: str = "sum_then_normalize",
     eps: float = 1e-4,
+    *,
+    group_sizes: Sequence[int] | None = None,
 ) -> Tensor:
     """Advantages from several reward functions. rewards: [N, F] (NaN = no reward), weights: [F] or None.
 
+    Groups as in :func:`group_advantages`: ``group_size`` (equal) or ``group_sizes`` (ragged, contiguous).
     aggregation="sum_then_normalize" (TRL default): A = group_advantages(sum_f w_f r_f, scale).
     aggregation="normalize_then_sum" (GDPO, arXiv:2601.05242; TRL's multi_objective_aggregation):
         a_if = (r_if - mean_g(r_f)) / (std_g(r_f) + eps)     each reward column within its group (NaN-aware)
@@ -127,22 +124,30 @@ def multi_reward_advantages(
     if aggregation not in MULTI_REWARD_AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {MULTI_REWARD_AGGREGATIONS}, got {aggregation!r}")
     if aggregation == "sum_then_normalize":
-        return group_advantages(combine_rewards(rewards, weights), group_size, scale=scale, eps=eps)
+        combined = combine_rewards(rewards, weights)  # [N]
+        return group_advantages(combined, group_size, scale=scale, eps=eps, group_sizes=group_sizes)
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
     r = rewards.to(torch.float32)
     if r.dim() != 2:
         raise ValueError(f"rewards must be 2-D [N, F], got shape {tuple(rewards.shape)}")
-    _check_groups(r.shape[0], group_size)
+    if group_sizes is None:
+        check_group_size(r.shape[0], group_size)  # checked once, before the F columns
+    else:
+        group_sizes = resolve_group_sizes(r.shape[0], group_size, group_sizes)
+        group_size = None  # agreed (or absent); the columns use group_sizes
     # Each column normalised in its group; NaN entries come back as NaN so the weighted sum skips them.
-    columns = [group_advantages(r[:, f], group_size, "group", eps) for f in range(r.shape[1])]
+    columns = [
+        group_advantages(r[:, f], group_size, "group", eps, group_sizes=group_sizes)  # [N]
+        for f in range(r.shape[1])
+    ]
     per_reward = torch.stack(columns, dim=1)  # [N, F]
     per_reward = torch.where(torch.isnan(r), r, per_reward)  # [N, F], NaN kept
     summed = combine_rewards(per_reward, weights)  # [N], NaN where the row has no reward
     s = summed.view(1, -1)  # [1, N]: one "group" spanning the batch
-    valid = ~torch.isnan(s)
-    mean, std, count = _masked_mean_std(s, valid, dim=1)
-    no_signal = (count < 2) | _all_equal(s, valid, dim=1)
+    valid = ~torch.isnan(s)  # [1, N]
+    mean, std, count = masked_mean_std(s, valid, dim=1)  # [1, 1] each
+    no_signal = (count < 2) | _all_equal(s, valid, dim=1)  # [1, 1]
     adv = torch.where(valid & ~no_signal, (s - mean) / (std + eps), torch.zeros_like(s))  # [1, N]
     return adv.reshape(-1)
 
@@ -150,10 +155,11 @@ def multi_reward_advantages(
 def process_advantages(
     step_rewards: Sequence[Sequence[float]],
     step_ends: Sequence[Sequence[int]],
-    group_size: int,
-    num_tokens: int,
+    group_size: int | None = None,
+    num_tokens: int | None = None,
     eps: float = 1e-4,
     *,
+    group_sizes: Sequence[int] | None = None,
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> Tensor:
@@ -166,12 +172,14 @@ def process_advantages(
         r~_ij  = (r_ij - mean(R)) / (std(R) + eps)       (unbiased std; r_ij - mean(R) if |R| < 2 or std = 0)
         A[i,t] = sum_{j : step_ends[i][j] >= t} r~_ij    (tokens after the last step end get 0)
 
-    A completion may have no steps (its row is 0). Step rewards must be finite: ValueError naming the row.
+    Groups as in :func:`group_advantages`: ``group_size`` (equal) or ``group_sizes`` (ragged, contiguous);
+    ``num_tokens`` is required. A completion may have no steps (its row is 0). Step rewards must be finite:
+    ValueError naming the row.
     """
     num_rows = len(step_rewards)
     if len(step_ends) != num_rows:
         raise ValueError(f"step_rewards has {num_rows} rows but step_ends has {len(step_ends)}")
-    _check_groups(num_rows, group_size)
+    sizes = resolve_group_sizes(num_rows, group_size, group_sizes)
     if not isinstance(num_tokens, int) or num_tokens < 1:
         raise ValueError(f"num_tokens must be a positive int, got {num_tokens!r}")
     for i, (rews, ends) in enumerate(zip(step_rewards, step_ends)):
@@ -187,16 +195,17 @@ def process_advantages(
             raise ValueError(f"row {i}: step rewards must be finite, got {list(rews)}")
 
     out = torch.zeros(num_rows, num_tokens, dtype=torch.float64)  # [N, T], built in float64 on the host
-    for g in range(0, num_rows, group_size):
+    for end, size in zip(itertools.accumulate(sizes), sizes, strict=True):
+        g = end - size  # first row of the group
         pooled = torch.tensor(
-            [float(r) for rews in step_rewards[g : g + group_size] for r in rews], dtype=torch.float64
-        )
+            [float(r) for rews in step_rewards[g : g + size] for r in rews], dtype=torch.float64
+        )  # [|R|]
         if pooled.numel() == 0:
             continue
         mean = pooled.mean()
         std = pooled.std(correction=1) if pooled.numel() >= 2 else torch.zeros((), dtype=torch.float64)
         denom = std + eps if std > 0 else torch.ones((), dtype=torch.float64)
-        for i in range(g, g + group_size):
+        for i in range(g, g + size):
             if len(step_ends[i]) == 0:
                 continue
             normed = (torch.tensor(step_rewards[i], dtype=torch.float64) - mean) / denom  # [S_i]

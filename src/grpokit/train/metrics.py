@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from grpokit.core import combine_rewards
+from grpokit.core import combine_rewards, group_mean_std
 from grpokit.rollout.base import GenerationOutput
 from grpokit.train.batch import Scores
 
@@ -55,11 +55,19 @@ class PhaseTimer:
 
 
 def reward_metrics(
-    matrix: torch.Tensor, combined: torch.Tensor, names: Sequence[str], group_size: int
+    matrix: torch.Tensor,
+    combined: torch.Tensor,
+    names: Sequence[str],
+    group_size: int | None = None,
+    *,
+    group_sizes: Sequence[int] | None = None,
 ) -> dict[str, float]:
     """reward, reward_std (mean within-group std), rewards/<f>/mean|std, frac_reward_zero_std.
 
     matrix [N, F] (NaN = no reward), combined [N] weighted sum (NaN when a row has no reward at all).
+    Groups are contiguous: ``group_size`` rows each, or ragged ``group_sizes`` (as in
+    ``grpokit.core.group_advantages``), and every group's unbiased std uses its own size. For the group
+    statistics a row with no reward at all counts as reward 0 (as TRL).
     """
     metrics: dict[str, float] = {}
     for column, name in enumerate(names):
@@ -67,8 +75,8 @@ def reward_metrics(
         values = values[~torch.isnan(values)]
         metrics[f"rewards/{name}/mean"] = float(values.mean()) if values.numel() else float("nan")
         metrics[f"rewards/{name}/std"] = float(values.std()) if values.numel() > 1 else float("nan")
-    groups = torch.nan_to_num(combined, nan=0.0).view(-1, group_size)  # [N/G, G]
-    group_std = groups.std(dim=1)  # [N/G]
+    filled = torch.nan_to_num(combined, nan=0.0)  # [N]
+    _, group_std, _ = group_mean_std(filled, group_size, group_sizes=group_sizes)  # [K]
     metrics["reward"] = float(torch.nanmean(combined))
     metrics["reward_std"] = float(group_std.mean())
     metrics["frac_reward_zero_std"] = float((group_std < 1e-6).float().mean())
@@ -102,19 +110,22 @@ def step_metrics(
     *,
     scores: Scores,
     reward_names: Sequence[str],
-    group_size: int,
+    group_size: int | None,
     generated: GenerationOutput,
     update: dict[str, float],
     extra: dict[str, float],
     learning_rate: float,
     num_tokens: int,
     timer: PhaseTimer,
+    group_sizes: Sequence[int] | None = None,
 ) -> dict[str, float]:
     """This process's metrics of one step: rewards (over the whole batch), failures, completion lengths, the
-    update's, the hooks' (``extra``), the learning rate, the phase timings and the throughput."""
+    update's, the hooks' (``extra``), the learning rate, the phase timings and the throughput. Groups: equal
+    ``group_size`` or ragged ``group_sizes`` (see :func:`reward_metrics`)."""
     elapsed = timer.elapsed()
+    rewards, combined = scores.rewards.cpu(), scores.combined.cpu()  # [N, F], [N]
     return {
-        **reward_metrics(scores.rewards.cpu(), scores.combined.cpu(), reward_names, group_size),
+        **reward_metrics(rewards, combined, reward_names, group_size, group_sizes=group_sizes),
         **scores.failures,
         **completion_metrics(generated),
         **update,
