@@ -16,6 +16,7 @@ from .aggregation import (
     dr_grpo_aggregation,
     grpo_aggregation,
 )
+from .group_sizes import allocate_group_sizes
 from .kl import KL_ESTIMATORS, kl_penalty
 from .logprobs import entropy_from_logits, logprobs_and_entropy, selective_log_softmax
 from .losses import (
@@ -48,6 +49,7 @@ __all__ = [
     "LossConfigError",
     "ObjectiveParams",
     "PolicyLoss",
+    "allocate_group_sizes",
     "bnpo_aggregation",
     "cispo_objective",
     "clipped_objective",

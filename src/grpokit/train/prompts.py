@@ -3,12 +3,15 @@ prompts as token ids, and the up-front length check of ``prompt_truncation="erro
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from grpokit.chat import render_prompt
 from grpokit.config import GRPOConfig
+
+if TYPE_CHECKING:
+    from grpokit.train.prompt_stats import Curriculum
 
 __all__ = ["PromptSampler", "check_prompt_lengths", "encode_prompt"]
 
@@ -62,15 +65,36 @@ _CHECK_BATCH = 1024
 
 class PromptSampler:
     """Yields ``prompts_per_step`` row indices per step, epoch after epoch; every process sees the same
-    global order and takes its own contiguous share."""
+    global order and takes its own contiguous share.
 
-    def __init__(self, num_rows: int, prompts_per_step: int, args: GRPOConfig) -> None:
+    With a ``curriculum`` (``train.prompt_stats.Curriculum``) the sampler walks the same epoch order but
+    consumes each candidate as it goes and keeps only those the curriculum accepts, until the step has
+    ``prompts_per_step``. So that a step always ends, after ``num_rows`` consecutive rejections (a full
+    pass's worth) the next candidate is taken regardless (``Curriculum.note_forced`` counts it); the count of
+    consecutive rejections carries over from step to step and is saved with the position.
+
+    ``state_dict`` holds plain ints (it goes into ``trainer_state.json``); the curriculum's own state
+    (statistics, generator) is saved by its owner (``Curriculum.state_dict``). Both restored, the sampler
+    continues exactly where it stopped.
+    """
+
+    def __init__(
+        self, num_rows: int, prompts_per_step: int, args: GRPOConfig, curriculum: Curriculum | None = None
+    ) -> None:
+        if curriculum is not None and curriculum.stats.num_rows != num_rows:
+            raise ValueError(
+                f"the curriculum tracks {curriculum.stats.num_rows} rows, the sampler draws from {num_rows}"
+            )
         self.num_rows = num_rows
         self.prompts_per_step = prompts_per_step
         self.shuffle = args.shuffle_dataset
         self.seed = args.seed if args.data_seed is None else args.data_seed
+        self.curriculum = curriculum
         self.epoch = 0
         self.position = 0
+        self.rejections = 0  # consecutive candidates the curriculum refused
+        self.last_indices: list[int] = []
+        """The global indices the latest ``next_indices`` returned (the step's groups, in process order)."""
         self._order = self._epoch_order()
 
     def _epoch_order(self) -> list[int]:
@@ -79,30 +103,57 @@ class PromptSampler:
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         return torch.randperm(self.num_rows, generator=generator).tolist()
 
+    def _next_epoch_if_done(self) -> None:
+        if self.position == self.num_rows:
+            self.epoch += 1
+            self.position = 0
+            self._order = self._epoch_order()
+
     def next_indices(self) -> list[int]:
-        """The global indices of the next step's prompts (wrapping into the next epoch as needed)."""
+        """The global indices of the next step's prompts (wrapping into the next epoch as needed), the same
+        on every process."""
+        if self.num_rows == 0:
+            raise ValueError("PromptSampler: there are no training rows to sample prompts from")
         indices: list[int] = []
+        curriculum = self.curriculum
         while len(indices) < self.prompts_per_step:
-            if self.position == self.num_rows:
-                self.epoch += 1
-                self.position = 0
-                self._order = self._epoch_order()
-            take = min(self.prompts_per_step - len(indices), self.num_rows - self.position)
-            indices += self._order[self.position : self.position + take]
-            self.position += take
+            self._next_epoch_if_done()
+            if curriculum is None:
+                take = min(self.prompts_per_step - len(indices), self.num_rows - self.position)
+                indices += self._order[self.position : self.position + take]
+                self.position += take
+                continue
+            candidate = self._order[self.position]
+            self.position += 1
+            if self.rejections >= self.num_rows:
+                curriculum.note_forced()
+            elif not curriculum.accepts(candidate):
+                self.rejections += 1
+                continue
+            self.rejections = 0
+            indices.append(candidate)
+        self.last_indices = indices
         return indices
 
-    def next_local_rows(self, rows: list[dict[str, Any]], accelerator: Any) -> list[dict[str, Any]]:
-        """This process's share of the next step's prompt rows."""
+    def next_local_indices(self, accelerator: Any) -> list[int]:
+        """This process's contiguous share of the next step's global indices (process k takes the k-th
+        ``prompts_per_step // num_processes``); ``last_indices`` holds the whole step's."""
         indices = self.next_indices()
         share = len(indices) // accelerator.num_processes
         first = accelerator.process_index * share
-        return [rows[i] for i in indices[first : first + share]]
+        return indices[first : first + share]
+
+    def next_local_rows(self, rows: list[dict[str, Any]], accelerator: Any) -> list[dict[str, Any]]:
+        """This process's share of the next step's prompt rows."""
+        return [rows[i] for i in self.next_local_indices(accelerator)]
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position}
+        """Plain ints: the epoch, the position in its order and the consecutive rejections."""
+        return {"epoch": self.epoch, "position": self.position, "rejections": self.rejections}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        """Restore ``state_dict`` (checkpoints from before the curriculum have no ``rejections``: 0)."""
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
+        self.rejections = int(state.get("rejections", 0))
         self._order = self._epoch_order()
