@@ -41,14 +41,14 @@ def main(policy_dir: str, out: str) -> None:
         model=policy_dir, reward_funcs=[reward], args=config, train_dataset=rows, eval_dataset=eval_rows
     )
     seen: list[list[str]] = []
-    next_local_rows = trainer.prompts.next_local_rows
+    next_local_indices = trainer.prompts.next_local_indices
 
-    def recording(rows_, accelerator):
-        local = next_local_rows(rows_, accelerator)
-        seen.append([row["prompt"] for row in local])
+    def recording(accelerator):
+        local = next_local_indices(accelerator)
+        seen.append([rows[i]["prompt"] for i in local])
         return local
 
-    trainer.prompts.next_local_rows = recording
+    trainer.prompts.next_local_indices = recording
     history = trainer.train()
     params = torch.cat([p.detach().flatten() for p in trainer.unwrapped_model.parameters()])
     rank = trainer.accelerator.process_index

@@ -3,7 +3,7 @@
 the sampling distribution), and a scripted in-memory backend for tests (``fake``)."""
 
 from grpokit.rollout.backends import GENERATION_BACKENDS, make_backend, resolve_backend_name
-from grpokit.rollout.base import GenerationOutput, RolloutBackend, SamplingParams
+from grpokit.rollout.base import GenerationOutput, RolloutBackend, SamplingParams, generate_groups
 from grpokit.rollout.fake import ScriptedBackend
 from grpokit.rollout.fast import FastSampler
 from grpokit.rollout.hf import TransformersBackend
@@ -17,6 +17,7 @@ __all__ = [
     "SamplingParams",
     "ScriptedBackend",
     "TransformersBackend",
+    "generate_groups",
     "make_backend",
     "process_logits",
     "resolve_backend_name",

@@ -81,3 +81,33 @@ class RolloutBackend(Protocol):
     ) -> GenerationOutput:
         """prompt_ids: P distinct prompts (unpadded token ids). Returns P*num_generations completions."""
         ...
+
+
+def generate_groups(
+    backend: RolloutBackend,
+    prompt_ids: Sequence[Sequence[int]],
+    group_sizes: Sequence[int],
+    params: SamplingParams,
+) -> GenerationOutput:
+    """``group_sizes[k]`` completions for prompt k through any backend, groups contiguous in prompt order: one
+    ``generate`` call per distinct size (prompts of a size keep their order), then the groups put back in
+    prompt order."""
+    if len(prompt_ids) != len(group_sizes):
+        raise ValueError(f"{len(prompt_ids)} prompts but {len(group_sizes)} group sizes")
+    sizes = sorted(set(group_sizes))
+    if len(sizes) == 1:
+        return backend.generate(prompt_ids, sizes[0], params)
+    groups: dict[int, tuple[list[list[int]], list[list[float]] | None, list[bool]]] = {}
+    for size in sizes:
+        members = [k for k, g in enumerate(group_sizes) if g == size]
+        out = backend.generate([prompt_ids[k] for k in members], size, params)
+        flags = out.truncated or [False] * len(out.completion_ids)
+        for j, k in enumerate(members):
+            rows = slice(j * size, (j + 1) * size)
+            logprobs = None if out.logprobs is None else out.logprobs[rows]
+            groups[k] = (out.completion_ids[rows], logprobs, flags[rows])
+    ordered = [groups[k] for k in range(len(prompt_ids))]
+    logprobs = None if any(g[1] is None for g in ordered) else [lp for g in ordered for lp in g[1]]
+    return GenerationOutput(
+        [ids for g in ordered for ids in g[0]], logprobs, [flag for g in ordered for flag in g[2]]
+    )

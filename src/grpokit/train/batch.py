@@ -35,6 +35,14 @@ class Samples:
     """[n] completion ids, the sampler's log-probs, truncation flags."""
     texts: list[str]
     """[n] the decoded completions."""
+    group_sizes: list[int] | None = None
+    """Completions of each prompt (adaptive group sizes); None: every group has n / len(prompt_ids)."""
+
+    def sizes(self) -> list[int]:
+        """The size of every group, in order."""
+        if self.group_sizes is not None:
+            return list(self.group_sizes)
+        return [len(self.texts) // len(self.prompt_ids)] * len(self.prompt_ids) if self.prompt_ids else []
 
 
 @dataclass
@@ -51,6 +59,10 @@ class Scores:
     """``rewards/<name>/failures``: failed values on this process (``reward_failure="none"``)."""
     local: slice
     """This process's rows within N."""
+    group_sizes: list[int] | None = None
+    """The groups' sizes over N (ragged with adaptive group sizes); None: all num_generations."""
+    kept: torch.Tensor | None = None
+    """[N] bool, with dynamic sampling: the rows the step trains on (the others' groups were dropped)."""
 
 
 @dataclass
@@ -96,8 +108,7 @@ def pad_samples(
     """Prompts repeated G times and left-padded, completions right-padded; truncated completions masked
     out of the loss when ``mask_truncated`` (DAPO). advantages: [n] (this process's rows)."""
     generated = samples.generated
-    group = len(generated.completion_ids) // len(samples.prompt_ids)
-    repeated = [ids for ids in samples.prompt_ids for _ in range(group)]
+    repeated = [ids for ids, size in zip(samples.prompt_ids, samples.sizes()) for _ in range(size)]
     p_ids, p_mask = pad_left(repeated, pad_token_id, device)  # [n, P]
     c_ids, c_mask = pad_right(generated.completion_ids, pad_token_id, device)  # [n, C]
     if mask_truncated and generated.truncated:
@@ -125,13 +136,15 @@ class LogprobPass:
 
     temperature: float
     micro_batch_size: int
-    num_generations: int
+    num_generations: int | None
 
     @classmethod
     def from_config(cls, config: Any) -> LogprobPass:
-        """As wide as a training micro-batch, and at least one group."""
+        """As wide as a training micro-batch, and at least one group. Ragged groups (adaptive group sizes)
+        are not cut into equal blocks: no shared-prefix forward then."""
         micro = max(config.per_device_train_batch_size, config.num_generations)
-        return cls(config.temperature, micro, config.num_generations)
+        group = None if config.adaptive_num_generations else config.num_generations
+        return cls(config.temperature, micro, group)
 
     def __call__(self, model: torch.nn.Module, batch: RolloutBatch) -> torch.Tensor:
         """Log-probs [N, C] of the batch's completions under ``model``."""

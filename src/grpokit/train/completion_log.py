@@ -36,14 +36,16 @@ def completion_records(
     rewards: torch.Tensor,
     combined: torch.Tensor,
     advantages: torch.Tensor,
+    kept: torch.Tensor | None = None,
 ) -> list[dict[str, Any]]:
-    """One record per completion. rewards [N, F] (NaN = None), combined [N], advantages [N]."""
+    """One record per completion. rewards [N, F] (NaN = None), combined [N], advantages [N]; with ``kept``
+    ([N] bool, dynamic sampling) the rows of dropped groups get ``"kept": false``."""
     n = len(completions)
     if not (len(prompts) == n == rewards.shape[0] == combined.shape[0] == advantages.shape[0]):
         sizes = f"{len(prompts)} prompts, {n} completions, {rewards.shape[0]} reward rows"
         raise ValueError(f"completion_records: sizes differ ({sizes})")
     rewards, combined, advantages = rewards.cpu().tolist(), combined.cpu().tolist(), advantages.cpu().tolist()
-    return [
+    records = [
         {
             "prompt": prompt,
             "completion": text,
@@ -53,6 +55,11 @@ def completion_records(
         }
         for prompt, text, row, total, advantage in zip(prompts, completions, rewards, combined, advantages)
     ]
+    if kept is not None:
+        for record, keep in zip(records, kept.tolist()):
+            if not keep:
+                record["kept"] = False
+    return records
 
 
 class CompletionLog(StepHook):
@@ -101,6 +108,7 @@ class CompletionLog(StepHook):
             scores.rewards,
             scores.combined,
             scores.advantages,
+            scores.kept,
         )
         self.log(step, records)
 

@@ -94,7 +94,7 @@ class ReferenceSync(StepHook):
 
 def run_hooks(trainer: Any) -> list[StepHook]:
     """The optional behaviour a ``GRPOTrainer``'s run asked for, in the order it runs: process supervision,
-    reference resets, iterative reward-model updates, the completion log."""
+    reference resets, iterative reward-model updates, the per-prompt pass rates, the completion log."""
     from grpokit.train.completion_log import CompletionLog
     from grpokit.train.distributed import gather_across_processes
 
@@ -106,6 +106,10 @@ def run_hooks(trainer: Any) -> list[StepHook]:
         trainer.iterative.reference = trainer.reference
         trainer.iterative.gather = gather_across_processes(accelerator)
         hooks.append(trainer.iterative)
+    if trainer.prompt_stats is not None:  # pass-rate estimates: checkpointed, curriculum metrics
+        from grpokit.train.group_sampling import PromptStatsHook
+
+        hooks.append(PromptStatsHook(trainer.prompt_stats, trainer.prompts.curriculum))
     hooks.append(
         CompletionLog(
             args.output_dir,

@@ -137,9 +137,9 @@ def step_metrics(
 
 
 def progress_fields(metrics: dict[str, float]) -> dict[str, str]:
-    """What the progress bar shows after a step: reward, KL and loss."""
+    """What the progress bar shows after a step: reward, KL and loss ("-" for a step without an update)."""
     return {
         "reward": f"{metrics['reward']:.3f}",
         "kl": f"{metrics.get('kl', 0.0):.4f}",
-        "loss": f"{metrics['loss']:.4f}",
+        "loss": f"{metrics['loss']:.4f}" if "loss" in metrics else "-",
     }

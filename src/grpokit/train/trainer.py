@@ -18,20 +18,22 @@ from tqdm.auto import tqdm
 
 from grpokit.chat import as_completion
 from grpokit.config import GRPOConfig
-from grpokit.core import PolicyLoss, combine_rewards, multi_reward_advantages
+from grpokit.core import PolicyLoss
 from grpokit.data.loading import load_dataset_rows, reward_columns
 from grpokit.rewards import resolve_rewards, reward_names, reward_weights, score_completions
-from grpokit.rollout import RolloutBackend, SamplingParams, make_backend
+from grpokit.rollout import RolloutBackend, SamplingParams, generate_groups, make_backend
 from grpokit.train.batch import LogprobPass, Samples, Scores, pad_samples
 from grpokit.train.callbacks import Callbacks
 from grpokit.train.distributed import (
     any_process,
+    gather_across_processes,
     make_accelerator,
     merged_across_processes,
     placement,
     prepare_policy,
 )
 from grpokit.train.evaluation import greedy_reward_means
+from grpokit.train.group_sampling import GroupDrawer, prompt_statistics
 from grpokit.train.guards import NonfiniteGuard, StopSignals
 from grpokit.train.hooks import StepHooks, run_hooks
 from grpokit.train.iterative_grpo import IterativeGRPO
@@ -157,7 +159,9 @@ class GRPOTrainer:
             self.args.generation_backend, self.generation_model,
             micro_batch_size=self.args.generation_micro_batch_size,
         )  # fmt: skip
-        self.prompts = PromptSampler(len(self.train_rows), self.plan.prompts, self.args)
+        self.prompt_stats, curriculum = prompt_statistics(self.args, len(self.train_rows))
+        self.prompts = PromptSampler(len(self.train_rows), self.plan.prompts, self.args, curriculum)
+        self.gather = gather_across_processes(self.accelerator)  # lists from every process, or None
         # From here each process draws its own random numbers (sampling, row order): seed + process index.
         set_seed(self.args.seed, device_specific=True)
         self.generator = torch.Generator().manual_seed(self.args.seed + self.accelerator.process_index)
@@ -167,6 +171,7 @@ class GRPOTrainer:
             self.accelerator, self.loss, placed, self.generator
         )
         self.hooks = StepHooks(run_hooks(self))
+        self.groups = GroupDrawer(self)  # which groups each step trains on (dynamic sampling, adaptive G)
         self.logger = MetricsLogger.from_config(self.args, enabled=self.accelerator.is_main_process)
         self.callbacks = Callbacks(
             callbacks, self.args, model=self.model, processing_class=self.tokenizer,
@@ -263,13 +268,35 @@ class GRPOTrainer:
     def training_step(self) -> dict[str, float]:
         """One GRPO step on this process's share of the prompts; the metrics of the whole batch."""
         timer, step = PhaseTimer(), self.step + 1
-        # 1. sample prompts, then G completions for each from the current policy (pi_old = pi_theta)
-        with timer.phase("generate"):
-            samples = self.sample(self.prompts.next_local_rows(self.train_rows, self.accelerator))
-        # 2. score every completion with every reward function; 3. group-relative advantages, all processes
+        # 1-3. sample prompts and G completions for each from the current policy (pi_old = pi_theta), score
+        #      them with every reward function, group-relative advantages over all processes; dynamic
+        #      sampling repeats 1-2 until the step holds enough informative groups (train.group_sampling)
+        draw = self.groups.draw(timer)
+        samples, scores = draw.samples, draw.scores
         with timer.phase("reward"):
-            scores = self.score(samples)
-            self.hooks.on_scored(step, samples, scores)  # process rewards, RM samples, completion log
+            self.hooks.on_scored(step, draw.sampled, draw.sampled_scores)  # process rewards, RM samples, log
+        update, num_tokens = {}, 0
+        if samples.texts:  # empty only when dynamic sampling found no informative group: nothing to train on
+            update, num_tokens = self.learn(samples, scores, timer)  # 4-6: batch, fixed log-probs, update
+        # 7. what follows the update (reference reset, RM update), then metrics describing the whole batch
+        with timer.phase("after_update"):
+            self.hooks.after_update(step)
+        metrics = step_metrics(
+            scores=draw.sampled_scores,
+            reward_names=self.reward_names,
+            group_size=None,
+            group_sizes=draw.sampled_scores.group_sizes,
+            generated=draw.sampled.generated,
+            update=update,
+            extra={**self.hooks.metrics(), **draw.metrics},
+            learning_rate=self.scheduler.get_last_lr()[0],
+            num_tokens=num_tokens,
+            timer=timer,
+        )
+        return merged_across_processes(self.accelerator, metrics)
+
+    def learn(self, samples: Samples, scores: Scores, timer: PhaseTimer) -> tuple[dict[str, float], int]:
+        """Steps 4-6 on this process's groups; returns the update's metrics and the completion tokens."""
         # 4. one RolloutBatch: padded ids and masks, this process's advantages
         with timer.phase("batch"):
             batch = pad_samples(samples, scores.advantages[scores.local], **self._padding())
@@ -281,57 +308,24 @@ class GRPOTrainer:
             batch.old_logps = self.logprob_pass(self.placed.scorer, batch) if off_policy else None
         with timer.phase("reference"), self.accelerator.autocast():
             batch.ref_logps = self.reference.logprobs(batch, self.logprob_pass) if self.reference else None
-        # 6. mu epochs of clipped policy-gradient updates, then what follows them (reference reset, RM update)
+        # 6. mu epochs of clipped policy-gradient updates
         with timer.phase("update"):
-            update = run_update(batch, self.args, self.update_context)
-        with timer.phase("after_update"):
-            self.hooks.after_update(step)
-        # 7. metrics describing the whole batch, the same on every process
-        metrics = step_metrics(
-            scores=scores,
-            reward_names=self.reward_names,
-            group_size=self.args.num_generations,
-            generated=samples.generated,
-            update=update,
-            extra=self.hooks.metrics(),
-            learning_rate=self.scheduler.get_last_lr()[0],
-            num_tokens=batch.num_completion_tokens(),
-            timer=timer,
-        )
-        return merged_across_processes(self.accelerator, metrics)
+            return run_update(batch, self.args, self.update_context), batch.num_completion_tokens()
 
     # ------------------------------------------------------------------------------------------------
-    def sample(self, rows: list[dict[str, Any]], *, greedy: bool = False) -> Samples:
-        """G completions (one when ``greedy``) for each row's prompt from the current policy, decoded."""
-        group = 1 if greedy else self.args.num_generations
+    def sample(
+        self, rows: list[dict[str, Any]], *, greedy: bool = False, group_sizes: list[int] | None = None
+    ) -> Samples:
+        """G completions (one when ``greedy``; ``group_sizes[k]`` for row k when given) for each row's
+        prompt from the current policy, decoded."""
+        sizes = group_sizes or [1 if greedy else self.args.num_generations] * len(rows)
         prompt_ids = [self.encode_prompt(row["prompt"]) for row in rows]
         # mixed precision applies to every model pass, not only the update; full weights to generate from
         with self.accelerator.autocast(), self.placed.generation_weights():
-            generated = self.backend.generate(prompt_ids, group, self.sampling_params(greedy))
+            generated = generate_groups(self.backend, prompt_ids, sizes, self.sampling_params(greedy))
         texts = self.tokenizer.batch_decode(generated.completion_ids, skip_special_tokens=True)
-        return Samples([row for row in rows for _ in range(group)], prompt_ids, generated, texts)
-
-    def score(self, samples: Samples) -> Scores:
-        """Rewards of this process's completions, gathered over all processes ([N, F]), and the
-        group-relative advantages of the whole batch ([N])."""
-        local, failures = self.reward_matrix(samples)  # [n, F]
-        rewards = self.accelerator.gather(local.to(self.accelerator.device))  # [N, F]
-        if bool(rewards.isnan().all()):
-            logger.warning(
-                "step %d: every reward is None/NaN: the step carries no learning signal", self.step + 1
-            )
-        weights = self.reward_weights.to(rewards.device)
-        advantages = multi_reward_advantages(
-            rewards,
-            weights,
-            self.args.num_generations,
-            scale=self.args.scale_rewards,
-            aggregation=self.args.multi_objective_aggregation,
-            eps=self.args.advantage_epsilon,
-        )  # [N]
-        first = self.accelerator.process_index * len(samples.rows)
-        local_rows = slice(first, first + len(samples.rows))
-        return Scores(rewards, combine_rewards(rewards, weights), advantages, failures, local_rows)
+        rows = [row for row, size in zip(rows, sizes) for _ in range(size)]
+        return Samples(rows, prompt_ids, generated, texts, group_sizes=sizes)
 
     def reward_matrix(self, samples: Samples) -> tuple[torch.Tensor, dict[str, float]]:
         """``(rewards [n, F] with NaN for None, rewards/<name>/failures)`` under ``reward_failure``."""

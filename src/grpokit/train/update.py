@@ -129,7 +129,10 @@ def _optimizer_step(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext)
 
 def keeps_whole_groups(config: GRPOConfig) -> bool:
     """Micro-batches hold whole groups of G rows when the micro-batch size is a multiple of G; then the
-    group's shared prompt can be computed once (shared-prefix forward)."""
+    group's shared prompt can be computed once (shared-prefix forward). Never with ragged groups (adaptive
+    group sizes)."""
+    if config.adaptive_num_generations:
+        return False
     return config.per_device_train_batch_size % config.num_generations == 0
 
 
