@@ -74,3 +74,18 @@ def test_unknown_names_list_the_builtins():
     with pytest.raises(ValueError, match="callable or a string"):
         resolve_reward(3)
     assert {"accuracy", "think_format", "soft_overlong_punishment", "code_execution"} <= set(BUILTIN_REWARDS)
+
+
+def test_soft_overlong_punishment_takes_the_runs_length_unless_given():
+    """DAPO eq. 13 with M = max_completion_length = 10 and C = M // 5 = 2: 0 up to 8 tokens, then
+    (M - C - L) / C down to -1 at M, -1 beyond."""
+    from grpokit.rewards import resolve_rewards
+
+    (reward,) = resolve_rewards(["soft_overlong_punishment"], max_completion_length=10)
+    ids = [[1] * n for n in (8, 9, 10, 11)]
+    assert reward(prompts=[""] * 4, completions=[""] * 4, completion_ids=ids) == [0.0, -0.5, -1.0, -1.0]
+    (given,) = resolve_rewards(
+        [{"name": "soft_overlong_punishment", "max_completion_len": 10, "soft_punish_cache": 5}],
+        max_completion_length=99,
+    )
+    assert given(prompts=[""] * 2, completions=[""] * 2, completion_ids=[[1] * 5, [1] * 7]) == [0.0, -0.4]

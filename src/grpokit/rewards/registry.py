@@ -63,6 +63,16 @@ def _builtin(name: str, kwargs: dict[str, Any]) -> RewardFunc:
     return factory(**kwargs) if kwargs or instance is None else instance
 
 
+def _with_run_lengths(spec: Any, max_completion_length: int) -> Any:
+    """``soft_overlong_punishment`` (a name, or a mapping missing the lengths) with the run's lengths."""
+    options = dict(spec) if isinstance(spec, Mapping) else {"name": spec} if isinstance(spec, str) else None
+    if options is None or _ALIASES.get(options.get("name"), options.get("name")) != "soft_overlong_punishment":
+        return spec
+    options.setdefault("max_completion_len", max_completion_length)
+    options.setdefault("soft_punish_cache", options["max_completion_len"] // 5)
+    return options
+
+
 def _is_model_dir(spec: str) -> bool:
     return os.path.isdir(spec) and os.path.isfile(os.path.join(spec, "config.json"))
 
@@ -129,12 +139,20 @@ def resolve_reward(spec: Any, **kwargs: Any) -> Any:
     )
 
 
-def resolve_rewards(specs: Any, *, device: Any = None, allow_empty: bool = False) -> list[Any]:
+def resolve_rewards(
+    specs: Any, *, device: Any = None, allow_empty: bool = False, max_completion_length: int | None = None
+) -> list[Any]:
     """A list of reward specifications (or one) -> reward functions (:func:`resolve_reward` each; None entries
-    skipped); reward models are moved to ``device``. An empty list is an error unless ``allow_empty``."""
+    skipped); reward models are moved to ``device``. An empty list is an error unless ``allow_empty``.
+
+    With ``max_completion_length`` (the run's), ``soft_overlong_punishment`` named without arguments (or
+    with only some) takes DAPO's lengths from it: ``max_completion_len`` = max_completion_length and
+    ``soft_punish_cache`` = a fifth of it (DAPO: a 4,096-token interval below 20,480)."""
     funcs = [f for f in (specs if isinstance(specs, (list, tuple)) else [specs]) if f is not None]
     if not funcs and not allow_empty:
         raise ValueError("reward_funcs: at least one reward function is required (or process_reward_funcs)")
+    if max_completion_length is not None:
+        funcs = [_with_run_lengths(func, max_completion_length) for func in funcs]
     resolved = [resolve_reward(func) for func in funcs]
     if device is not None:
         from grpokit.rewards.reward_model import RewardModel

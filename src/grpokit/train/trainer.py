@@ -139,8 +139,9 @@ class GRPOTrainer:
             ProcessSupervision(process_specs, self.args, self.tokenizer, device) if process_specs else None
         )
         self.reward_funcs = resolve_rewards(
-            outcome_specs, device=device, allow_empty=self.process is not None
-        )
+            outcome_specs, device=device, allow_empty=self.process is not None,
+            max_completion_length=self.args.max_completion_length,
+        )  # fmt: skip
         self.reward_names = reward_names(self.reward_funcs)
         weights = reward_weights(self.args.reward_weights, self.reward_names, "reward_weights")
         self.reward_weights = torch.tensor(weights, dtype=torch.float32)
