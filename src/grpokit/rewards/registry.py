@@ -66,7 +66,8 @@ def _builtin(name: str, kwargs: dict[str, Any]) -> RewardFunc:
 def _with_run_lengths(spec: Any, max_completion_length: int) -> Any:
     """``soft_overlong_punishment`` (a name, or a mapping missing the lengths) with the run's lengths."""
     options = dict(spec) if isinstance(spec, Mapping) else {"name": spec} if isinstance(spec, str) else None
-    if options is None or _ALIASES.get(options.get("name"), options.get("name")) != "soft_overlong_punishment":
+    name = None if options is None else options.get("name")
+    if _ALIASES.get(name, name) != "soft_overlong_punishment":
         return spec
     options.setdefault("max_completion_len", max_completion_length)
     options.setdefault("soft_punish_cache", options["max_completion_len"] // 5)

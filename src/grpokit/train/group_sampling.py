@@ -20,6 +20,7 @@ which ``gather`` concatenates), so each process's rows are one contiguous slice.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +35,14 @@ from grpokit.train.prompt_stats import Curriculum, PromptStats
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Draw", "GroupDrawer", "PromptStatsHook", "informative_groups", "prompt_statistics"]
+__all__ = [
+    "Draw",
+    "GroupDrawer",
+    "PromptStatsHook",
+    "informative_groups",
+    "prompt_statistics",
+    "refill_count",
+]
 
 
 @dataclass
@@ -81,9 +89,9 @@ class GroupDrawer:
     def draw(self, timer: PhaseTimer) -> Draw:
         t, accelerator = self.trainer, self.trainer.accelerator
         rounds: list[tuple[Samples, torch.Tensor, list[int], list[int], dict[str, float]]] = []
-        informative = 0
+        informative, sampled, count = 0, 0, None  # count: prompts of this round (None: a step's)
         for _ in range(self.rounds):
-            indices = t.prompts.next_local_indices(accelerator)
+            indices = t.prompts.next_local_indices(accelerator, count)
             rows = [t.train_rows[i] for i in indices]
             sizes = self._group_sizes(indices)
             with timer.phase("generate"):
@@ -95,8 +103,11 @@ class GroupDrawer:
                 all_indices = self._gathered(indices)
             rounds.append((samples, rewards, all_sizes, all_indices, failures))
             informative += sum(informative_groups(self._advantages(rewards, all_sizes, "none"), all_sizes))
+            sampled += len(all_sizes)
             if informative >= t.plan.prompts:
                 break
+            count = refill_count(t.plan.prompts - informative, informative / sampled, t.plan.prompts,
+                                 accelerator.num_processes)  # fmt: skip
         with timer.phase("reward"):
             return self._assemble(rounds)
 
@@ -153,7 +164,10 @@ class GroupDrawer:
         local = self._local_rows(kept_sizes, num_processes, rank)
         combined = combine_rewards(kept_rewards, t.reward_weights)
         scores = Scores(kept_rewards, combined, advantages, failures, local, group_sizes=kept_sizes)
-        metrics = {"signal/frac_completions_nonzero_advantage": int((advantages != 0).sum()) / len(rewards)}
+        metrics = {  # gradient signal per generated completion: what dynamic sampling and adaptive G aim at
+            "signal/frac_completions_nonzero_advantage": int((advantages != 0).sum()) / len(rewards),
+            "signal/sampled_completions": float(len(rewards)),
+        }
         if self.args.adaptive_num_generations:
             metrics |= {"adaptive/min_group": float(min(sizes)), "adaptive/max_group": float(max(sizes))}
         if not self.args.dynamic_sampling:  # every group is trained on: what was sampled is what is kept
@@ -204,6 +218,15 @@ class GroupDrawer:
 
 
 # ----------------------------------------------------------------------------------------------------
+def refill_count(missing: int, informative_rate: float, step_prompts: int, num_processes: int) -> int:
+    """Prompts to sample in the next round of dynamic sampling: enough to expect the ``missing`` informative
+    groups at the rate seen so far in this step (at least 10%), rounded up to a multiple of the process
+    count, at most a whole step's. Smaller than DAPO's whole-batch rounds, so fewer informative groups are
+    sampled only to be dropped beyond the batch."""
+    expected = math.ceil(missing / max(informative_rate, 0.1))
+    return min(step_prompts, math.ceil(expected / num_processes) * num_processes)
+
+
 def _process_major(per_round: list[list[int]], num_processes: int) -> list[int]:
     """Per-round lists in process order ([P * k_r] each) -> one list, process-major over the rounds."""
     out: list[int] = []

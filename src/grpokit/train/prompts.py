@@ -109,17 +109,18 @@ class PromptSampler:
             self.position = 0
             self._order = self._epoch_order()
 
-    def next_indices(self) -> list[int]:
-        """The global indices of the next step's prompts (wrapping into the next epoch as needed), the same
-        on every process."""
+    def next_indices(self, count: int | None = None) -> list[int]:
+        """The global indices of the next ``count`` prompts (default: a step's), wrapping into the next epoch
+        as needed, the same on every process."""
+        wanted = self.prompts_per_step if count is None else count
         if self.num_rows == 0:
             raise ValueError("PromptSampler: there are no training rows to sample prompts from")
         indices: list[int] = []
         curriculum = self.curriculum
-        while len(indices) < self.prompts_per_step:
+        while len(indices) < wanted:
             self._next_epoch_if_done()
             if curriculum is None:
-                take = min(self.prompts_per_step - len(indices), self.num_rows - self.position)
+                take = min(wanted - len(indices), self.num_rows - self.position)
                 indices += self._order[self.position : self.position + take]
                 self.position += take
                 continue
@@ -135,10 +136,10 @@ class PromptSampler:
         self.last_indices = indices
         return indices
 
-    def next_local_indices(self, accelerator: Any) -> list[int]:
-        """This process's contiguous share of the next step's global indices (process k takes the k-th
-        ``prompts_per_step // num_processes``); ``last_indices`` holds the whole step's."""
-        indices = self.next_indices()
+    def next_local_indices(self, accelerator: Any, count: int | None = None) -> list[int]:
+        """This process's contiguous share of the next ``count`` (default: a step's) global indices (process
+        k takes the k-th ``count // num_processes``); ``last_indices`` holds them all."""
+        indices = self.next_indices(count)
         share = len(indices) // accelerator.num_processes
         first = accelerator.process_index * share
         return indices[first : first + share]
