@@ -89,23 +89,33 @@ def generate_groups(
     group_sizes: Sequence[int],
     params: SamplingParams,
 ) -> GenerationOutput:
-    """``group_sizes[k]`` completions for prompt k through any backend, groups contiguous in prompt order: one
-    ``generate`` call per distinct size (prompts of a size keep their order), then the groups put back in
-    prompt order."""
+    """``group_sizes[k]`` completions for prompt k through any backend, groups contiguous in prompt order.
+
+    Equal sizes are one ``generate`` call. Ragged sizes take at most two: the prompts are split at the size
+    threshold t that generates the fewest rows, those with ``size <= t`` sample t completions and the others
+    the largest size, and each group keeps its first ``size`` completions. The completions of a prompt are
+    independent draws, so the kept ones are exact samples; the rest (few: the threshold minimises them) are
+    discarded. One call per distinct size would generate nothing extra, but a decode loop per size costs
+    far more than the extra rows where per-step overhead dominates (small models, CPUs)."""
     if len(prompt_ids) != len(group_sizes):
         raise ValueError(f"{len(prompt_ids)} prompts but {len(group_sizes)} group sizes")
-    sizes = sorted(set(group_sizes))
-    if len(sizes) == 1:
-        return backend.generate(prompt_ids, sizes[0], params)
+    largest = max(group_sizes)
+    if min(group_sizes) == largest:
+        return backend.generate(prompt_ids, largest, params)
+    threshold = min(
+        sorted(set(group_sizes))[:-1],
+        key=lambda t: sum(t if g <= t else largest for g in group_sizes),
+    )
+    buckets = [(threshold, [k for k, g in enumerate(group_sizes) if g <= threshold]),
+               (largest, [k for k, g in enumerate(group_sizes) if g > threshold])]  # fmt: skip
     groups: dict[int, tuple[list[list[int]], list[list[float]] | None, list[bool]]] = {}
-    for size in sizes:
-        members = [k for k, g in enumerate(group_sizes) if g == size]
+    for size, members in buckets:
         out = backend.generate([prompt_ids[k] for k in members], size, params)
         flags = out.truncated or [False] * len(out.completion_ids)
         for j, k in enumerate(members):
-            rows = slice(j * size, (j + 1) * size)
-            logprobs = None if out.logprobs is None else out.logprobs[rows]
-            groups[k] = (out.completion_ids[rows], logprobs, flags[rows])
+            keep = slice(j * size, j * size + group_sizes[k])  # the first group_sizes[k] of its samples
+            logprobs = None if out.logprobs is None else out.logprobs[keep]
+            groups[k] = (out.completion_ids[keep], logprobs, flags[keep])
     ordered = [groups[k] for k in range(len(prompt_ids))]
     logprobs = None if any(g[1] is None for g in ordered) else [lp for g in ordered for lp in g[1]]
     return GenerationOutput(
