@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import yaml
 
+from grpokit.batch_plan import BatchPlan, plan_batch
 from grpokit.config_checks import require, validate_fields
 from grpokit.config_integrations import IntegrationFields, resolve_integration_fields
 from grpokit.config_sampling import SamplingFields, validate_sampling_fields
@@ -34,26 +35,6 @@ from grpokit.trl_compat import split_trl_fields
 
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
 ScaleRewards = Literal["group", "batch", "none"]
-
-
-@dataclass(frozen=True)
-class BatchPlan:
-    """What one GRPO step does, in counts (all per step, across all processes)."""
-
-    prompts: int
-    completions: int
-    optimizer_steps: int
-    micro_batches_per_optimizer_step: int
-    completions_per_micro_batch: int
-    num_processes: int
-
-    def describe(self) -> str:
-        return (
-            f"each step: {self.prompts} prompts x G -> {self.completions} completions; "
-            f"{self.optimizer_steps} optimizer step(s), each accumulating "
-            f"{self.micro_batches_per_optimizer_step} micro-batch(es) of {self.completions_per_micro_batch} "
-            f"completions on each of {self.num_processes} process(es)"
-        )
 
 
 @dataclass
@@ -126,6 +107,9 @@ class GRPOConfig(IntegrationFields, SamplingFields):
     the whole global batch. cispo: clipped, stop-gradient IS weight (MiniMax-M1). sapo: soft gate (Qwen)."""
     importance_sampling_level: Literal["token", "sequence"] = "token"
     """token: one ratio per token. sequence: GSPO, one length-normalised ratio per sequence."""
+    use_bias_correction_kl: bool = False
+    """Weight the per-token KL by the importance ratio pi_theta / pi_old (TRL's name; TRL defaults to True,
+    grpokit to the paper's plain k3 KL). It changes the gradient even on-policy (KL * grad log pi)."""
     scale_rewards: ScaleRewards = "group"
     """Divide centred rewards by the group std (paper), the batch std, or not at all (Dr. GRPO)."""
     num_iterations: int = 1
@@ -323,43 +307,9 @@ class GRPOConfig(IntegrationFields, SamplingFields):
         self.batch_plan(num_processes=1)  # checks the sizes fit together
 
     def batch_plan(self, num_processes: int = 1) -> BatchPlan:
-        """The counts of one step. Raises ValueError when the batch sizes do not fit together."""
-        per_optimizer_step = (
-            self.per_device_train_batch_size * self.gradient_accumulation_steps * num_processes
-        )
-        if self.generation_batch_size is not None:
-            require(
-                self.generation_batch_size % per_optimizer_step == 0,
-                "generation_batch_size",
-                f"({self.generation_batch_size}) must be a multiple of per_device_train_batch_size x "
-                f"gradient_accumulation_steps x num_processes ({per_optimizer_step})",
-            )
-            steps = self.generation_batch_size // per_optimizer_step
-            require(
-                self.steps_per_generation in (None, steps),
-                "steps_per_generation",
-                f"({self.steps_per_generation}) contradicts generation_batch_size "
-                f"({self.generation_batch_size} = {steps} x {per_optimizer_step}); set only one of them",
-            )
-        else:
-            steps = 1 if self.steps_per_generation is None else self.steps_per_generation
-            require(steps >= 1, "steps_per_generation", "must be >= 1")
-        completions = steps * per_optimizer_step
-        require(
-            completions % self.num_generations == 0,
-            "per_device_train_batch_size",
-            f"completions per step ({completions} = per_device_train_batch_size x gradient_accumulation_steps"
-            f" x steps_per_generation x num_processes) must be a multiple of num_generations "
-            f"({self.num_generations})",
-        )
-        return BatchPlan(
-            prompts=completions // self.num_generations,
-            completions=completions,
-            optimizer_steps=self.num_iterations * steps,
-            micro_batches_per_optimizer_step=self.gradient_accumulation_steps,
-            completions_per_micro_batch=self.per_device_train_batch_size,
-            num_processes=num_processes,
-        )
+        """The counts of one step (``grpokit.batch_plan``). Raises ValueError when the batch sizes do not fit
+        together."""
+        return plan_batch(self, num_processes)
 
     # -- YAML ------------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -75,7 +75,6 @@ NO_EFFECT: dict[str, str] = {
     "vllm_importance_sampling_clip_max": _VLLM,
     "vllm_importance_sampling_clip_min": _VLLM,
     "vllm_importance_sampling_cap": _VLLM,
-    "use_bias_correction_kl": _VLLM,
     "logging_nan_inf_filter": "grpokit logs a NaN/inf metric as null and skips (and counts) NaN/inf steps",
 }
 

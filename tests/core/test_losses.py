@@ -601,3 +601,31 @@ def test_loss_spec_reads_a_config():
     spec = PolicyLoss.from_config(Config())
     assert (spec.loss_type, spec.clip_high, spec.delta, spec.kl_estimator) == ("dapo", 0.28, 1.5, "k3")
     assert spec.is_global
+
+
+def test_bias_corrected_kl_weights_the_kl_by_the_ratio_and_keeps_its_gradient():
+    """One token, advantage 0 (so only the KL term acts), beta 0.5, k3 KL with d = ref - lp:
+    KL = e^d - d - 1, dKL/dlp = 1 - e^d. Plain: loss = beta KL. Bias-corrected with r = e^(lp - old):
+    loss = beta KL r, d/dlp = beta (dKL/dlp r + KL r). Off-policy old = lp - 0.3 (r = e^0.3); on-policy
+    (old None) r = 1 in value but still carries the gradient."""
+    import math
+
+    from grpokit.core import PolicyLoss
+
+    lp0, ref0, beta = -1.2, -0.7, 0.5
+    d = ref0 - lp0
+    kl = math.exp(d) - d - 1
+    dkl = 1 - math.exp(d)
+    cases = [(None, 1.0), (torch.tensor([[lp0 - 0.3]]), math.exp(0.3))]
+    for old, r in cases:
+        for corrected in (False, True):
+            lp = torch.tensor([[lp0]], requires_grad=True)
+            loss_fn = PolicyLoss(beta=beta, use_bias_correction_kl=corrected)
+            loss, _ = loss_fn(lp, old, torch.zeros(1), torch.ones(1, 1), ref_logps=torch.tensor([[ref0]]))
+            loss.backward()
+            if corrected:
+                assert float(loss) == pytest.approx(beta * kl * r, rel=1e-6)
+                assert float(lp.grad) == pytest.approx(beta * (dkl * r + kl * r), rel=1e-5)
+            else:
+                assert float(loss) == pytest.approx(beta * kl, rel=1e-6)
+                assert float(lp.grad) == pytest.approx(beta * dkl, rel=1e-5)

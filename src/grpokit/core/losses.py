@@ -102,6 +102,10 @@ class PolicyLoss:
     """SAPO gate temperature for A > 0."""
     sapo_temperature_neg: float = 1.05
     """SAPO gate temperature for A <= 0."""
+    use_bias_correction_kl: bool = False
+    """Multiply the per-token KL by the importance ratio r = pi_theta / pi_old (TRL's name; its default is
+    True): the KL estimate is then taken under pi_theta's distribution rather than the sampler's. The ratio
+    keeps its gradient, so even on-policy (r = 1) the KL term adds KL * grad log pi_theta."""
 
     def __post_init__(self) -> None:
         if self.loss_type not in LOSS_PRESETS:
@@ -189,6 +193,7 @@ class PolicyLoss:
         gradient is the plain advantage-weighted policy gradient. Per token (only where mask is set):
 
             l_it = objective(r_it, A_it) * w_it + beta * KL_it        (w = token_weights, 1 if None)
+                   (with use_bias_correction_kl: beta * KL_it * r_it)
             loss = aggregation(l, mask)                              (preset of ``loss_type``)
 
         As in TRL, token_weights (entropy mask, off-policy IS weights) scale the policy term only, not the KL.
@@ -226,7 +231,7 @@ class PolicyLoss:
                 lp if self.beta > 0 else lp.detach(), clean(ref_logps).detach(), self.kl_estimator
             )
         if self.beta > 0 and kl is not None:
-            per_token = per_token + self.beta * kl
+            per_token = per_token + self.beta * (kl * ratio if self.use_bias_correction_kl else kl)
         loss = AGGREGATIONS[self.aggregation](per_token, m, self.max_completion_length, num_items_in_batch)
         cispo = self.objective == "cispo"
         metrics = _loss_metrics(ratio, adv, m, kl, cispo=cispo, low=self.epsilon, high=self.clip_high)
