@@ -129,3 +129,13 @@ def test_command_line_dict_values_are_typed_like_yaml():
     )
     assert config.chat_template_kwargs == {"enable_thinking": False, "budget": 3, "name": "x"}
     assert config.lr_scheduler_kwargs == {"num_cycles": 0.5}
+
+
+def test_the_migration_guide_lists_every_refused_and_no_effect_field_with_its_reason():
+    from pathlib import Path
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "migrating-from-trl.md").read_text()
+    for name, (_, why) in REFUSED.items():
+        assert f"| `{name}` |" in guide and why in guide, name
+    for name, why in NO_EFFECT.items():
+        assert f"`{name}`" in guide and why in guide, name
