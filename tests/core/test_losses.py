@@ -17,6 +17,7 @@ from grpokit.core import (
     policy_loss,
     top_entropy_mask,
 )
+from grpokit.core.losses import importance_sampling_ratio
 
 ALL_LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
 LEVELS = ["token", "sequence", "sequence_token"]
@@ -493,34 +494,66 @@ IS_SAMPLING = torch.tensor([[-1.5, -0.5, -1.0], [-2.0, -1.0, 50.0]])
 def test_token_importance_weights_by_hand():
     e = math.exp
     # Token ratios [[e^0.5, e^-0.5, 1], [e^1, 1, -]] = [[1.6487, 0.6065, 1], [2.7183, 1, -]]; padding -> 0.
-    trunc = importance_sampling_weights(IS_OLD, IS_SAMPLING, MASK, level="token", mode="truncate", cap=2.0)
+    trunc = importance_sampling_weights(IS_OLD, IS_SAMPLING, MASK, mode="token_truncate", clip_max=2.0)
     torch.testing.assert_close(trunc, torch.tensor([[e(0.5), e(-0.5), 1.0], [2.0, 1.0, 0.0]]))  # e^1 > 2 -> 2
-    masked = importance_sampling_weights(IS_OLD, IS_SAMPLING, MASK, level="token", mode="mask", cap=2.0)
+    masked = importance_sampling_weights(IS_OLD, IS_SAMPLING, MASK, mode="token_mask", clip_max=2.0)
     torch.testing.assert_close(
         masked, torch.tensor([[e(0.5), e(-0.5), 1.0], [0.0, 1.0, 0.0]])
     )  # e^1 > 2 -> 0
+    # A lower bound 0.7 binds on e^-0.5 = 0.61: truncate lifts it to 0.7, mask zeroes it.
+    both = importance_sampling_weights(
+        IS_OLD, IS_SAMPLING, MASK, mode="token_truncate", clip_min=0.7, clip_max=2.0
+    )
+    torch.testing.assert_close(both, torch.tensor([[e(0.5), 0.7, 1.0], [2.0, 1.0, 0.0]]))
+    low_only = importance_sampling_weights(
+        IS_OLD, IS_SAMPLING, MASK, mode="token_mask", clip_min=0.7, clip_max=None
+    )
+    torch.testing.assert_close(low_only, torch.tensor([[e(0.5), 0.0, 1.0], [e(1.0), 1.0, 0.0]]))
 
 
 def test_sequence_importance_weights_by_hand():
     # Sequence ratios: row 0 exp(0.5 - 0.5 + 0) = 1; row 1 exp(1 + 0) = e > cap 2.
-    trunc = importance_sampling_weights(IS_OLD, IS_SAMPLING, MASK, level="sequence", mode="truncate", cap=2.0)
+    trunc = importance_sampling_weights(IS_OLD, IS_SAMPLING, MASK, mode="sequence_truncate", clip_max=2.0)
     torch.testing.assert_close(trunc, torch.tensor([[1.0, 1.0, 1.0], [2.0, 2.0, 0.0]]))
-    masked = importance_sampling_weights(IS_OLD, IS_SAMPLING, MASK, level="sequence", mode="mask", cap=2.0)
+    masked = importance_sampling_weights(IS_OLD, IS_SAMPLING, MASK, mode="sequence_mask", clip_max=2.0)
     torch.testing.assert_close(masked, torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]))
     # Raise the cap above e: row 1 keeps e.
-    kept = importance_sampling_weights(IS_OLD, IS_SAMPLING, MASK, level="sequence", mode="mask", cap=3.0)
+    kept = importance_sampling_weights(IS_OLD, IS_SAMPLING, MASK, mode="sequence_mask", clip_max=3.0)
     torch.testing.assert_close(kept[1], torch.tensor([math.e, math.e, 0.0]))
+    # A lower bound 1.5 binds on row 0 (ratio 1): truncate lifts it, mask drops the sequence.
+    lifted = importance_sampling_weights(IS_OLD, IS_SAMPLING, MASK, mode="sequence_truncate", clip_min=1.5)
+    torch.testing.assert_close(lifted, torch.tensor([[1.5, 1.5, 1.5], [math.e, math.e, 0.0]]))
+    dropped = importance_sampling_weights(IS_OLD, IS_SAMPLING, MASK, mode="sequence_mask", clip_min=1.5)
+    torch.testing.assert_close(dropped, torch.tensor([[0.0, 0.0, 0.0], [math.e, math.e, 0.0]]))
+    # The ratio itself has TRL's shapes: one per sequence, one per token.
+    assert importance_sampling_ratio(IS_OLD, IS_SAMPLING, MASK, mode="sequence_mask").shape == (2, 1)
+    assert importance_sampling_ratio(IS_OLD, IS_SAMPLING, MASK, mode="token_mask").shape == (2, 3)
+
+
+def test_unknown_sampler_logprobs_give_ratio_one():
+    sampling = IS_SAMPLING.clone()
+    sampling[0, 0] = float("nan")  # row 0: d = [nan -> 0, -0.5, 0]
+    token = importance_sampling_weights(IS_OLD, sampling, MASK, mode="token_mask", clip_max=None)
+    torch.testing.assert_close(token[0], torch.tensor([1.0, math.exp(-0.5), 1.0]))
+    sequence = importance_sampling_weights(IS_OLD, sampling, MASK, mode="sequence_truncate", clip_max=5.0)
+    torch.testing.assert_close(sequence[0], torch.full((3,), math.exp(-0.5)))
 
 
 def test_importance_weights_are_detached_and_validated():
     old = IS_OLD.clone().requires_grad_(True)
     assert not importance_sampling_weights(old, IS_SAMPLING, MASK).requires_grad
-    with pytest.raises(ValueError, match="level"):
-        importance_sampling_weights(IS_OLD, IS_SAMPLING, MASK, level="batch")
     with pytest.raises(ValueError, match="mode"):
-        importance_sampling_weights(IS_OLD, IS_SAMPLING, MASK, mode="clip")
-    with pytest.raises(ValueError, match="cap"):
-        importance_sampling_weights(IS_OLD, IS_SAMPLING, MASK, cap=0.0)
+        importance_sampling_weights(IS_OLD, IS_SAMPLING, MASK, mode="batch_mask")
+    with pytest.raises(ValueError, match="mode"):
+        importance_sampling_weights(IS_OLD, IS_SAMPLING, MASK, mode="truncate")
+    with pytest.raises(ValueError, match="clip_max must be > 0"):
+        importance_sampling_weights(IS_OLD, IS_SAMPLING, MASK, clip_max=0.0)
+    with pytest.raises(ValueError, match="clip_min must be > 0"):
+        importance_sampling_weights(IS_OLD, IS_SAMPLING, MASK, clip_min=-1.0)
+    with pytest.raises(ValueError, match=r"clip_min \(2.0\) must be < clip_max \(1.5\)"):
+        importance_sampling_weights(IS_OLD, IS_SAMPLING, MASK, clip_min=2.0, clip_max=1.5)
+    with pytest.raises(ValueError, match="needs clip_min or clip_max"):
+        importance_sampling_weights(IS_OLD, IS_SAMPLING, MASK, mode="token_truncate", clip_max=None)
 
 
 ENTROPY = torch.tensor([[0.1, 0.5, 0.9, 99.0], [0.3, 0.7, 0.2, 0.4]])
