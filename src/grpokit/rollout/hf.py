@@ -1,11 +1,13 @@
-"""Generation with ``transformers``' own ``model.generate`` (the reference backend)."""
+"""Generation with ``transformers``' own ``model.generate`` (the reference backend), with the sampling
+log-prob of every drawn token."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from grpokit.core import pad_left, trim_at_eos
 from grpokit.rollout.base import GenerationOutput, SamplingParams
@@ -26,12 +28,40 @@ def generation_config(params: SamplingParams) -> GenerationConfig:
         repetition_penalty=params.repetition_penalty,
         eos_token_id=list(params.eos_token_ids) or None,
         pad_token_id=params.pad_token_id,
+        output_scores=True,  # the processed scores, read per step by _ChosenTokenLogprobs
+        return_dict_in_generate=True,
         **sampling,
     )
 
 
+class _ChosenTokenLogprobs(StoppingCriteria):
+    """Reads, after each decode step, the log-probability of the token just drawn under the processed scores
+    ``generate`` sampled from (``output_scores``: after repetition penalty, temperature, top-k, top-p, min-p),
+    then empties that step's [B, V] scores: memory stays one step's scores, not max_new_tokens of them.
+    Never stops generation."""
+
+    def __init__(self) -> None:
+        self.steps: list[torch.Tensor] = []  # one [B] float32 per decode step
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        step_scores = scores[-1]  # [B, V] float32, the processed scores of this step
+        chosen = input_ids[:, -1:]  # [B, 1] the token drawn from them
+        logp = step_scores.gather(1, chosen)[:, 0] - torch.logsumexp(step_scores, dim=-1)  # [B]
+        self.steps.append(logp.float())
+        step_scores.set_()  # frees its storage; generate does not read a step's scores again
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
 class TransformersBackend:
-    """Samples with ``model.generate``: each prompt repeated G times, left-padded, one call per chunk."""
+    """Samples with ``model.generate``: each prompt repeated G times, left-padded, one call per chunk.
+
+    Reports the sampling log-prob of every drawn token: the log-softmax, at that token, of the processed
+    scores ``generate`` drew it from (``output_scores=True``), so with top-k/top-p/min-p it is the log-prob
+    under the truncated distribution, and with ``temperature`` under the tempered one, as the fast sampler
+    reports. Greedy decoding (``do_sample=False``) reports the log-softmax of the scores after the repetition
+    penalty only (no temperature or filters: ``generate`` applies none), which is the model's own log-prob of
+    the chosen token, not 0 (its probability under the argmax), again as the fast sampler does.
+    """
 
     def __init__(self, model: torch.nn.Module, *, micro_batch_size: int | None = None) -> None:
         self.model = model
@@ -44,26 +74,34 @@ class TransformersBackend:
         repeated = [list(ids) for ids in prompt_ids for _ in range(num_generations)]
         step = (self.micro_batch_size or len(prompt_ids)) * num_generations
         completions: list[list[int]] = []
+        logprobs: list[list[float]] = []
         truncated: list[bool] = []
         for start in range(0, len(repeated), step):
-            rows, flags = self._generate_rows(repeated[start : start + step], params)
+            rows, row_logprobs, flags = self._generate_rows(repeated[start : start + step], params)
             completions += rows
+            logprobs += row_logprobs
             truncated += flags
-        return GenerationOutput(completion_ids=completions, logprobs=None, truncated=truncated)
+        return GenerationOutput(completion_ids=completions, logprobs=logprobs, truncated=truncated)
 
     def _generate_rows(
         self, rows: list[list[int]], params: SamplingParams
-    ) -> tuple[list[list[int]], list[bool]]:
+    ) -> tuple[list[list[int]], list[list[float]], list[bool]]:
         device = next(self.model.parameters()).device
-        ids, mask = pad_left(rows, params.pad_token_id, device)
+        ids, mask = pad_left(rows, params.pad_token_id, device)  # [B, P]
+        recorder = _ChosenTokenLogprobs()
         was_training = self.model.training
         self.model.eval()
         try:
             out = self.model.generate(
-                input_ids=ids, attention_mask=mask, generation_config=generation_config(params)
+                input_ids=ids,
+                attention_mask=mask,
+                generation_config=generation_config(params),
+                stopping_criteria=StoppingCriteriaList([recorder]),
             )
         finally:
             self.model.train(was_training)
-        generated = out[:, ids.shape[1] :].tolist()
+        generated = out.sequences[:, ids.shape[1] :].tolist()  # [B, steps]
+        steps = torch.stack(recorder.steps, dim=1).tolist()  # [B, >= steps]
         pairs = [trim_at_eos(tokens, params.eos_token_ids) for tokens in generated]
-        return [tokens for tokens, _ in pairs], [flag for _, flag in pairs]
+        row_logprobs = [lp[: len(tokens)] for (tokens, _), lp in zip(pairs, steps)]
+        return [tokens for tokens, _ in pairs], row_logprobs, [flag for _, flag in pairs]
