@@ -29,6 +29,7 @@ import yaml
 
 from grpokit.batch_plan import BatchPlan, plan_batch
 from grpokit.config_checks import require, validate_fields
+from grpokit.config_generation import GenerationFields, validate_generation_fields
 from grpokit.config_integrations import IntegrationFields, resolve_integration_fields
 from grpokit.config_sampling import SamplingFields, validate_sampling_fields
 from grpokit.trl_compat import split_trl_fields
@@ -38,14 +39,15 @@ ScaleRewards = Literal["group", "batch", "none"]
 
 
 @dataclass
-class GRPOConfig(IntegrationFields, SamplingFields):
+class GRPOConfig(IntegrationFields, SamplingFields, GenerationFields):
     """Configuration of a GRPO run. Invalid combinations raise ``ValueError`` saying why.
 
     Also accepts every other field of TRL's ``GRPOConfig``: one grpokit does not implement is refused with
     the reason when set to turn its feature on, never with a TypeError (``grpokit.trl_compat``). The data,
     evaluation, checkpoint, tracking and hub fields are in ``grpokit.config_integrations``; the fields
     choosing which groups a step trains on (dynamic sampling, curriculum, adaptive G) in
-    ``grpokit.config_sampling``."""
+    ``grpokit.config_sampling``; the sampler's dtype and the off-policy correction in
+    ``grpokit.config_generation``."""
 
     # ---- output and schedule -------------------------------------------------------------------
     output_dir: str = "runs/grpo"
@@ -303,6 +305,7 @@ class GRPOConfig(IntegrationFields, SamplingFields):
         building the run's loss; the batch sizes by planning a step."""
         validate_fields(self)
         validate_sampling_fields(self)
+        validate_generation_fields(self)
         self._validate_loss()
         self.batch_plan(num_processes=1)  # checks the sizes fit together
 
@@ -313,10 +316,12 @@ class GRPOConfig(IntegrationFields, SamplingFields):
 
     # -- YAML ------------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """Every field, the GRPO knobs first, then the sampling and the data/tracking/hub ones."""
+        """Every field, the GRPO knobs first, then the generation, sampling and data/tracking/hub ones."""
         values = dataclasses.asdict(self)
         integration = [
-            f.name for f in (*dataclasses.fields(SamplingFields), *dataclasses.fields(IntegrationFields))
+            f.name
+            for group in (GenerationFields, SamplingFields, IntegrationFields)
+            for f in dataclasses.fields(group)
         ]
         order = [name for name in values if name not in integration] + integration
         return {name: values[name] for name in order}

@@ -67,11 +67,6 @@ NO_EFFECT: dict[str, str] = {
     "vllm_gpu_memory_utilization": _VLLM,
     "vllm_max_model_length": _VLLM,
     "vllm_tensor_parallel_size": _VLLM,
-    "vllm_importance_sampling_correction": _VLLM,
-    "vllm_importance_sampling_mode": _VLLM,
-    "vllm_importance_sampling_clip_max": _VLLM,
-    "vllm_importance_sampling_clip_min": _VLLM,
-    "vllm_importance_sampling_cap": _VLLM,
     "logging_nan_inf_filter": "grpokit logs a NaN/inf metric as null and skips (and counts) NaN/inf steps",
 }
 
