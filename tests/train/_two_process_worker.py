@@ -43,8 +43,8 @@ def main(policy_dir: str, out: str) -> None:
     seen: list[list[str]] = []
     next_local_indices = trainer.prompts.next_local_indices
 
-    def recording(accelerator):
-        local = next_local_indices(accelerator)
+    def recording(accelerator, count=None):
+        local = next_local_indices(accelerator, count)
         seen.append([rows[i]["prompt"] for i in local])
         return local
 

@@ -142,11 +142,13 @@ class GroupDrawer:
         num_processes, rank = t.accelerator.num_processes, t.accelerator.process_index
         sampled = concat_samples([r[0] for r in rounds])
         # [P * n_r, F] per round -> process-major over the rounds: [P, sum n_r, F] -> [M, F]
-        rewards = torch.cat([r[1].reshape(num_processes, -1, r[1].shape[1]) for r in rounds], 1)
-        rewards = rewards.reshape(-1, rounds[0][1].shape[1])  # [M, F]
+        per_process = [
+            r[1].reshape(num_processes, r[1].shape[0] // num_processes, r[1].shape[1]) for r in rounds
+        ]
+        rewards = torch.cat(per_process, 1).flatten(0, 1)  # [M, F] (F may be 0: process rewards only)
         sizes = _process_major([r[2] for r in rounds], num_processes)  # [groups]
         failures = {k: sum(r[4].get(k, 0.0) for r in rounds) for k in rounds[0][4]}
-        if bool(rewards.isnan().all()):
+        if rewards.numel() and bool(rewards.isnan().all()):
             logger.warning(
                 "step %d: every reward is None/NaN: the step carries no learning signal", t.step + 1
             )
