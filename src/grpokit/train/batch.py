@@ -81,6 +81,8 @@ class RolloutBatch:
     old_logps: torch.Tensor | None = None  # [N, C] log pi_old, only when the update is off-policy
     ref_logps: torch.Tensor | None = None  # [N, C] log pi_ref, only when beta > 0
     sampling_logps: torch.Tensor | None = None  # [N, C] log-probs reported by the sampler, if any
+    importance_weights: torch.Tensor | None = None  # [N, C] off-policy correction pi_old / pi_sampler
+    # (train.off_policy), 0 on padding; None when the sampler is pi_old
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]

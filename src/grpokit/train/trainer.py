@@ -21,7 +21,7 @@ from grpokit.config import GRPOConfig
 from grpokit.core import PolicyLoss
 from grpokit.data.loading import load_dataset_rows, reward_columns
 from grpokit.rewards import resolve_rewards, reward_names, reward_weights, score_completions
-from grpokit.rollout import RolloutBackend, SamplingParams, generate_groups, make_backend
+from grpokit.rollout import RolloutBackend, SamplingParams, generate_groups
 from grpokit.train.batch import LogprobPass, Samples, Scores, pad_samples
 from grpokit.train.callbacks import Callbacks
 from grpokit.train.distributed import (
@@ -39,6 +39,7 @@ from grpokit.train.hooks import StepHooks, run_hooks
 from grpokit.train.iterative_grpo import IterativeGRPO
 from grpokit.train.metrics import PhaseTimer, progress_fields, step_metrics
 from grpokit.train.metrics_log import MetricsLogger, plot_metrics
+from grpokit.train.off_policy import make_sampler
 from grpokit.train.policy import check_special_tokens, load_policy, load_tokenizer
 from grpokit.train.process_supervision import ProcessSupervision
 from grpokit.train.prompts import PromptSampler, check_prompt_lengths, encode_prompt
@@ -156,10 +157,10 @@ class GRPOTrainer:
         placed = self.placed
         self.policy, self.optimizer, self.scheduler = placed.policy, placed.optimizer, placed.scheduler
         self.zero = placed.zero
-        self.backend = rollout_backend or make_backend(
-            self.args.generation_backend, self.generation_model,
-            micro_batch_size=self.args.generation_micro_batch_size,
-        )  # fmt: skip
+        # the sampler (the policy, its copy in generation_dtype, or rollout_backend) and its IS correction
+        self.backend, self.correction = make_sampler(
+            self.args, self.generation_model, rollout_backend, self.strategy
+        )
         self.prompt_stats, curriculum = prompt_statistics(self.args, len(self.train_rows))
         self.prompts = PromptSampler(len(self.train_rows), self.plan.prompts, self.args, curriculum)
         self.gather = gather_across_processes(self.accelerator)  # lists from every process, or None
@@ -302,16 +303,18 @@ class GRPOTrainer:
         with timer.phase("batch"):
             batch = pad_samples(samples, scores.advantages[scores.local], **self._padding())
             self.hooks.on_batch(batch)  # process supervision: per-token advantages [n, C]
-        # 5. fixed log-probs: pi_old only when the update is off-policy (mu > 1 or several optimizer steps
-        #    per generation), pi_ref only when beta > 0
+        # 5. fixed log-probs: pi_old only when the update is off-policy (mu > 1, several optimizer steps per
+        #    generation, or a sampler that is not pi_old: IS weights pi_old / pi_sampler), pi_ref if beta > 0
         with timer.phase("old_logprobs"), self.accelerator.autocast():
-            off_policy = self.plan.optimizer_steps > 1
+            off_policy = self.plan.optimizer_steps > 1 or self.correction.applies(batch)
             batch.old_logps = self.logprob_pass(self.placed.scorer, batch) if off_policy else None
+            correction = self.correction(batch)  # batch.importance_weights, their metrics (train.off_policy)
         with timer.phase("reference"), self.accelerator.autocast():
             batch.ref_logps = self.reference.logprobs(batch, self.logprob_pass) if self.reference else None
         # 6. mu epochs of clipped policy-gradient updates
         with timer.phase("update"):
-            return run_update(batch, self.args, self.update_context), batch.num_completion_tokens()
+            update = run_update(batch, self.args, self.update_context)
+        return {**update, **correction}, batch.num_completion_tokens()
 
     # ------------------------------------------------------------------------------------------------
     def sample(

@@ -158,9 +158,10 @@ def _micro_batch_loss(
         with_entropy=True,
         num_generations=config.num_generations if keeps_whole_groups(config) else None,
     )
-    token_weights = None
+    token_weights = batch.importance_weights  # [n, C] off-policy correction, or None (the sampler is pi_old)
     if config.top_entropy_quantile < 1.0:
-        token_weights = top_entropy_mask(entropy.detach(), mask, config.top_entropy_quantile).float()
+        keep = top_entropy_mask(entropy.detach(), mask, config.top_entropy_quantile).float()  # [n, C]
+        token_weights = keep if token_weights is None else token_weights * keep
     loss, metrics = ctx.loss(
         logps,
         batch.old_logps,
