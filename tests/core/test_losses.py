@@ -17,7 +17,7 @@ from grpokit.core import (
     policy_loss,
     top_entropy_mask,
 )
-from grpokit.core.losses import importance_sampling_ratio
+from grpokit.core.token_weights import importance_sampling_ratio
 
 ALL_LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
 LEVELS = ["token", "sequence", "sequence_token"]

@@ -19,14 +19,7 @@ from .aggregation import (
 from .group_sizes import allocate_group_sizes
 from .kl import KL_ESTIMATORS, kl_penalty
 from .logprobs import entropy_from_logits, logprobs_and_entropy, selective_log_softmax
-from .losses import (
-    LOSS_PRESETS,
-    LossConfigError,
-    PolicyLoss,
-    importance_sampling_weights,
-    policy_loss,
-    top_entropy_mask,
-)
+from .losses import LOSS_PRESETS, LossConfigError, PolicyLoss, policy_loss
 from .objectives import (
     IMPORTANCE_SAMPLING_LEVELS,
     OBJECTIVES,
@@ -38,6 +31,7 @@ from .objectives import (
 )
 from .padding import pad_left, pad_right, trim_at_eos
 from .ragged import group_mean_std, pad_groups, resolve_group_sizes, unpad_groups
+from .token_weights import importance_sampling_weights, top_entropy_mask
 
 __all__ = [
     "AGGREGATIONS",

@@ -11,7 +11,7 @@ Two things make the sampler differ from pi_old:
 Then, with ``vllm_importance_sampling_correction`` (TRL's name, default True), the trainer computes pi_old's
 log-probs even when num_iterations is 1, and the policy term of every token is weighted by the importance
 ratio pi_old / pi_sampler, truncated or masked per ``vllm_importance_sampling_mode``
-(``core.losses.importance_sampling_ratio``), as TRL does for vLLM (:class:`OffPolicyCorrection`).
+(``core.token_weights.importance_sampling_ratio``), as TRL does for vLLM (:class:`OffPolicyCorrection`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from grpokit.core.losses import importance_sampling_ratio, importance_sampling_weights
+from grpokit.core.token_weights import importance_sampling_ratio, importance_sampling_weights
 from grpokit.rollout import GenerationOutput, RolloutBackend, SamplingParams, make_backend
 from grpokit.train.batch import RolloutBatch
 
