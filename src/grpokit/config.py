@@ -203,6 +203,10 @@ class GRPOConfig(IntegrationFields, SamplingFields, GenerationFields):
     """Train on the CPU even when a GPU is present (TRL's name). A multi-process launch (``torchrun``,
     ``accelerate launch``) on a machine without an accelerator runs on CPU processes talking over gloo
     either way."""
+    torch_num_threads: int | None = None
+    """Threads of torch's CPU operations in this process (CPU runs). None: torch's default, lowered to the
+    cores found idle when the trainer starts, shared among this machine's processes, so a run that shares its
+    cores with other jobs does not oversubscribe them (``train/threads.py``). 0: torch's default as is."""
     gradient_checkpointing: bool = False
     """Trade compute for memory in the policy's backward: each decoder layer keeps only its input and is run
     again in the backward. Exact on every forward path (the shared-prefix one included)."""

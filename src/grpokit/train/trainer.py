@@ -47,6 +47,7 @@ from grpokit.train.publish import Publisher
 from grpokit.train.reference import Reference, refuse_resets_of_adapter_reference
 from grpokit.train.run_state import RunState
 from grpokit.train.schedule import RunSchedule
+from grpokit.train.threads import ThreadPolicy
 from grpokit.train.update import UpdateContext, run_update
 from grpokit.trl_compat import refuse_trainer_arguments
 
@@ -120,6 +121,7 @@ class GRPOTrainer:
         refuse_resets_of_adapter_reference(self.args, peft_config)
         set_seed(self.args.seed)  # the same initial weights (LoRA adapters, heads) on every process
         self.accelerator = make_accelerator(self.args.mixed_precision, self.args.use_cpu)
+        self.threads = ThreadPolicy.for_run(self.args, cpu=self.accelerator.device.type == "cpu")
         main = self.accelerator.is_main_process
         self.publisher = Publisher(self.args, model, train_dataset, is_main=main)  # checks hub access
         self.plan = self.args.batch_plan(self.accelerator.num_processes)
@@ -230,6 +232,8 @@ class GRPOTrainer:
                     break
                 callbacks.step_begin()
                 metrics = self.training_step()
+                if self.threads is not None:  # no more torch threads than the cores left idle
+                    self.threads.after_step()
                 self.step += 1
                 self.guard.check(self.step, metrics)
                 control = callbacks.step_end(self.step, schedule.epoch(self.step))
