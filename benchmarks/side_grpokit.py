@@ -5,7 +5,8 @@ Two implementations of the same step, chosen with ``--impl``:
 - ``loop`` (default): the GRPO step of ``examples/grpo_minimal.py`` (grpokit's parts: ``FastSampler``, the
   lean ``completion_logprobs`` / ``no_grad_logprobs``, ``core.group_advantages``, ``core.PolicyLoss``), with
   the phases timed one by one.
-- ``trainer``: ``grpokit.GRPOTrainer`` with ``generation_backend="fast"`` (phases from its ``time/*``
+- ``trainer``: ``grpokit.GRPOTrainer`` with the default generation backend (``auto``: the fast sampler for
+  this Qwen2 model), phases from its ``time/*``
   metrics).
 
 Usage: python side_grpokit.py --model DIR --workload W1 --steps 3 --warmup 1 --out result.json
@@ -121,7 +122,6 @@ def run_trainer(model_dir: str, wl: Workload, steps: int, seed: int, timer: Phas
         logging_steps=1,
         report_to=[],
         seed=seed,
-        generation_backend="fast",
         disable_tqdm=True,
     )
     # No EOS: every completion runs to max_completion_length (TRL side: EOS suppressed).
