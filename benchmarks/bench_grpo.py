@@ -79,13 +79,16 @@ def main() -> None:
     a = ap.parse_args()
 
     os.makedirs(a.work_dir, exist_ok=True)
-    model_dir = os.path.join(a.work_dir, "model")
-    subprocess.run(
-        [a.grpokit_python, os.path.join(HERE, "tiny_model.py"), model_dir],
-        check=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    model_dirs = {}  # per model kind: tiny_model.py's random Qwen2, smollm2.py's SmolLM2-135M-Instruct
+    for kind in {WORKLOADS[w].model for w in a.workloads.split(",")}:
+        model_dirs[kind] = os.path.join(a.work_dir, "model" if kind == "tiny" else kind)
+        script = "tiny_model.py" if kind == "tiny" else f"{kind}.py"
+        subprocess.run(
+            [a.grpokit_python, os.path.join(HERE, script), model_dirs[kind]],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     env = dict(os.environ)
     env.update(
         OMP_NUM_THREADS=str(a.threads),
@@ -108,7 +111,7 @@ def main() -> None:
                 out = os.path.join(a.work_dir, f"{side}-{w}-{rnd}.json")
                 args = [
                     "--model",
-                    model_dir,
+                    model_dirs[WORKLOADS[w].model],
                     "--workload",
                     w,
                     "--steps",

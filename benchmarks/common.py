@@ -30,6 +30,9 @@ class Workload:
     num_iterations: int
     learning_rate: float = 1e-6
     temperature: float = 1.0
+    model: str = "tiny"
+    """"tiny": the random Qwen2 of tiny_model.py, synthetic word prompts; "smollm2": SmolLM2-135M-Instruct
+    (smollm2.py), chat prompts (then ``prompt_len`` is unused)."""
 
     @property
     def batch(self) -> int:
@@ -49,7 +52,44 @@ WORKLOADS = {
         beta=0.04,
         num_iterations=2,
     ),
+    "W3": Workload(
+        "W3",
+        num_prompts=8,
+        num_generations=8,
+        prompt_len=0,
+        max_new_tokens=16,
+        beta=0.0,
+        num_iterations=1,
+        model="smollm2",
+    ),
 }
+
+QUESTIONS = [
+    "What is {a} + {b}? Answer with the number only.",
+    "Name a fruit whose name starts with the letter {c}.",
+    "Write one sentence about the number {a}.",
+    "Is {a} larger than {b}? Explain briefly.",
+]
+
+
+def benchmark_rows(wl: Workload, num_rows: int, seed: int) -> list[dict]:
+    """The workload's prompt rows: synthetic word prompts of ``prompt_len`` tokens (tiny model), or short
+    chat questions as conversational prompts (SmolLM2)."""
+    import random
+
+    if wl.model == "tiny":
+        from tiny_model import synthetic_prompts
+
+        return [{"prompt": p} for p in synthetic_prompts(num_rows, wl.prompt_len, seed=seed)]
+    rng = random.Random(seed)
+    rows = []
+    for k in range(num_rows):
+        text = QUESTIONS[k % len(QUESTIONS)].format(
+            a=rng.randrange(10, 1000), b=rng.randrange(10, 1000), c=chr(ord("A") + rng.randrange(26))
+        )
+        rows.append({"prompt": [{"role": "user", "content": text}]})
+    return rows
+
 
 NUM_DATASET_PROMPTS = 64
 """Distinct synthetic prompts per workload; steps cycle through them."""

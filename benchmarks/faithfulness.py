@@ -86,7 +86,10 @@ def summarise(runs: list[dict]) -> dict:
 
 
 def table(before: dict, after: dict) -> str:
-    lines = ["| k | pass@k before | pass@k after | gain | maj@k before | maj@k after | gain |", "|---|---|---|---|---|---|---|"]  # noqa: E501
+    lines = [
+        "| k | pass@k before | pass@k after | gain | maj@k before | maj@k after | gain |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for k in KS:
         p0, p1 = before[f"pass@{k}"], after[f"pass@{k}"]
         m0, m1 = before[f"maj@{k}"], after[f"maj@{k}"]

@@ -21,6 +21,7 @@ it on an otherwise idle machine.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -112,10 +113,35 @@ def roofline(products: list[tuple[int, int, int, int]], cache: dict) -> tuple[fl
     return flops / 1e9, seconds
 
 
-def model_shape() -> Shape:
-    from tiny_model import build
+def model_dir(kind: str, work_dir: str) -> str:
+    """The workload's model directory (built or converted on first use, as bench_grpo.py does)."""
+    if kind == "tiny":
+        from tiny_model import build
 
-    with tempfile.TemporaryDirectory() as folder, open(os.path.join(build(folder), "config.json")) as f:
+        return build(os.path.join(work_dir, "model"))
+    from smollm2 import prepare
+
+    return prepare(os.path.join(work_dir, kind))
+
+
+def prompt_tokens(wl: Workload, folder: str) -> int:
+    """Mean prompt length in tokens: ``prompt_len``, or the chat prompts rendered with the chat template."""
+    if wl.model == "tiny":
+        return wl.prompt_len
+    from common import benchmark_rows
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    rows = benchmark_rows(wl, 64, 0)
+    texts = [
+        tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False) for r in rows
+    ]
+    lengths = [len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
+    return round(sum(lengths) / len(lengths))
+
+
+def model_shape(folder: str) -> Shape:
+    with open(os.path.join(folder, "config.json")) as f:
         config = json.load(f)
     return Shape(
         config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"],
@@ -127,18 +153,28 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default="benchmarks/results/summary-2core.json")
     ap.add_argument("--out", default=None, help="also write the tables' numbers as JSON here")
+    ap.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "grpokit-bench"))
     args = ap.parse_args()
     with open(args.results) as f:
         results = json.load(f)["workloads"]
-    shape, cache, report = model_shape(), {}, {}
+    cache, report = {}, {}
     for name, wl in WORKLOADS.items():
+        if name not in results:
+            continue
+        folder = model_dir(wl.model, args.work_dir)
+        shape = model_shape(folder)
+        wl = dataclasses.replace(wl, prompt_len=prompt_tokens(wl, folder))
         grpokit, trl = results[name]["grpokit"]["phases"], results[name]["trl"]["phases"]
         print(f"\n{name}: {wl}\n")
         print("| phase | GFLOP | roofline s | grpokit s | achieved | TRL s |")
         print("|---|---|---|---|---|---|")
         total_floor = total_time = 0.0
         report[name] = {}
-        for phase, products in phase_products(shape, wl).items():
+        phases = phase_products(shape, wl)
+        if grpokit.get("policy_forward", 0.0) == 0.0:  # the trainer times the whole update as one phase
+            phases["backward"] = phases.pop("policy_forward") + phases["backward"]
+            trl = {**trl, "backward": trl.get("policy_forward", 0.0) + trl.get("backward", 0.0)}
+        for phase, products in phases.items():
             gflop, floor = roofline(products, cache)
             spent = grpokit.get(phase, 0.0)
             total_floor, total_time = total_floor + floor, total_time + spent

@@ -28,11 +28,11 @@ from common import (
     WORKLOADS,
     PhaseTimer,
     Workload,
+    benchmark_rows,
     reward_fn,
     side_arguments,
     write_result,
 )
-from tiny_model import synthetic_prompts
 
 
 def run_loop(model_dir: str, wl: Workload, steps: int, seed: int, timer: PhaseTimer) -> dict:
@@ -46,6 +46,8 @@ def run_loop(model_dir: str, wl: Workload, steps: int, seed: int, timer: PhaseTi
 
     minimal = _load_minimal()
     torch.manual_seed(seed)
+    if wl.model != "tiny":
+        raise SystemExit(f"{wl.name} (chat prompts) runs with --impl trainer")
     tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)
     tokenizer.eos_token = None  # every completion runs to full length (TRL side: EOS suppressed)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -56,7 +58,7 @@ def run_loop(model_dir: str, wl: Workload, steps: int, seed: int, timer: PhaseTi
         )
     optimizer = torch.optim.AdamW(model.parameters(), lr=wl.learning_rate, weight_decay=0.0)
     args = workload_config(wl, per_device_train_batch_size=wl.batch)
-    rows = [{"prompt": p} for p in synthetic_prompts(NUM_DATASET_PROMPTS, wl.prompt_len, seed=seed)]
+    rows = benchmark_rows(wl, NUM_DATASET_PROMPTS, seed)
     # One optimizer step over all rows, as on the TRL side, accumulated over micro-batches of whole groups
     # (the same gradient with less activation memory).
     micro = micro_batch_rows(wl.batch, wl.prompt_len, wl.max_new_tokens, wl.num_generations)
@@ -108,7 +110,7 @@ def run_trainer(model_dir: str, wl: Workload, steps: int, seed: int, timer: Phas
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)
     tokenizer.padding_side = "left"
-    rows = [{"prompt": p} for p in synthetic_prompts(NUM_DATASET_PROMPTS, wl.prompt_len, seed=seed)]
+    rows = benchmark_rows(wl, NUM_DATASET_PROMPTS, seed)
     from grpokit.train.forward import micro_batch_rows
 
     # One optimizer step over all wl.batch rows (as TRL), accumulated over micro-batches of whole groups.
@@ -125,6 +127,8 @@ def run_trainer(model_dir: str, wl: Workload, steps: int, seed: int, timer: Phas
         disable_tqdm=True,
     )
     # No EOS: every completion runs to max_completion_length (TRL side: EOS suppressed).
+    if tokenizer.pad_token is None:  # SmolLM2: pad with its EOS token before EOS is switched off
+        tokenizer.pad_token = tokenizer.eos_token
     tokenizer.eos_token = None
     trainer = GRPOTrainer(
         model=model_dir, reward_funcs=[reward_fn], args=args, train_dataset=rows, processing_class=tokenizer

@@ -12,8 +12,15 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import NUM_DATASET_PROMPTS, WORKLOADS, PhaseTimer, reward_fn, side_arguments, write_result
-from tiny_model import synthetic_prompts
+from common import (
+    NUM_DATASET_PROMPTS,
+    WORKLOADS,
+    PhaseTimer,
+    benchmark_rows,
+    reward_fn,
+    side_arguments,
+    write_result,
+)
 
 
 def main() -> None:
@@ -27,7 +34,9 @@ def main() -> None:
     wl = WORKLOADS[a.workload]
     tokenizer = PreTrainedTokenizerFast.from_pretrained(a.model)
     tokenizer.padding_side = "left"
-    rows = [{"prompt": p} for p in synthetic_prompts(NUM_DATASET_PROMPTS, wl.prompt_len, seed=a.seed)]
+    if tokenizer.pad_token is None:  # SmolLM2: pad with EOS (completions never end early: EOS suppressed)
+        tokenizer.pad_token = tokenizer.eos_token
+    rows = benchmark_rows(wl, NUM_DATASET_PROMPTS, a.seed)
     dataset = datasets.Dataset.from_list(rows)
     total_steps = a.warmup + a.steps
 
