@@ -102,6 +102,8 @@ class GroupDrawer:
                 all_sizes = self._gathered(sizes)
                 all_indices = self._gathered(indices)
             rounds.append((samples, rewards, all_sizes, all_indices, failures))
+            if not self.args.dynamic_sampling:  # one round: every group is trained on
+                break
             informative += sum(informative_groups(self._advantages(rewards, all_sizes, "none"), all_sizes))
             sampled += len(all_sizes)
             if informative >= t.plan.prompts:
