@@ -157,9 +157,7 @@ class GroupDrawer:
         if t.prompt_stats is not None:  # every sampled group, kept or not, tells how hard its prompt is
             indices = _process_major([r[3] for r in rounds], num_processes)
             t.prompt_stats.update(indices, combine_rewards(rewards, t.reward_weights), sizes)
-        kept = self._kept_groups(
-            informative_groups(self._advantages(rewards, sizes, "none"), sizes), num_processes
-        )
+        kept = self._kept_groups(rewards, sizes, num_processes)
         starts = [0, *torch.tensor(sizes).cumsum(0).tolist()]  # first row of each group
         kept_rows = torch.tensor([r for g in kept for r in range(starts[g], starts[g + 1])], dtype=torch.long)
         kept_sizes = [sizes[g] for g in kept]
@@ -192,11 +190,12 @@ class GroupDrawer:
         mine = self._my_groups(kept, sizes, num_processes, rank, sampled)
         return Draw(mine, scores, sampled, sampled_scores, metrics)
 
-    def _kept_groups(self, useful: list[bool], num_processes: int) -> list[int]:
+    def _kept_groups(self, rewards: torch.Tensor, sizes: list[int], num_processes: int) -> list[int]:
         """Every group without dynamic sampling; with it the first ``prompts`` informative groups, rounded
         down to a multiple of the process count."""
         if not self.args.dynamic_sampling:
-            return list(range(len(useful)))
+            return list(range(len(sizes)))
+        useful = informative_groups(self._advantages(rewards, sizes, "none"), sizes)
         informative = [g for g, ok in enumerate(useful) if ok][: self.trainer.plan.prompts]
         return informative[: len(informative) // num_processes * num_processes]
 
