@@ -424,3 +424,16 @@ def test_zero3_splits_like_fsdp_and_keeps_a_full_generation_copy():
     assert zero3.generation_copy == total * 4 and fsdp.generation_copy == 0
     # the copy is resident: every phase holds it
     assert zero3.phases["update"] - fsdp.phases["update"] >= total * 4 - fsdp.fsdp_gathered
+
+
+def test_a_sampler_in_another_dtype_adds_its_copy_to_every_phase():
+    """generation_dtype=bfloat16 over float32 weights: a 2-byte copy of every parameter, kept all run."""
+    config = tiny_config()
+    base = dict(num_generations=4, per_device_train_batch_size=8, max_prompt_length=16)
+    total = count_parameters(config)
+    plain = plan_memory(config, GRPOConfig(**base))
+    copied = plan_memory(config, GRPOConfig(**base, generation_dtype="bfloat16"))
+    assert plain.generation_copy == 0 and copied.generation_copy == total * 2
+    assert all(copied.phases[k] - plain.phases[k] == total * 2 for k in plain.phases)
+    same = plan_memory(config, GRPOConfig(**base, generation_dtype="float32"))  # the policy's own dtype
+    assert same.generation_copy == 0

@@ -117,7 +117,9 @@ class MemoryPlan:
     head: int = _part("chunked LM head: float32 [chunk, V] logits, [M, H] hidden states and gradient")
     logprob_pass: int = _part("a no-grad reference / old-policy pass over one micro-batch")
     fsdp_gathered: int = _part("FSDP/ZeRO-3: embeddings/head + two layers gathered, one layer's gradients")
-    generation_copy: int = _part("ZeRO-3: the full copy of the policy that generation reads (every phase)")
+    generation_copy: int = _part(
+        "copies of the policy generation reads, kept in every phase: ZeRO-3's full copy, generation_dtype's"
+    )
     generation_weights: int = _part("FSDP's full weights, fast sampler's fused copies, autocast copies")
     kv_cache: int = _part("generation KV cache")
     generation_activations: int = _part("prefill of one batch of prompts, float32 sampling logits")
@@ -289,6 +291,9 @@ def plan_memory(
     p["generation_weights"] = (total * g + (trainable_bytes if lora else 0)) if strategy == "fsdp" else 0
     if strategy == "zero3":  # a persistent full copy, refreshed before each generation
         p["generation_copy"] = full_weights
+    sampler_dtype = getattr(args, "generation_dtype", "auto")
+    if sampler_dtype not in ("auto", w_name):  # the sampler's own copy in its dtype (train.off_policy)
+        p["generation_copy"] = p.get("generation_copy", 0) + total * DTYPE_BYTES[sampler_dtype]
     # fast (and auto, which picks it for the architectures planned here): fused [q; k; v] and [gate; up];
     # each prompt's cache once
     if args.generation_backend in ("fast", "auto"):
