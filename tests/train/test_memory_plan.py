@@ -435,5 +435,17 @@ def test_a_sampler_in_another_dtype_adds_its_copy_to_every_phase():
     copied = plan_memory(config, GRPOConfig(**base, generation_dtype="bfloat16"))
     assert plain.generation_copy == 0 and copied.generation_copy == total * 2
     assert all(copied.phases[k] - plain.phases[k] == total * 2 for k in plain.phases)
+    # beta 0.04 and mu 1: the plain run has one pass (pi_ref); the corrected one also computes pi_old, a
+    # pass of the same size, so the log-prob phase grows by the copy only
+    assert copied.phases["logprobs"] - plain.phases["logprobs"] == total * 2
+    no_ref = plan_memory(config, GRPOConfig(**base, beta=0.0))
+    no_ref_copied = plan_memory(config, GRPOConfig(**base, beta=0.0, generation_dtype="bfloat16"))
+    assert "logprobs" not in no_ref.phases  # on-policy, no reference: no pass at all
+    assert no_ref_copied.phases["logprobs"] == (
+        no_ref_copied.weights
+        + no_ref_copied.optimizer
+        + no_ref_copied.generation_copy
+        + no_ref_copied.logprob_pass
+    )
     same = plan_memory(config, GRPOConfig(**base, generation_dtype="float32"))  # the policy's own dtype
     assert same.generation_copy == 0

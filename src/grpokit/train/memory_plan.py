@@ -326,7 +326,11 @@ def plan_memory(
     passes = []
     if args.beta > 0:
         passes.append(p["logprob_pass"] + (p["reference"] if offloaded else 0))
-    if batch.optimizer_steps > 1:
+    # pi_old: off-policy updates, or a sampler in another dtype with the correction on (train.off_policy)
+    corrected = sampler_dtype not in ("auto", w_name) and getattr(
+        args, "vllm_importance_sampling_correction", False
+    )
+    if batch.optimizer_steps > 1 or corrected:
         passes.append(p["logprob_pass"] + policy_casts)
     if passes:
         phases["logprobs"] = resident + p.get("fsdp_gathered", 0) + max(passes)
