@@ -181,3 +181,15 @@ def test_data_seed_orders_the_prompts_instead_of_seed():
     expected = torch.randperm(10, generator=torch.Generator().manual_seed(7)).tolist()
     assert first_epoch(seed=1, data_seed=7) == expected == first_epoch(seed=7)
     assert first_epoch(seed=1) != expected
+
+
+def test_a_callback_can_ask_for_a_log_line(tiny_model_dir, rows, tmp_path):
+    class LogStepTwo(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            control.should_log = state.global_step == 2
+
+    trainer = make_trainer(
+        tiny_model_dir, rows, tmp_path, callbacks=[LogStepTwo], logging_steps=3, max_steps=3
+    )
+    trainer.train()
+    assert [r["step"] for r in metrics_steps(tmp_path)] == [2, 3]  # step 2 asked for; step 3 by logging_steps
