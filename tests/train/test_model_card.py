@@ -201,21 +201,31 @@ def test_names_of_the_trainer_arguments(tiny_model_dir):
 def test_grpokit_train_rewrites_the_card_with_the_evaluation(tmp_path, monkeypatch):
     """The CLI's last step: the card gains the held-out evaluation and the recipe's names; pushed again."""
     from grpokit.cli.train_command import TrainArgs, publish_model_card
-    from grpokit.train import hub
+    from grpokit.train import publish
+    from grpokit.train.publish import Publisher
+
+    def fake_trainer(args):
+        """What publish_model_card reads of a GRPOTrainer: its rewards, metrics log and publisher."""
+        return SimpleNamespace(
+            reward_names=["exact", "format"], logger=SimpleNamespace(read=lambda: METRICS),
+            publisher=Publisher(args.config, "runs/resolved-model-path", None, is_main=True),
+        )  # fmt: skip
 
     args = TrainArgs(config=config(tmp_path))
-    trainer = SimpleNamespace(reward_names=["exact", "format"], logger=SimpleNamespace(read=lambda: METRICS))
+    trainer = fake_trainer(args)
     publish_model_card(args, args.config, trainer, SUMMARY)
     text = (tmp_path / "run" / "README.md").read_text()
     assert [float(c) for c in table(text, "Held-out evaluation")["accuracy"]] == [0.466, 0.85]
     assert "A fine-tuned version of `tiny:arithmetic`" in text
     assert "Prompts from the built-in `arithmetic` task" in text
     pushed: list[tuple[str, str]] = []
-    monkeypatch.setattr(hub, "resolve_repo_id", lambda cfg: "alice/run")
+    monkeypatch.setattr(publish, "check_hub_access", lambda cfg: "alice/run")  # the repo pushes go to
     monkeypatch.setattr(
-        hub, "push_model", lambda folder, cfg, commit_message: pushed.append((folder, commit_message))
+        publish,
+        "push_model",
+        lambda folder, cfg, commit_message: pushed.append((str(folder), commit_message)),
     )
     args = TrainArgs(config=config(tmp_path, push_to_hub=True))
-    publish_model_card(args, args.config, trainer, SUMMARY)
+    publish_model_card(args, args.config, fake_trainer(args), SUMMARY)
     assert pushed == [(str(tmp_path / "run"), "Held-out evaluation")]
     assert 'from_pretrained("alice/run")' in (tmp_path / "run" / "README.md").read_text()

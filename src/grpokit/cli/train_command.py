@@ -194,23 +194,13 @@ def print_memory_plan(args: TrainArgs) -> None:
 
 
 def publish_model_card(args: TrainArgs, config: GRPOConfig, trainer: Any, summary: dict[str, Any]) -> None:
-    """Rewrite the model card in output_dir with the held-out evaluation (and the recipe's model and task
-    names); with ``push_to_hub`` push it again, with ``eval_summary.json``."""
-    from grpokit.train.hub import push_model, resolve_repo_id
-    from grpokit.train.model_card import write_model_card
-
-    write_model_card(
-        config.output_dir,
-        config,
-        base_model=args.model,
-        dataset_name=args.dataset or (f"the built-in `{args.task}` task" if args.task else None),
-        reward_names=trainer.reward_names,
-        metrics=trainer.logger.read(),
-        eval_summary=summary,
-        model_id=resolve_repo_id(config) if config.push_to_hub else None,
-    )
-    if config.push_to_hub:
-        push_model(config.output_dir, config, commit_message="Held-out evaluation")
+    """Rewrite the model card in output_dir with the held-out evaluation and the recipe's model and task
+    names (the trainer's ``Publisher``); with ``push_to_hub`` push it again, with ``eval_summary.json``."""
+    publisher = trainer.publisher
+    publisher.base_model = args.model
+    publisher.dataset_name = args.dataset or (f"the built-in `{args.task}` task" if args.task else None)
+    publisher.write_card(config.output_dir, trainer, summary)
+    publisher.push(config.output_dir, "Held-out evaluation")
 
 
 def run_training(args: TrainArgs) -> dict[str, Any]:

@@ -39,10 +39,14 @@ class Publisher:
         """``hub_strategy="every_save"``: push the checkpoint's model (no optimizer state) with a card."""
         if self.pushing and self.args.hub_strategy == "every_save":
             self.write_card(path, trainer)
-            push_model(path, self.args, commit_message=f"Training in progress, step {trainer.step}")
+            self.push(path, f"Training in progress, step {trainer.step}")
 
     def run_finished(self, trainer: Any) -> None:
         """After the final ``save_model``: the card in output_dir, then the push."""
         self.write_card(self.args.output_dir, trainer)
+        self.push(self.args.output_dir, "End of training")
+
+    def push(self, path: str | Path, message: str) -> None:
+        """With ``push_to_hub`` (main process): upload ``path`` to the run's repository."""
         if self.pushing:
-            push_model(self.args.output_dir, self.args, commit_message="End of training")
+            push_model(path, self.args, commit_message=message)

@@ -8,7 +8,6 @@ reference resets, iterative reward models, the completion log) is in step hooks 
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +51,6 @@ from grpokit.train.update import UpdateContext, run_update
 from grpokit.trl_compat import refuse_trainer_arguments
 
 __all__ = ["GRPOTrainer"]
-
-logger = logging.getLogger(__name__)
 
 
 class GRPOTrainer:
@@ -203,7 +200,7 @@ class GRPOTrainer:
     @property
     def sharded(self) -> bool:
         """Whether the weights are sharded (FSDP)."""
-        return self.strategy == "fsdp"
+        return self.placed.sharded
 
     # ------------------------------------------------------------------------------------------------
     def train(self, resume_from_checkpoint: str | bool | None = None) -> list[dict[str, float]]:
