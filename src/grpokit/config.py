@@ -29,6 +29,7 @@ import yaml
 
 from grpokit.batch_plan import BatchPlan, plan_batch
 from grpokit.config_checks import require, validate_fields
+from grpokit.config_environment import EnvironmentFields, validate_environment_fields
 from grpokit.config_generation import GenerationFields, validate_generation_fields
 from grpokit.config_integrations import IntegrationFields, resolve_integration_fields
 from grpokit.config_sampling import SamplingFields, validate_sampling_fields
@@ -39,7 +40,7 @@ ScaleRewards = Literal["group", "batch", "none"]
 
 
 @dataclass
-class GRPOConfig(IntegrationFields, SamplingFields, GenerationFields):
+class GRPOConfig(IntegrationFields, EnvironmentFields, SamplingFields, GenerationFields):
     """Configuration of a GRPO run. Invalid combinations raise ``ValueError`` saying why.
 
     Also accepts every other field of TRL's ``GRPOConfig``: one grpokit does not implement is refused with
@@ -310,6 +311,7 @@ class GRPOConfig(IntegrationFields, SamplingFields, GenerationFields):
         validate_fields(self)
         validate_sampling_fields(self)
         validate_generation_fields(self)
+        validate_environment_fields(self)
         self._validate_loss()
         self.batch_plan(num_processes=1)  # checks the sizes fit together
 
@@ -324,7 +326,7 @@ class GRPOConfig(IntegrationFields, SamplingFields, GenerationFields):
         values = dataclasses.asdict(self)
         integration = [
             f.name
-            for group in (GenerationFields, SamplingFields, IntegrationFields)
+            for group in (GenerationFields, SamplingFields, EnvironmentFields, IntegrationFields)
             for f in dataclasses.fields(group)
         ]
         order = [name for name in values if name not in integration] + integration

@@ -107,6 +107,18 @@ class EvalArgs:
     """Seed of the built-in task's question generator (and of the tiny:<task> policy)."""
     progress: bool = True
     """Show a progress bar over prompts (on stderr)."""
+    environment: str | None = None
+    """Multi-turn episodes in this environment (a built-in name such as maze or calculator, or an import path
+    module.Class / module.step_function) instead of single completions; a task with an environment uses its
+    own. Without reward_funcs its reward grades (accuracy: solve rate; pass@k over episodes)."""
+    environment_kwargs: dict[str, str | int | float | bool] | None = None
+    """Keyword arguments of the environment class (default: the task's)."""
+    max_turns: int = 8
+    """Policy turns per episode at most."""
+    max_turn_tokens: int | None = None
+    """Tokens per policy turn at most (None: what is left of max_new_tokens, which bounds the episode)."""
+    environment_timeout: float | None = 30.0
+    """Seconds one environment call may take before its episode counts as failed."""
 
 
 def resolve_device(spec: str) -> str:
@@ -251,6 +263,7 @@ def run_eval(args: EvalArgs, plan: EvalPlan | None = None) -> dict[str, Any]:
         seed=args.seed,
         per_example=args.per_example,
         progress=args.progress,
+        episodes=_episode_runner(args, plan, tokenizer),
     )
     result = {"model": args.model, "eval_dataset": args.eval_dataset, "task": plan.task, **result}
     shown = {k: v for k, v in result.items() if k != "records"} if args.output else result
@@ -259,6 +272,25 @@ def run_eval(args: EvalArgs, plan: EvalPlan | None = None) -> dict[str, Any]:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(json.dumps(result, indent=2))
     return result
+
+
+def _episode_runner(args: EvalArgs, plan: EvalPlan, tokenizer: Any) -> Any:
+    """The episode runner of ``environment`` (or the task's environment); None for single completions."""
+    from grpokit.data.tasks import TASKS
+    from grpokit.rollout.episodes import EpisodeRunner
+
+    task = TASKS.get(plan.task) if plan.task is not None else None
+    spec = args.environment or (task.environment if task is not None else None)
+    if spec is None:
+        return None
+    kwargs = args.environment_kwargs
+    if kwargs is None and task is not None and spec == task.environment:
+        kwargs = task.environment_kwargs
+    return EpisodeRunner.for_rows(
+        spec, tokenizer, plan.rows, environment_kwargs=kwargs, max_turns=args.max_turns,
+        max_tokens=plan.max_new_tokens, max_turn_tokens=args.max_turn_tokens,
+        timeout=args.environment_timeout, on_error="none",
+    )  # fmt: skip
 
 
 def parse_eval_args(argv: list[str]) -> EvalArgs:

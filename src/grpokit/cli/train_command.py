@@ -168,11 +168,34 @@ def task_graders(task_name: str) -> dict[str, Any]:
     return {"reward_fn": task.reward_funcs[task.correctness_reward], "extract_fn": task.extract_answer}
 
 
-def held_out_accuracy(model: Any, tokenizer: Any, rows: list[dict], task: str, max_new_tokens: int) -> dict:
-    """Greedy accuracy of ``model`` on ``rows``, graded as ``task`` grades."""
-    from grpokit.eval import evaluate_accuracy
+def held_out_accuracy(
+    model: Any, tokenizer: Any, rows: list[dict], task: str, max_new_tokens: int, config: GRPOConfig
+) -> dict:
+    """Greedy accuracy of ``model`` on ``rows``, graded as ``task`` grades (a multi-turn task: episodes in
+    its environment, with the run's ``max_turns`` and ``environment_kwargs``)."""
+    from grpokit.data.tasks import get_task
+    from grpokit.eval import evaluate_accuracy, task_episode_accuracy
 
+    if get_task(task).environment is not None:
+        return task_episode_accuracy(
+            get_task(task), model, tokenizer, rows, max_new_tokens=max_new_tokens,
+            max_turns=config.max_turns, environment_kwargs=config.environment_kwargs,
+        )  # fmt: skip
     return evaluate_accuracy(model, tokenizer, rows, max_new_tokens=max_new_tokens, **task_graders(task))
+
+
+def with_task_environment(config: GRPOConfig, task_name: str | None) -> GRPOConfig:
+    """A multi-turn task's episodes run in its environment unless the recipe names another; the task's
+    environment keyword arguments are the defaults of the recipe's."""
+    if task_name is None or config.environment is not None:
+        return config
+    from grpokit.data.tasks import get_task
+
+    task = get_task(task_name)
+    if task.environment is None:
+        return config
+    kwargs = {**task.environment_kwargs, **config.environment_kwargs}
+    return dataclasses.replace(config, environment=task.environment, environment_kwargs=kwargs)
 
 
 def print_memory_plan(args: TrainArgs) -> None:
@@ -212,7 +235,7 @@ def run_training(args: TrainArgs) -> dict[str, Any]:
     print_memory_plan(args)
     model_path = resolve_model(args.model, seed=args.task_seed)
     train_rows, eval_rows, rewards, weights = training_data(args)
-    config = dataclasses.replace(args.config, reward_weights=weights)
+    config = with_task_environment(dataclasses.replace(args.config, reward_weights=weights), args.task)
     trainer = GRPOTrainer(
         model=model_path,
         reward_funcs=rewards,
@@ -233,7 +256,7 @@ def run_training(args: TrainArgs) -> dict[str, Any]:
     if evaluating:
         eval_rows = load_dataset_rows(eval_rows, config, name="eval_dataset")
         summary["before"] = held_out_accuracy(
-            trainer.unwrapped_model, trainer.tokenizer, eval_rows, args.task, max_new
+            trainer.unwrapped_model, trainer.tokenizer, eval_rows, args.task, max_new, config
         )
         print(f"grpokit: held-out accuracy before GRPO: {summary['before']['accuracy']:.3f}")
     history = trainer.train()
@@ -246,7 +269,7 @@ def run_training(args: TrainArgs) -> dict[str, Any]:
         summary["reward_model"] = rm_metric_summary(history)
     if evaluating:
         summary["after"] = held_out_accuracy(
-            trainer.unwrapped_model, trainer.tokenizer, eval_rows, args.task, max_new
+            trainer.unwrapped_model, trainer.tokenizer, eval_rows, args.task, max_new, config
         )
         print(f"grpokit: held-out accuracy after GRPO:  {summary['after']['accuracy']:.3f}")
     summary["wall_time_s"] = round(time.perf_counter() - started, 1)

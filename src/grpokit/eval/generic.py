@@ -23,12 +23,15 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from grpokit.envs.base import environment_reward
 from grpokit.eval.evaluate import stop_token_ids
 from grpokit.eval.grading import EvalCompletions, grade_completions, resolve_extractor, validate_grading
 from grpokit.models.loading import pad_token_id
 from grpokit.rewards.extract import Extractor
 from grpokit.rewards.registry import resolve_rewards
 from grpokit.rollout import RolloutBackend, SamplingParams, make_backend, resolve_backend_name
+from grpokit.rollout.base import GenerationOutput
+from grpokit.rollout.episodes import EpisodeRunner
 
 __all__ = ["evaluate_model", "generate_completions"]
 
@@ -50,6 +53,7 @@ def generate_completions(
     batch_size: int = 64,
     seed: int = 0,
     progress: bool = False,
+    episodes: EpisodeRunner | None = None,
 ) -> EvalCompletions:
     """``num_samples`` completions for each row's ``prompt``.
 
@@ -61,6 +65,8 @@ def generate_completions(
     :func:`grpokit.rollout.resolve_backend_name` says it supports the model, else ``transformers``),
     ``fast``, ``transformers``, or a :class:`~grpokit.rollout.RolloutBackend` instance. ``batch_size``
     prompts (each with all its samples) go to the backend per call; ``progress`` shows a bar over prompts.
+    ``episodes``: multi-turn episodes in an environment instead of single completions (each completion is
+    an episode's transcript; its columns, such as ``env_reward``, are kept for grading).
     """
     # The one encoding of prompts; imported here so that importing grpokit.eval loads no trainer.
     from grpokit.train.prompts import encode_prompt
@@ -80,7 +86,7 @@ def generate_completions(
         pad_token_id=pad_token_id(tokenizer),
     )
     device = next(model.parameters()).device
-    result = EvalCompletions([], [], [], backend=name)
+    result = EvalCompletions([], [], [], backend=name, columns=[] if episodes is not None else None)
     bar = tqdm(total=len(rows), desc="eval", unit="prompt", disable=not progress)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), bar:
         torch.manual_seed(seed)
@@ -90,16 +96,40 @@ def generate_completions(
                 encode_prompt(row["prompt"], tokenizer, max_prompt_length, chat_template_kwargs)
                 for row in chunk
             ]
-            out = backend.generate(prompt_ids, num_samples, params)
+            columns = None
+            if episodes is None:
+                out = backend.generate(prompt_ids, num_samples, params)
+            else:
+                out, columns = run_episodes(episodes, backend, chunk, prompt_ids, num_samples, params)
             texts = tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True)
             flags = out.truncated or [False] * len(texts)
             for i in range(len(chunk)):
                 group = slice(i * num_samples, (i + 1) * num_samples)
+                if columns is not None:
+                    result.columns.append(columns[group])
                 result.texts.append(texts[group])
                 result.token_ids.append([list(ids) for ids in out.completion_ids[group]])
                 result.truncated.append(list(flags[group]))
             bar.update(len(chunk))
     return result
+
+
+def run_episodes(
+    runner: EpisodeRunner,
+    backend: RolloutBackend,
+    rows: Sequence[Mapping[str, Any]],
+    prompt_ids: list[list[int]],
+    num_samples: int,
+    params: SamplingParams,
+) -> tuple[GenerationOutput, list[dict[str, Any]]]:
+    """``num_samples`` episodes per row: their completions and, per episode, its columns."""
+    from grpokit.rollout.episodes import as_generation_output, episode_columns
+    from grpokit.rollout.turns import open_session
+
+    session = open_session(backend, prompt_ids, [num_samples] * len(prompt_ids))
+    done = runner.run(session, [dict(row) for row in rows for _ in range(num_samples)], params)
+    columns = episode_columns(done)
+    return as_generation_output(done), [{n: v[i] for n, v in columns.items()} for i in range(len(done))]
 
 
 def evaluate_model(
@@ -124,6 +154,7 @@ def evaluate_model(
     seed: int = 0,
     per_example: bool = False,
     progress: bool = False,
+    episodes: EpisodeRunner | None = None,
 ) -> dict[str, Any]:
     """Generate for every row and grade: :func:`generate_completions` then :func:`grade_completions` (whose
     docstring defines every returned key).
@@ -134,8 +165,11 @@ def evaluate_model(
     (callables, built-in names such as ``accuracy``, ``module.function`` paths, reward-model directories;
     :func:`grpokit.rewards.resolve_rewards`, reward models moved to the model's device).
     ``answer_extractor``: see :func:`resolve_extractor`. Everything is validated before generation
-    (:func:`validate_grading`)."""
+    (:func:`validate_grading`). ``episodes``: grade multi-turn episodes (``grpokit.rollout.episodes``);
+    without reward functions the environment's own reward grades them (a solve rate)."""
     rows = [dict(row) for row in rows]
+    if episodes is not None and not reward_funcs:
+        reward_funcs = [environment_reward]
     try:
         funcs = resolve_rewards(list(reward_funcs), allow_empty=True)
     except ValueError as error:
@@ -166,6 +200,7 @@ def evaluate_model(
         batch_size=batch_size,
         seed=seed,
         progress=progress,
+        episodes=episodes,
     )
     result = grade_completions(
         rows,

@@ -42,6 +42,9 @@ class EvalCompletions:
     """True where a completion hit ``max_new_tokens`` without an EOS (default: none truncated)."""
     backend: str | None = None
     """The generation backend that produced them (``fast`` / ``transformers``), None when built by hand."""
+    columns: list[list[dict[str, Any]]] | None = None
+    """Per completion, columns added to its row for the reward functions (multi-turn episodes:
+    ``env_reward``, ``env_actions``, ...; ``grpokit.rollout.episodes.episode_columns``)."""
 
 
 def resolve_extractor(spec: str | Extractor | None) -> Extractor | None:
@@ -209,7 +212,8 @@ def grade_completions(
     if not funcs:
         raise ValueError("nothing to grade with: give reward_funcs or an answer_extractor")
     names = reward_names(funcs)
-    repeated = [dict(row) for row in rows for _ in range(k)]
+    extra = completions.columns or [[{}] * k for _ in rows]
+    repeated = [{**row, **extra[p][j]} for p, row in enumerate(rows) for j in range(k)]
     flat_texts = [text for texts in completions.texts for text in texts]
     matrix, _ = score_completions(
         funcs,

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from grpokit.core import pad_right
-from grpokit.models.tiny import build_char_tokenizer, build_tiny_model
+from grpokit.models.tiny import DEFAULT_TAGS, build_char_tokenizer, build_tiny_model
 
 __all__ = [
     "COLD_START_THREADS",
@@ -97,7 +97,9 @@ class ColdStartSettings:
     probe_size: int = 128
     """Train-split questions (held back from SFT) in the probe."""
     max_new_tokens: int = 48
-    """Generation limit in probes."""
+    """Generation limit in probes (multi-turn tasks: the whole episode's tokens)."""
+    max_turns: int = 16
+    """Policy turns per probe episode (multi-turn tasks)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -179,7 +181,7 @@ def cold_start_policy(
     unknown = set(sft) - {f.name for f in dataclasses.fields(ColdStartSettings)}
     if unknown:
         raise TypeError(f"unknown cold-start settings {sorted(unknown)}; see ColdStartSettings")
-    settings = ColdStartSettings(**sft)
+    settings = ColdStartSettings(**{**task.cold_start, **sft})
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
     final = root / f"{task_name}-{_settings_key(task, seed, settings)}"
     if (final / "cold_start.json").is_file():
@@ -215,8 +217,6 @@ def cold_start_policy(
 def _run_cold_start(
     task: Any, seed: int, s: ColdStartSettings, progress: bool
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast, dict[str, Any]]:
-    from grpokit.eval import evaluate_accuracy  # local: grpokit.models stays importable below eval
-
     start = time.perf_counter()
     task_kwargs = _task_kwargs(task, s)
     rows, _ = task.make_splits(
@@ -224,7 +224,7 @@ def _run_cold_start(
     )
     sft_rows, probe_rows = rows[: s.num_sft_examples], rows[s.num_sft_examples :]
 
-    tokenizer = build_char_tokenizer()
+    tokenizer = build_char_tokenizer(tags=(*DEFAULT_TAGS, *task.tokenizer_tags))
     model = build_tiny_model(
         tokenizer,
         arch=s.arch,
@@ -235,12 +235,7 @@ def _run_cold_start(
         seed=seed,
     )
 
-    def encode(texts: list[str]) -> list[list[int]]:
-        return tokenizer(texts, add_special_tokens=False)["input_ids"]
-
-    prompt_ids = encode([r["prompt"] for r in sft_rows])
-    completion_ids = encode([task.worked_solution(r) for r in sft_rows])
-    examples = [(p, [*c, tokenizer.eos_token_id]) for p, c in zip(prompt_ids, completion_ids)]
+    examples = [_example(task, row, tokenizer) for row in sft_rows]
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=s.learning_rate, weight_decay=s.weight_decay, betas=(0.9, 0.98)
     )
@@ -264,9 +259,7 @@ def _run_cold_start(
         optimizer.zero_grad(set_to_none=True)
         loss_value = loss.item()
         if step % s.probe_every == 0 or step == s.max_steps:
-            acc = evaluate_accuracy(
-                model, tokenizer, probe_rows, extract_fn=task.extract_answer, max_new_tokens=s.max_new_tokens
-            )["accuracy"]
+            acc = _probe_accuracy(task, model, tokenizer, probe_rows, s)
             probes.append({"step": step, "loss": loss_value, "probe_accuracy": acc})
             bar.set_postfix(loss=f"{loss_value:.3f}", probe_acc=f"{acc:.2f}")
             if s.stop_at_accuracy is not None and acc >= s.stop_at_accuracy:
@@ -288,10 +281,41 @@ def _run_cold_start(
     return model, tokenizer, record
 
 
-def _collate(batch: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, ...]:
-    """Right-padded ``[prompt | completion+EOS]`` rows; labels are -100 except on completion tokens."""
-    input_ids, attention_mask = pad_right([p + c for p, c in batch], pad_id)  # [B, T] each
+def _example(task: Any, row: dict[str, Any], tokenizer: Any) -> tuple[list[int], list[int], list[int]]:
+    """(prompt ids, completion ids, 1 where the completion token is trained): the worked solution + EOS,
+    or a multi-turn task's worked episode: each policy turn + EOS trained, the observations between them
+    (tokenized alone, as the episode runner appends them) context only."""
+
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    segments = task.worked_episode(row) if task.worked_episode else [(task.worked_solution(row), True)]
+    completion, trained = [], []
+    for text, is_policy in segments:
+        ids = [*encode(text), tokenizer.eos_token_id] if is_policy else encode(text)
+        completion += ids
+        trained += [int(is_policy)] * len(ids)
+    return encode(row["prompt"]), completion, trained
+
+
+def _probe_accuracy(task: Any, model: Any, tokenizer: Any, rows: list[dict[str, Any]], s: Any) -> float:
+    """Greedy accuracy on ``rows`` (episodes in the task's environment for a multi-turn task)."""
+    from grpokit.eval import evaluate_accuracy, task_episode_accuracy  # local: models stays below eval
+
+    if task.environment is not None:
+        return task_episode_accuracy(
+            task, model, tokenizer, rows, max_new_tokens=s.max_new_tokens, max_turns=s.max_turns
+        )["accuracy"]
+    return evaluate_accuracy(
+        model, tokenizer, rows, extract_fn=task.extract_answer, max_new_tokens=s.max_new_tokens
+    )["accuracy"]
+
+
+def _collate(batch: list[tuple[list[int], list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, ...]:
+    """Right-padded ``[prompt | completion]`` rows; labels are -100 except on trained completion tokens."""
+    input_ids, attention_mask = pad_right([p + c for p, c, _ in batch], pad_id)  # [B, T] each
     labels = torch.full_like(input_ids, -100)  # [B, T]
-    for b, (p, c) in enumerate(batch):
-        labels[b, len(p) : len(p) + len(c)] = torch.tensor(c)
+    for b, (p, c, trained) in enumerate(batch):
+        keep = torch.tensor(trained, dtype=torch.bool)
+        labels[b, len(p) : len(p) + len(c)] = torch.where(keep, torch.tensor(c), -100)
     return input_ids, attention_mask, labels

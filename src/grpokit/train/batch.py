@@ -37,6 +37,8 @@ class Samples:
     """[n] the decoded completions."""
     group_sizes: list[int] | None = None
     """Completions of each prompt (adaptive group sizes); None: every group has n / len(prompt_ids)."""
+    episodes: list[Any] | None = None
+    """[n] multi-turn episodes (``grpokit.rollout.episodes.Episode``) when the run has an environment."""
 
     def sizes(self) -> list[int]:
         """The size of every group, in order."""
@@ -70,7 +72,8 @@ class RolloutBatch:
     """N = prompts x G completions of one step, groups contiguous. P = prompt width, C = completion width.
 
     Prompts are left-padded, completions right-padded; ``completion_mask`` is 0 on padding and on tokens
-    excluded from the loss (for example truncated completions when ``mask_truncated_completions``).
+    excluded from the loss (truncated completions when ``mask_truncated_completions``, an episode's
+    environment tokens: those stay in the context, ``context_mask``).
     """
 
     prompt_ids: torch.Tensor  # [N, P] long
@@ -83,6 +86,8 @@ class RolloutBatch:
     sampling_logps: torch.Tensor | None = None  # [N, C] log-probs reported by the sampler, if any
     importance_weights: torch.Tensor | None = None  # [N, C] off-policy correction pi_old / pi_sampler
     # (train.off_policy), 0 on padding; None when the sampler is pi_old
+    context_mask: torch.Tensor | None = None  # [N, C] long, episodes: 1 on every real completion token
+    # (policy and environment's); completion_mask is 1 on the policy's only. None: equal to completion_mask
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -107,12 +112,17 @@ def pad_samples(
     mask_truncated: bool,
     device: torch.device,
 ) -> RolloutBatch:
-    """Prompts repeated G times and left-padded, completions right-padded; truncated completions masked
-    out of the loss when ``mask_truncated`` (DAPO). advantages: [n] (this process's rows)."""
+    """Prompts repeated G times and left-padded, completions right-padded; an episode's environment tokens
+    (``policy_mask`` 0) and truncated completions when ``mask_truncated`` (DAPO) masked out of the loss.
+    advantages: [n] (this process's rows)."""
     generated = samples.generated
     repeated = [ids for ids, size in zip(samples.prompt_ids, samples.sizes()) for _ in range(size)]
     p_ids, p_mask = pad_left(repeated, pad_token_id, device)  # [n, P]
     c_ids, c_mask = pad_right(generated.completion_ids, pad_token_id, device)  # [n, C]
+    context = None
+    if generated.policy_mask is not None:  # environment tokens of episodes: context only, no loss, no KL
+        policy, _ = pad_right(generated.policy_mask, 0, device)  # [n, C]
+        context, c_mask = c_mask, c_mask * policy
     if mask_truncated and generated.truncated:
         keep = ~torch.tensor(generated.truncated, dtype=torch.bool, device=device)  # [n]
         c_mask = c_mask * keep[:, None].long()
@@ -128,6 +138,7 @@ def pad_samples(
         completion_mask=c_mask,
         advantages=advantages.to(device=device, dtype=torch.float32),
         sampling_logps=sampling,
+        context_mask=context,
     )
 
 
@@ -159,6 +170,7 @@ class LogprobPass:
             temperature=self.temperature,
             num_generations=self.num_generations,
             micro_batch_size=self.micro_batch_size,
+            context_mask=batch.context_mask,
         )
 
 

@@ -62,6 +62,7 @@ def completion_logprobs(
     num_generations: int | None = None,
     shared_prefix: bool | None = None,
     chunk_size: int | None = None,
+    context_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of each completion token under ``model``.
 
@@ -72,8 +73,11 @@ def completion_logprobs(
     ``num_generations``: rows k*G .. k*G+G-1 share one prompt (enables the shared-prefix forward).
     ``shared_prefix``: None picks by ``shared_prefix_pays``; True/False forces (True needs groups whose
     prompts are identical, else ValueError). ``chunk_size``: LM-head rows per chunk (default
-    ``HEAD_CHUNK_ROWS``).
+    ``HEAD_CHUNK_ROWS``). ``context_mask`` [B, C]: the completion tokens that exist (attended to and
+    counted in positions) when that differs from the scored ones: an episode's observation tokens are
+    context (``context_mask`` 1) but not scored (``completion_mask`` 0). None: ``completion_mask``.
     """
+    context = completion_mask if context_mask is None else context_mask
     batch, num_completion = completion_ids.shape
     if num_completion == 0:
         empty = completion_ids.new_zeros((batch, 0), dtype=torch.float32)
@@ -81,10 +85,10 @@ def completion_logprobs(
     shapes = (prompt_ids, prompt_mask, num_generations, num_completion)
     if _choose_shared(model, *shapes, shared_prefix):
         hidden = _shared_prefix_hidden(
-            model, prompt_ids, prompt_mask, completion_ids, completion_mask, num_generations
+            model, prompt_ids, prompt_mask, completion_ids, context, num_generations
         )
     else:
-        hidden = _full_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+        hidden = _full_hidden(model, prompt_ids, prompt_mask, completion_ids, context)
     return _head_logprobs(
         model,
         hidden,
@@ -133,11 +137,12 @@ def no_grad_logprobs(
     temperature: float = 1.0,
     num_generations: int | None = None,
     micro_batch_size: int | None = None,
+    context_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Log-probs [B, C] for a pass that needs no gradient (reference model, old policy), under
     ``torch.inference_mode`` and in eval mode, ``micro_batch_size`` rows at a time (a multiple of
     ``num_generations`` keeps groups whole so the shared prefix still applies). ``model``: a causal LM, or
-    a ``PolicyLogprobs`` module (possibly sharded)."""
+    a ``PolicyLogprobs`` module (possibly sharded). ``context_mask``: as for ``completion_logprobs``."""
     batch = completion_ids.shape[0]
     step = micro_batch_size or batch
     # Called as a module (PolicyLogprobs): a sharded (FSDP) root gathers its weights in its forward hooks.
@@ -161,6 +166,7 @@ def no_grad_logprobs(
                     completion_mask[sl],
                     temperature=temperature,
                     num_generations=group,
+                    context_mask=None if context_mask is None else context_mask[sl],
                 )
                 parts.append(logps)
             out = torch.cat(parts)

@@ -251,6 +251,7 @@ def concat_samples(parts: list[Samples]) -> Samples:
         [ids for p in parts for ids in p.generated.completion_ids],
         logprobs,
         [flag for p in parts for flag in (p.generated.truncated or [False] * len(p.texts))],
+        policy_mask=_joined([p.generated.policy_mask for p in parts]),
     )
     return Samples(
         [row for p in parts for row in p.rows],
@@ -258,7 +259,13 @@ def concat_samples(parts: list[Samples]) -> Samples:
         generated,
         [text for p in parts for text in p.texts],
         group_sizes=[g for p in parts for g in p.sizes()],
+        episodes=_joined([p.episodes for p in parts]),
     )
+
+
+def _joined(lists: list[list[Any] | None]) -> list[Any] | None:
+    """The lists one after another; None when any is None (a field only some parts have is dropped)."""
+    return None if any(x is None for x in lists) else [item for x in lists for item in x]
 
 
 def select_groups(samples: Samples, groups: list[int]) -> Samples:
@@ -273,11 +280,13 @@ def _group_payloads(samples: Samples) -> list[dict[str, Any]]:
     for k, size in enumerate(samples.sizes()):
         rows = slice(start, start + size)
         out.append({
-            "row": samples.rows[start],
+            "rows": samples.rows[rows],  # episodes add per-completion columns: rows differ within a group
             "prompt_ids": samples.prompt_ids[k],
             "completion_ids": generated.completion_ids[rows],
             "logprobs": None if generated.logprobs is None else generated.logprobs[rows],
             "truncated": (generated.truncated or [False] * len(samples.texts))[rows],
+            "policy_mask": None if generated.policy_mask is None else generated.policy_mask[rows],
+            "episodes": None if samples.episodes is None else samples.episodes[rows],
             "texts": samples.texts[rows],
         })  # fmt: skip
         start += size
@@ -292,13 +301,15 @@ def _samples_from_payloads(groups: list[dict[str, Any]]) -> Samples:
         [ids for g in groups for ids in g["completion_ids"]],
         logprobs,
         [flag for g in groups for flag in g["truncated"]],
+        policy_mask=_joined([g["policy_mask"] for g in groups]) if groups else None,
     )
     return Samples(
-        [g["row"] for g in groups for _ in g["texts"]],
+        [row for g in groups for row in g["rows"]],
         [g["prompt_ids"] for g in groups],
         generated,
         [text for g in groups for text in g["texts"]],
         group_sizes=[len(g["texts"]) for g in groups],
+        episodes=_joined([g["episodes"] for g in groups]) if groups else None,
     )
 
 

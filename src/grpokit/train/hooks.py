@@ -93,13 +93,14 @@ class ReferenceSync(StepHook):
 
 
 def run_hooks(trainer: Any) -> list[StepHook]:
-    """The optional behaviour a ``GRPOTrainer``'s run asked for, in the order it runs: process supervision,
+    """The optional behaviour a ``GRPOTrainer``'s run asked for, in the order it runs: environment episodes'
+    metrics and turn advantages, process supervision,
     reference resets, iterative reward-model updates, the per-prompt pass rates, the completion log."""
     from grpokit.train.completion_log import CompletionLog
     from grpokit.train.distributed import gather_across_processes
 
     args, accelerator = trainer.args, trainer.accelerator
-    hooks: list[StepHook] = [trainer.process] if trainer.process is not None else []
+    hooks: list[StepHook] = [h for h in (trainer.environment, trainer.process) if h is not None]
     if trainer.reference is not None and args.sync_ref_model:
         hooks.append(ReferenceSync(trainer.reference, args.ref_model_sync_steps, args.ref_model_mixup_alpha))
     if trainer.iterative is not None:

@@ -31,6 +31,7 @@ from grpokit.train.distributed import (
     placement,
     prepare_policy,
 )
+from grpokit.train.environment import EnvironmentEpisodes, default_environment_rewards
 from grpokit.train.evaluation import greedy_reward_means
 from grpokit.train.group_sampling import GroupDrawer, prompt_statistics
 from grpokit.train.guards import NonfiniteGuard, StopSignals
@@ -73,6 +74,10 @@ class GRPOTrainer:
         reward_processing_classes, quantization_config, tools, rollout_func, environment_factory: TRL's
             arguments that grpokit does not support; anything but None is refused with the reason.
         rollout_backend: override the generation backend (anything with the RolloutBackend protocol).
+        environment: multi-turn episodes instead of single completions: an environment class, factory or
+            ``step(row, actions)`` function, a built-in name or import path (default ``args.environment``;
+            ``grpokit.envs``, docs/environments.md). ``reward_funcs`` may then be empty: the environment's
+            own reward scores the episodes.
         process_reward_funcs: process rewards (callables ``fn(prompts, completions, steps, **columns) ->
             list[list[float] | None]``, built-in verifier names, or process-reward-model directories).
             Advantages then become per token [n, C] (``grpokit.train.process_supervision``);
@@ -103,6 +108,7 @@ class GRPOTrainer:
         environment_factory: Any = None,
         *,
         rollout_backend: RolloutBackend | None = None,
+        environment: Any = None,
         process_reward_funcs: Any = None,
         iterative_reward_model: Any = None,
         rm_label_func: Any = None,
@@ -127,6 +133,10 @@ class GRPOTrainer:
         check_special_tokens(self.tokenizer)
         self.train_rows = self._load_rows(train_dataset, "train_dataset")
         self.eval_rows = self._load_rows(eval_dataset, "eval_dataset") if eval_dataset is not None else None
+        self.environment = EnvironmentEpisodes.for_run(
+            self.args, environment, self.tokenizer, self.train_rows
+        )
+        reward_funcs = default_environment_rewards(reward_funcs, self.environment is not None)
         self.model = load_policy(model, self.args, peft_config)
         device = self.accelerator.device
         self.iterative = IterativeGRPO.from_config(iterative_reward_model, rm_label_func, self.args, device)
@@ -326,11 +336,17 @@ class GRPOTrainer:
         sizes = group_sizes or [1 if greedy else self.args.num_generations] * len(rows)
         prompt_ids = [self.encode_prompt(row["prompt"]) for row in rows]
         # mixed precision applies to every model pass, not only the update; full weights to generate from
+        params, episodes = self.sampling_params(greedy), None
         with self.accelerator.autocast(), self.placed.generation_weights():
-            generated = generate_groups(self.backend, prompt_ids, sizes, self.sampling_params(greedy))
+            if self.environment is None:
+                generated = generate_groups(self.backend, prompt_ids, sizes, params)
+                rows = [row for row, size in zip(rows, sizes) for _ in range(size)]
+            else:  # G episodes per prompt; rows gain the episodes' columns (env_reward, ...)
+                generated, rows, episodes = self.environment.generate(
+                    self.backend, rows, prompt_ids, sizes, params
+                )
         texts = self.tokenizer.batch_decode(generated.completion_ids, skip_special_tokens=True)
-        rows = [row for row, size in zip(rows, sizes) for _ in range(size)]
-        return Samples(rows, prompt_ids, generated, texts, group_sizes=sizes)
+        return Samples(rows, prompt_ids, generated, texts, group_sizes=sizes, episodes=episodes)
 
     def reward_matrix(self, samples: Samples) -> tuple[torch.Tensor, dict[str, float]]:
         """``(rewards [n, F] with NaN for None, rewards/<name>/failures)`` under ``reward_failure``."""

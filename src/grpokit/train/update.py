@@ -157,6 +157,7 @@ def _micro_batch_loss(
         temperature=config.temperature,
         with_entropy=True,
         num_generations=config.num_generations if keeps_whole_groups(config) else None,
+        context_mask=batch.context_mask,
     )
     token_weights = batch.importance_weights  # [n, C] off-policy correction, or None (the sampler is pi_old)
     if config.top_entropy_quantile < 1.0:

@@ -8,8 +8,10 @@ Usage::
     rewards = task.reward_funcs            # {"exact_answer": fn, "format": fn}, TRL signature
     weights = task.default_reward_weights  # {"exact_answer": 1.0, "format": 0.1}
 
-Registered: ``arithmetic`` (column addition, ``arithmetic.py``) and ``chain`` (chained +, -, * with
-rule-checkable steps and process rewards, ``chain.py``).
+Registered: ``arithmetic`` (column addition, ``arithmetic.py``), ``chain`` (chained +, -, * with
+rule-checkable steps and process rewards, ``chain.py``), and two multi-turn tasks whose rows start episodes
+in an environment (``grpokit.envs``): ``maze`` (text mazes, ``maze.py``) and ``calculator`` (multiplication
+with a calculator tool, ``calculator.py``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from grpokit.data.tasks.chain import (
     make_chain_splits,
 )
 from grpokit.data.tasks.chain import worked_solution as chain_worked_solution
+from grpokit.envs.base import environment_reward
 
 __all__ = ["TASKS", "Task", "get_task", "register_task"]
 
@@ -60,6 +63,20 @@ class Task:
     """Default keyword arguments of ``make_splits`` (for display and caching)."""
     process_reward_funcs: dict[str, Callable[..., Any]] = field(default_factory=dict)
     """Rule-based process (per-step) reward functions by name; empty when the task has none."""
+    environment: str | None = None
+    """Name of the built-in environment (``grpokit.envs.ENVIRONMENTS``) whose episodes this task's rows
+    start; None for single-turn tasks."""
+    environment_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Default keyword arguments of that environment (a recipe's ``environment_kwargs`` override them)."""
+    worked_episode: Callable[[dict[str, Any]], list[tuple[str, bool]]] | None = None
+    """Multi-turn tasks: the cold start's episode for a row as ``(text, is_policy)`` segments in order,
+    policy turns (EOS appended after each at tokenization, as the policy ends its turns) and the
+    environment's observations between them (context only, not trained on). None: single-turn
+    (``worked_solution``)."""
+    tokenizer_tags: tuple[str, ...] = ()
+    """Tags the tiny character tokenizer adds as single tokens for this task (beyond answer/think)."""
+    cold_start: dict[str, Any] = field(default_factory=dict)
+    """The task's defaults for ``grpokit.models.ColdStartSettings`` (the caller's settings override them)."""
 
 
 TASKS: dict[str, Task] = {}
@@ -111,3 +128,43 @@ register_task(
         process_reward_funcs={"chain_steps": chain_step_reward, "chain_steps_local": chain_step_reward_local},
     )
 )
+
+
+def _register_multi_turn() -> None:
+    """The environment tasks (imported here: their modules import the environments)."""
+    from grpokit.data.tasks import calculator, maze
+
+    register_task(
+        Task(
+            name="maze",
+            make_splits=maze.make_maze_splits,
+            reward_funcs={"solved": environment_reward},
+            default_reward_weights={"solved": 1.0},
+            worked_solution=maze.worked_solution,
+            extract_answer=maze.extract_path,
+            correctness_reward="solved",
+            defaults={"num_train": 5000, "num_test": 200, "height": 4, "width": 4, "mode": "step"},
+            environment="maze",
+            worked_episode=maze.worked_episode,
+            cold_start={"max_new_tokens": 80, "num_sft_examples": 5000},
+        )
+    )
+    register_task(
+        Task(
+            name="calculator",
+            make_splits=calculator.make_calculator_splits,
+            reward_funcs={"exact_answer": calculator.calculator_exact_answer_reward},
+            default_reward_weights={"exact_answer": 1.0},
+            worked_solution=calculator.worked_solution,
+            extract_answer=calculator.extract_answer,
+            correctness_reward="exact_answer",
+            defaults={"num_train": 5000, "num_test": 200, "num_digits": 3, "tool_fraction": 0.3},
+            environment="calculator",
+            worked_episode=calculator.worked_episode,
+            tokenizer_tags=calculator.TOOL_TAGS,
+            cold_start={"max_new_tokens": 96, "num_sft_examples": 5000},
+        )
+    )
+
+
+_register_multi_turn()

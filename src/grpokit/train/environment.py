@@ -1,0 +1,118 @@
+"""A run's environment: episodes instead of single completions (``grpokit.rollout.episodes``), their metrics
+and, with ``turn_advantages``, per-turn rewards as process supervision.
+
+The trainer asks :meth:`EnvironmentEpisodes.generate` where it would call ``generate_groups``; the episodes'
+columns (``env_reward``, ``env_actions``, ...) join each row, so reward functions read them like any column,
+and the built-in ``environment_reward`` is the environment's own reward. As a step hook it logs ``env/*``
+and, with ``turn_advantages``, replaces the outcome advantages by per-token ones: each policy turn is a
+step whose reward is the environment's reward for that turn (0 where it gave none), normalised within the
+group (``grpokit.core.process_advantages``), plus the outcome advantage, as process supervision does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from grpokit.core import combine_outcome_and_process, process_advantages
+from grpokit.envs import environment_reward
+from grpokit.rollout import RolloutBackend, SamplingParams
+from grpokit.rollout.base import GenerationOutput
+from grpokit.rollout.episodes import (
+    Episode,
+    EpisodeRunner,
+    as_generation_output,
+    episode_metrics,
+    with_episode_columns,
+)
+from grpokit.rollout.turns import open_session
+from grpokit.train.batch import RolloutBatch, Samples, Scores
+from grpokit.train.hooks import StepHook
+
+__all__ = ["EnvironmentEpisodes", "default_environment_rewards"]
+
+
+class EnvironmentEpisodes(StepHook):
+    """The run's episode runner and what it reports (module docstring)."""
+
+    def __init__(self, runner: EpisodeRunner, args: Any) -> None:
+        self.runner, self.args = runner, args
+        self._metrics: dict[str, float] = {}
+        self._episodes: list[Episode] = []
+
+    @classmethod
+    def for_run(cls, args: Any, environment: Any, tokenizer: Any, rows: Sequence[dict[str, Any]]) -> Any:
+        """None unless the run has an environment (``environment`` given to the trainer, else
+        ``args.environment``)."""
+        spec = environment if environment is not None else args.environment
+        if spec is None:
+            if args.turn_advantages:
+                raise ValueError("GRPOConfig.turn_advantages needs an environment (its per-turn rewards)")
+            return None
+        runner = EpisodeRunner.for_rows(
+            spec,
+            tokenizer,
+            rows,
+            environment_kwargs=args.environment_kwargs,
+            max_turns=args.max_turns,
+            max_tokens=args.max_completion_length,
+            max_turn_tokens=args.max_turn_tokens,
+            timeout=args.environment_timeout,
+            on_error=args.reward_failure,
+            chat_template_kwargs=args.chat_template_kwargs,
+        )
+        return cls(runner, args)
+
+    def generate(
+        self,
+        backend: RolloutBackend,
+        rows: list[dict[str, Any]],
+        prompt_ids: list[list[int]],
+        sizes: list[int],
+        params: SamplingParams,
+    ) -> tuple[GenerationOutput, list[dict[str, Any]], list[Episode]]:
+        """``sizes[k]`` episodes from each prompt: the completions (with ``policy_mask``), the rows (one
+        per episode) with the episodes' columns, and the episodes."""
+        session = open_session(backend, prompt_ids, sizes)
+        episode_rows = [row for row, size in zip(rows, sizes) for _ in range(size)]
+        episodes = self.runner.run(session, episode_rows, params)
+        return as_generation_output(episodes), with_episode_columns(episode_rows, episodes), episodes
+
+    # ------------------------------------------------------------------ step hook
+    def on_scored(self, step: int, samples: Samples, scores: Scores) -> None:
+        self._episodes = list(samples.episodes or [])
+        self._metrics = episode_metrics(self._episodes)
+
+    def on_batch(self, batch: RolloutBatch) -> None:
+        """``turn_advantages``: outcome advantages [n] -> token advantages [n, C] from the turn rewards."""
+        if not self.args.turn_advantages or not self._episodes:
+            return
+        mask, width = batch.completion_mask, max(1, batch.completion_mask.shape[1])
+        rewards = [[0.0 if r is None else r for r in e.turn_rewards] for e in self._episodes]
+        ends = [e.turn_ends[: len(r)] for e, r in zip(self._episodes, rewards)]  # turns the env answered
+        process = process_advantages(
+            rewards,
+            ends,
+            self.args.num_generations,
+            width,
+            eps=self.args.advantage_epsilon,
+            device=mask.device,
+        )  # [n, C]
+        batch.advantages = combine_outcome_and_process(
+            batch.advantages.to(mask.device), process[:, : mask.shape[1]], mask,
+            outcome_weight=self.args.outcome_advantage_weight,
+            process_weight=self.args.process_advantage_weight,
+        )  # fmt: skip
+        m = mask.float()
+        self._metrics["advantages/token_abs_mean"] = float(
+            (batch.advantages.abs() * m).sum() / m.sum().clamp(min=1)
+        )
+
+    def metrics(self) -> dict[str, float]:
+        return self._metrics
+
+
+def default_environment_rewards(reward_funcs: Any, has_environment: bool) -> Any:
+    """A run with an environment and no reward functions is scored by the environment's own reward."""
+    empty = reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and not reward_funcs)
+    return [environment_reward] if has_environment and empty else reward_funcs
