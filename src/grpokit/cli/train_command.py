@@ -184,6 +184,12 @@ def held_out_accuracy(
     return evaluate_accuracy(model, tokenizer, rows, max_new_tokens=max_new_tokens, **task_graders(task))
 
 
+def _env(result: dict[str, Any]) -> str:
+    """A multi-turn evaluation's episode means (``env/turns``, ``env/tool_calls``, ...) for a summary line."""
+    shown = [f"{key} {value:.2f}" for key, value in result.items() if key.startswith("env/")]
+    return f" ({', '.join(shown)})" if shown else ""
+
+
 def with_task_environment(config: GRPOConfig, task_name: str | None) -> GRPOConfig:
     """A multi-turn task's episodes run in its environment unless the recipe names another; the task's
     environment keyword arguments are the defaults of the recipe's."""
@@ -258,7 +264,8 @@ def run_training(args: TrainArgs) -> dict[str, Any]:
         summary["before"] = held_out_accuracy(
             trainer.unwrapped_model, trainer.tokenizer, eval_rows, args.task, max_new, config
         )
-        print(f"grpokit: held-out accuracy before GRPO: {summary['before']['accuracy']:.3f}")
+        before = summary["before"]
+        print(f"grpokit: held-out accuracy before GRPO: {before['accuracy']:.3f}{_env(before)}")
     history = trainer.train()
     if trainer.stopped_by is not None:  # a checkpoint was saved; the run continues with resume
         summary["stopped_by"] = trainer.stopped_by
@@ -271,7 +278,8 @@ def run_training(args: TrainArgs) -> dict[str, Any]:
         summary["after"] = held_out_accuracy(
             trainer.unwrapped_model, trainer.tokenizer, eval_rows, args.task, max_new, config
         )
-        print(f"grpokit: held-out accuracy after GRPO:  {summary['after']['accuracy']:.3f}")
+        after = summary["after"]
+        print(f"grpokit: held-out accuracy after GRPO:  {after['accuracy']:.3f}{_env(after)}")
     summary["wall_time_s"] = round(time.perf_counter() - started, 1)
     if trainer.accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)

@@ -212,4 +212,19 @@ def evaluate_model(
         pass_k=pass_k,
         per_example=per_example,
     )
+    if completions.columns is not None:
+        result.update(episode_summary([c for per_row in completions.columns for c in per_row]))
     return {"temperature": temperature, **result}
+
+
+def episode_summary(columns: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Over all episodes: ``env/turns`` and ``env/done`` (means), and the mean per episode of every
+    ``env_info`` counter (``env/tool_calls``, ``env/moves``, ...)."""
+    n = max(1, len(columns))
+    out = {
+        "env/turns": sum(len(c["env_actions"]) for c in columns) / n,
+        "env/done": sum(bool(c["env_done"]) for c in columns) / n,
+    }
+    for key in sorted({k for c in columns for k in c["env_info"]}):
+        out[f"env/{key}"] = sum(c["env_info"].get(key, 0) for c in columns) / n
+    return out
