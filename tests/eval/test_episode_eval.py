@@ -60,8 +60,16 @@ def test_solve_rate_and_pass_at_k_over_episodes(setup):
 
 def test_greedy_solve_rate(setup):
     model, tokenizer, rows, runner = setup
-    result = evaluate_model(model, tokenizer, rows, max_new_tokens=32, generation_backend=QuizBackend(tokenizer),
-                            episodes=runner, per_example=True)  # fmt: skip
+    backend = QuizBackend(tokenizer)
+    result = evaluate_model(
+        model,
+        tokenizer,
+        rows,
+        max_new_tokens=32,
+        generation_backend=backend,
+        episodes=runner,
+        per_example=True,
+    )
     # one episode per prompt, all four in one call: the even rows are answered right
     assert [r["correct"] for r in result["records"]] == [[True], [False], [True], [False]]
     assert result["accuracy"] == 0.5

@@ -23,7 +23,8 @@ def tokenizer():
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
 def model(request, tokenizer):
-    return build_tiny_model(tokenizer, arch=request.param, hidden_size=32, num_layers=2, num_heads=4, seed=3).eval()
+    model = build_tiny_model(tokenizer, arch=request.param, hidden_size=32, num_layers=2, num_heads=4, seed=3)
+    return model.eval()
 
 
 def echo_env(row, actions):

@@ -39,9 +39,7 @@ def make_trainer(tmp_path, tokenizer, env=two_turns, **overrides):
     model = build_tiny_model(tokenizer, hidden_size=32, num_layers=2, num_heads=4, seed=1)
     values = dict(max_completion_length=24, max_turn_tokens=4, beta=0.1, logging_steps=1)
     config = small_config(tmp_path, **{**values, **overrides})
-    return GRPOTrainer(
-        model, None, config, train_dataset=ROWS, processing_class=tokenizer, environment=env
-    )
+    return GRPOTrainer(model, None, config, train_dataset=ROWS, processing_class=tokenizer, environment=env)
 
 
 def full_forward_logprobs(model, prompt, completion):
@@ -117,7 +115,8 @@ def test_training_steps_log_environment_metrics(tmp_path, tokenizer):
 
 
 def test_a_user_environment_class_by_import_path(tmp_path, tokenizer, monkeypatch):
-    (tmp_path / "my_envs.py").write_text(textwrap.dedent('''
+    (tmp_path / "my_envs.py").write_text(
+        textwrap.dedent('''
         from grpokit.envs import Turn
 
         class Counter:
@@ -131,7 +130,8 @@ def test_a_user_environment_class_by_import_path(tmp_path, tokenizer, monkeypatc
                 if self.seen == self.turns:
                     return Turn(reward=1.0 if action else 0.0, done=True)
                 return Turn(observation="more\\n")
-    '''))
+    ''')
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     trainer = make_trainer(tmp_path, tokenizer, env=None, environment="my_envs.Counter",
                            environment_kwargs={"turns": 3}, max_steps=1)  # fmt: skip
@@ -176,3 +176,27 @@ def test_turn_advantages_need_an_environment(tmp_path):
     config = GRPOConfig(output_dir=str(tmp_path), turn_advantages=True)
     with pytest.raises(ValueError, match="turn_advantages needs an environment"):
         EnvironmentEpisodes.for_run(config, None, None, ROWS)
+
+
+def test_a_tool_environment_puts_its_tools_in_the_chat_template(tmp_path, tokenizer):
+    from grpokit.envs.tools import ToolEnvironment
+
+    def lookup(word: str) -> str:
+        """Look a word up.
+
+        Args:
+            word: the word.
+        """
+        return word.upper()
+
+    chat = build_char_tokenizer()
+    chat.chat_template = (
+        "{% if tools %}[{% for t in tools %}{{ t['function']['name'] }}{% endfor %}]{% endif %}"
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
+    model = build_tiny_model(chat, hidden_size=32, num_layers=1, num_heads=4)
+    rows = [{"prompt": [{"role": "user", "content": "hi"}]}]
+    config = small_config(tmp_path, max_completion_length=12, max_turn_tokens=4, max_turns=2)
+    trainer = GRPOTrainer(model, None, config, train_dataset=rows, processing_class=chat,
+                          environment=lambda: ToolEnvironment([lookup]))  # fmt: skip
+    assert chat.decode(trainer.encode_prompt(rows[0]["prompt"])) == "[lookup]hi"

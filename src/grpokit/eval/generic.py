@@ -85,6 +85,8 @@ def generate_completions(
         eos_token_ids=tuple(stop_token_ids(model, tokenizer)),
         pad_token_id=pad_token_id(tokenizer),
     )
+    if episodes is not None:  # the environment's tools reach the chat template
+        chat_template_kwargs = {**episodes.template_kwargs, **(chat_template_kwargs or {})}
     device = next(model.parameters()).device
     result = EvalCompletions([], [], [], backend=name, columns=[] if episodes is not None else None)
     bar = tqdm(total=len(rows), desc="eval", unit="prompt", disable=not progress)

@@ -110,6 +110,9 @@ class EpisodeRunner:
         self.max_turns, self.max_tokens, self.max_turn_tokens = max_turns, max_tokens, max_turn_tokens
         self.caller = BoundedCaller(timeout)
         self.on_error = on_error
+        self.template_kwargs = _tool_schemas(make_env()) if chat else {}
+        """Chat-template variables for the prompts: ``tools`` (the environment's ``schemas()``, as chat
+        templates take them) when the prompts are chat messages and the environment has tools."""
 
     @classmethod
     def for_rows(
@@ -207,6 +210,11 @@ class EpisodeRunner:
             ) from outcome
         episode.failure = f"{where}: {message}"
         return True
+
+
+def _tool_schemas(env: Any) -> dict[str, Any]:
+    schemas = getattr(env, "schemas", None)
+    return {"tools": schemas()} if callable(schemas) else {}
 
 
 def as_generation_output(episodes: Sequence[Episode]) -> GenerationOutput:

@@ -4,7 +4,8 @@
       -> Scores (rewards [N, F] and advantages [N] over every process's completions)
       -> RolloutBatch (padded tensors + the fixed log-probs: the one record the update reads)
 
-and the two functions between them: :func:`pad_samples` and :class:`LogprobPass` (pi_old, pi_ref).
+and the functions between them: :func:`score_samples`, :func:`pad_samples` and :class:`LogprobPass` (pi_old,
+pi_ref).
 N = prompts x G completions of the whole step, n = this process's share; groups are contiguous.
 """
 
@@ -16,11 +17,22 @@ from typing import Any
 
 import torch
 
+from grpokit.chat import as_completion
 from grpokit.core import pad_left, pad_right
+from grpokit.data.loading import reward_columns
+from grpokit.rewards.scoring import score_completions
 from grpokit.rollout.base import GenerationOutput
 from grpokit.train.forward import no_grad_logprobs
 
-__all__ = ["LogprobPass", "RolloutBatch", "Samples", "Scores", "micro_batch_indices", "pad_samples"]
+__all__ = [
+    "LogprobPass",
+    "RolloutBatch",
+    "Samples",
+    "Scores",
+    "micro_batch_indices",
+    "pad_samples",
+    "score_samples",
+]
 
 
 @dataclass
@@ -102,6 +114,25 @@ class RolloutBatch:
 
     def num_completion_tokens(self) -> int:
         return int(self.completion_mask.sum())
+
+
+def score_samples(
+    reward_funcs: list[Any], samples: Samples, trainer_state: dict[str, Any], on_error: str
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Samples -> ``(rewards [n, F] with NaN for None, rewards/<name>/failures)``: every reward function
+    called with TRL's keywords (completions as the prompt's format has them, the rows' columns,
+    ``trainer_state``) under the failure policy ``on_error`` (``grpokit.rewards.score_completions``)."""
+    rows = samples.rows
+    matrix, failures = score_completions(
+        reward_funcs,
+        prompts=[row["prompt"] for row in rows],
+        completions=[as_completion(text, row["prompt"]) for row, text in zip(rows, samples.texts)],
+        completion_ids=samples.generated.completion_ids,
+        columns=reward_columns(rows),
+        trainer_state=trainer_state,
+        on_error=on_error,
+    )
+    return matrix, {f"rewards/{name}/failures": float(count) for name, count in failures.items()}
 
 
 def pad_samples(

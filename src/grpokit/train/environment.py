@@ -15,8 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from grpokit.core import combine_outcome_and_process, process_advantages
-from grpokit.envs import environment_reward
-from grpokit.rollout import RolloutBackend, SamplingParams
+from grpokit.rollout import RolloutBackend, SamplingParams, generate_groups
 from grpokit.rollout.base import GenerationOutput
 from grpokit.rollout.episodes import (
     Episode,
@@ -29,7 +28,7 @@ from grpokit.rollout.turns import open_session
 from grpokit.train.batch import RolloutBatch, Samples, Scores
 from grpokit.train.hooks import StepHook
 
-__all__ = ["EnvironmentEpisodes", "default_environment_rewards"]
+__all__ = ["EnvironmentEpisodes", "sample_groups", "template_kwargs"]
 
 
 class EnvironmentEpisodes(StepHook):
@@ -112,7 +111,24 @@ class EnvironmentEpisodes(StepHook):
         return self._metrics
 
 
-def default_environment_rewards(reward_funcs: Any, has_environment: bool) -> Any:
-    """A run with an environment and no reward functions is scored by the environment's own reward."""
-    empty = reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and not reward_funcs)
-    return [environment_reward] if has_environment and empty else reward_funcs
+def sample_groups(
+    environment: EnvironmentEpisodes | None,
+    backend: RolloutBackend,
+    rows: list[dict[str, Any]],
+    prompt_ids: list[list[int]],
+    sizes: list[int],
+    params: SamplingParams,
+) -> tuple[GenerationOutput, list[dict[str, Any]], list[Episode] | None]:
+    """``sizes[k]`` completions of prompt k (``generate_groups``), or with an environment ``sizes[k]``
+    episodes: (the completions, one row per completion, the episodes or None)."""
+    if environment is None:
+        generated = generate_groups(backend, prompt_ids, sizes, params)
+        return generated, [row for row, size in zip(rows, sizes) for _ in range(size)], None
+    return environment.generate(backend, rows, prompt_ids, sizes, params)
+
+
+def template_kwargs(environment: EnvironmentEpisodes | None, kwargs: dict[str, Any] | None) -> Any:
+    """``chat_template_kwargs`` with an environment's tool schemas added (``tools``; the user's win)."""
+    if environment is None or not environment.runner.template_kwargs:
+        return kwargs
+    return {**environment.runner.template_kwargs, **(kwargs or {})}

@@ -86,7 +86,8 @@ class GroupDrawer:
         self.rounds = args.max_sampling_rounds if args.dynamic_sampling else 1
 
     # ------------------------------------------------------------------------------------------------
-    def draw(self, timer: PhaseTimer) -> Draw:
+    def draw(self, timer: PhaseTimer, backend: Any = None) -> Draw:
+        """The step's groups, sampled through ``backend`` (default: the trainer's sampler)."""
         t, accelerator = self.trainer, self.trainer.accelerator
         rounds: list[tuple[Samples, torch.Tensor, list[int], list[int], dict[str, float]]] = []
         informative, sampled, count = 0, 0, None  # count: prompts of this round (None: a step's)
@@ -95,7 +96,7 @@ class GroupDrawer:
             rows = [t.train_rows[i] for i in indices]
             sizes = self._group_sizes(indices)
             with timer.phase("generate"):
-                samples = t.sample(rows, group_sizes=sizes)
+                samples = t.sample(rows, group_sizes=sizes, backend=backend)
             with timer.phase("reward"):
                 local, failures = t.reward_matrix(samples)  # [n, F]
                 rewards = accelerator.gather(local.to(accelerator.device)).cpu()  # [P * n, F]
@@ -112,6 +113,9 @@ class GroupDrawer:
                                  accelerator.num_processes)  # fmt: skip
         with timer.phase("reward"):
             return self._assemble(rounds)
+
+    def close(self) -> None:
+        """Nothing runs in the background here (``train.async_rollouts.AsyncDrawer`` draws ahead)."""
 
     # ------------------------------------------------------------------------------------------------
     def _group_sizes(self, indices: list[int]) -> list[int]:

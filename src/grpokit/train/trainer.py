@@ -15,13 +15,12 @@ import torch
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
-from grpokit.chat import as_completion
 from grpokit.config import GRPOConfig
 from grpokit.core import PolicyLoss
-from grpokit.data.loading import load_dataset_rows, reward_columns
-from grpokit.rewards import resolve_rewards, reward_names, reward_weights, score_completions
-from grpokit.rollout import RolloutBackend, SamplingParams, generate_groups
-from grpokit.train.batch import LogprobPass, Samples, Scores, pad_samples
+from grpokit.data.loading import load_dataset_rows
+from grpokit.rollout import RolloutBackend, SamplingParams
+from grpokit.train import environment as episodes
+from grpokit.train.batch import LogprobPass, Samples, Scores, pad_samples, score_samples
 from grpokit.train.callbacks import Callbacks
 from grpokit.train.distributed import (
     any_process,
@@ -31,20 +30,18 @@ from grpokit.train.distributed import (
     placement,
     prepare_policy,
 )
-from grpokit.train.environment import EnvironmentEpisodes, default_environment_rewards
 from grpokit.train.evaluation import greedy_reward_means
 from grpokit.train.group_sampling import GroupDrawer, prompt_statistics
 from grpokit.train.guards import NonfiniteGuard, StopSignals
 from grpokit.train.hooks import StepHooks, run_hooks
-from grpokit.train.iterative_grpo import IterativeGRPO
 from grpokit.train.metrics import PhaseTimer, progress_fields, step_metrics
 from grpokit.train.metrics_log import MetricsLogger, plot_metrics
 from grpokit.train.off_policy import make_sampler
 from grpokit.train.policy import check_special_tokens, load_policy, load_tokenizer
-from grpokit.train.process_supervision import ProcessSupervision
 from grpokit.train.prompts import PromptSampler, check_prompt_lengths, encode_prompt
 from grpokit.train.publish import Publisher
 from grpokit.train.reference import Reference, refuse_resets_of_adapter_reference
+from grpokit.train.run_rewards import run_rewards
 from grpokit.train.run_state import RunState
 from grpokit.train.schedule import RunSchedule
 from grpokit.train.threads import ThreadPolicy
@@ -74,10 +71,8 @@ class GRPOTrainer:
         reward_processing_classes, quantization_config, tools, rollout_func, environment_factory: TRL's
             arguments that grpokit does not support; anything but None is refused with the reason.
         rollout_backend: override the generation backend (anything with the RolloutBackend protocol).
-        environment: multi-turn episodes instead of single completions: an environment class, factory or
-            ``step(row, actions)`` function, a built-in name or import path (default ``args.environment``;
-            ``grpokit.envs``, docs/environments.md). ``reward_funcs`` may then be empty: the environment's
-            own reward scores the episodes.
+        environment: G multi-turn episodes per prompt (default ``args.environment``; docs/environments.md);
+            ``reward_funcs`` may then be None: the environment's own reward scores them.
         process_reward_funcs: process rewards (callables ``fn(prompts, completions, steps, **columns) ->
             list[list[float] | None]``, built-in verifier names, or process-reward-model directories).
             Advantages then become per token [n, C] (``grpokit.train.process_supervision``);
@@ -133,28 +128,21 @@ class GRPOTrainer:
         check_special_tokens(self.tokenizer)
         self.train_rows = self._load_rows(train_dataset, "train_dataset")
         self.eval_rows = self._load_rows(eval_dataset, "eval_dataset") if eval_dataset is not None else None
-        self.environment = EnvironmentEpisodes.for_run(
+        self.environment = episodes.EnvironmentEpisodes.for_run(
             self.args, environment, self.tokenizer, self.train_rows
         )
-        reward_funcs = default_environment_rewards(reward_funcs, self.environment is not None)
         self.model = load_policy(model, self.args, peft_config)
         device = self.accelerator.device
-        self.iterative = IterativeGRPO.from_config(iterative_reward_model, rm_label_func, self.args, device)
-        process_specs = list(process_reward_funcs or [])
-        outcome_specs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        if self.iterative is not None:  # the reward model being trained is the one that scores
-            kind_specs = process_specs if self.iterative.kind == "process" else outcome_specs
-            kind_specs.append(self.iterative.reward_func)
-        self.process = (
-            ProcessSupervision(process_specs, self.args, self.tokenizer, device) if process_specs else None
-        )
-        self.reward_funcs = resolve_rewards(
-            outcome_specs, device=device, allow_empty=self.process is not None,
-            max_completion_length=self.args.max_completion_length,
+        rewards = run_rewards(
+            self.args, reward_funcs, process_reward_funcs, iterative_reward_model, rm_label_func,
+            self.tokenizer, device, has_environment=self.environment is not None,
         )  # fmt: skip
-        self.reward_names = reward_names(self.reward_funcs)
-        weights = reward_weights(self.args.reward_weights, self.reward_names, "reward_weights")
-        self.reward_weights = torch.tensor(weights, dtype=torch.float32)
+        self.iterative, self.process, self.reward_weights = (
+            rewards.iterative,
+            rewards.process,
+            rewards.weights,
+        )
+        self.reward_funcs, self.reward_names = rewards.funcs, rewards.names
         self.reference = Reference.for_run(self.model, self.args, adapter_disabled=peft_config is not None)
         self.schedule = RunSchedule.from_config(self.args, len(self.train_rows), self.plan)
         self.max_steps = self.schedule.max_steps
@@ -329,38 +317,30 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------------------------------------
     def sample(
-        self, rows: list[dict[str, Any]], *, greedy: bool = False, group_sizes: list[int] | None = None
-    ) -> Samples:
+        self, rows: list[dict[str, Any]], *, greedy: bool = False, group_sizes: list[int] | None = None,
+        backend: RolloutBackend | None = None,
+    ) -> Samples:  # fmt: skip
         """G completions (one when ``greedy``; ``group_sizes[k]`` for row k when given) for each row's
-        prompt from the current policy, decoded."""
+        prompt from the current policy (or ``backend``), decoded."""
         sizes = group_sizes or [1 if greedy else self.args.num_generations] * len(rows)
         prompt_ids = [self.encode_prompt(row["prompt"]) for row in rows]
         # mixed precision applies to every model pass, not only the update; full weights to generate from
-        params, episodes = self.sampling_params(greedy), None
-        with self.accelerator.autocast(), self.placed.generation_weights():
-            if self.environment is None:
-                generated = generate_groups(self.backend, prompt_ids, sizes, params)
-                rows = [row for row, size in zip(rows, sizes) for _ in range(size)]
-            else:  # G episodes per prompt; rows gain the episodes' columns (env_reward, ...)
-                generated, rows, episodes = self.environment.generate(
-                    self.backend, rows, prompt_ids, sizes, params
-                )
+        with self.accelerator.autocast(), self.placed.generation_weights():  # episodes with an environment
+            generated, rows, run = episodes.sample_groups(
+                self.environment,
+                backend or self.backend,
+                rows,
+                prompt_ids,
+                sizes,
+                self.sampling_params(greedy),
+            )
         texts = self.tokenizer.batch_decode(generated.completion_ids, skip_special_tokens=True)
-        return Samples(rows, prompt_ids, generated, texts, group_sizes=sizes, episodes=episodes)
+        return Samples(rows, prompt_ids, generated, texts, group_sizes=sizes, episodes=run)
 
     def reward_matrix(self, samples: Samples) -> tuple[torch.Tensor, dict[str, float]]:
         """``(rewards [n, F] with NaN for None, rewards/<name>/failures)`` under ``reward_failure``."""
-        rows = samples.rows
-        matrix, failures = score_completions(
-            self.reward_funcs,
-            prompts=[row["prompt"] for row in rows],
-            completions=[as_completion(text, row["prompt"]) for row, text in zip(rows, samples.texts)],
-            completion_ids=samples.generated.completion_ids,
-            columns=reward_columns(rows),
-            trainer_state={"global_step": self.step, "max_steps": self.max_steps},
-            on_error=self.args.reward_failure,
-        )
-        return matrix, {f"rewards/{name}/failures": float(count) for name, count in failures.items()}
+        state = {"global_step": self.step, "max_steps": self.max_steps}
+        return score_samples(self.reward_funcs, samples, state, self.args.reward_failure)
 
     def evaluate(self, eval_dataset: Any = None, batch_size: int = 64) -> dict[str, float]:
         """``eval/reward`` and ``eval/rewards/<name>/mean`` of greedy completions of ``eval_dataset``
@@ -379,9 +359,10 @@ class GRPOTrainer:
 
     def encode_prompt(self, prompt: Any) -> list[int]:
         """Token ids of a prompt (chat template for message lists), cut from the left to max_prompt_length."""
-        return encode_prompt(
-            prompt, self.tokenizer, self.args.max_prompt_length, self.args.chat_template_kwargs
-        )
+        kwargs = episodes.template_kwargs(
+            self.environment, self.args.chat_template_kwargs
+        )  # an environment's tools
+        return encode_prompt(prompt, self.tokenizer, self.args.max_prompt_length, kwargs)
 
     def sampling_params(self, greedy: bool = False) -> SamplingParams:
         return SamplingParams.from_config(self.args, self.tokenizer, greedy=greedy)

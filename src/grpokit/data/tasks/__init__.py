@@ -10,12 +10,14 @@ Usage::
 
 Registered: ``arithmetic`` (column addition, ``arithmetic.py``), ``chain`` (chained +, -, * with
 rule-checkable steps and process rewards, ``chain.py``), and two multi-turn tasks whose rows start episodes
-in an environment (``grpokit.envs``): ``maze`` (text mazes, ``maze.py``) and ``calculator`` (multiplication
-with a calculator tool, ``calculator.py``).
+in an environment (``grpokit.envs``): ``maze`` (text mazes, one move per turn, ``maze.py``), ``maze_path``
+(the same mazes, the whole path in one turn) and ``calculator`` (multiplication with a calculator tool,
+``calculator.py``).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -149,6 +151,21 @@ def _register_multi_turn() -> None:
             cold_start={"max_new_tokens": 80, "num_sft_examples": 5000},
         )
     )
+    register_task(  # the whole path in one turn: one policy turn, the maze checks it
+        Task(
+            name="maze_path",
+            make_splits=functools.partial(maze.make_maze_splits, mode="path"),
+            reward_funcs={"solved": environment_reward},
+            default_reward_weights={"solved": 1.0},
+            worked_solution=maze.worked_solution,
+            extract_answer=maze.extract_path,
+            correctness_reward="solved",
+            defaults={"num_train": 5000, "num_test": 200, "height": 4, "width": 4, "mode": "path"},
+            environment="maze",
+            worked_episode=maze.worked_episode,
+            cold_start={"max_new_tokens": 40, "num_sft_examples": 5000, "max_turns": 1},
+        )
+    )
     register_task(
         Task(
             name="calculator",
@@ -164,8 +181,13 @@ def _register_multi_turn() -> None:
             tokenizer_tags=calculator.TOOL_TAGS,
             # a fixed SFT budget: greedy accuracy stays near 0 (the direct answers, 70% of the SFT episodes,
             # are guesses) however long it trains, so there is no accuracy to stop at
-            cold_start={"max_new_tokens": 96, "num_sft_examples": 5000, "stop_at_accuracy": None,
-                        "max_steps": 300, "probe_every": 50},  # fmt: skip
+            cold_start={
+                "max_new_tokens": 96,
+                "num_sft_examples": 5000,
+                "stop_at_accuracy": None,
+                "max_steps": 300,
+                "probe_every": 50,
+            },
         )
     )
 

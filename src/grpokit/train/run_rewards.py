@@ -1,0 +1,64 @@
+"""What scores a run's completions: the outcome reward functions and their weights, the process rewards,
+the iterative reward model, and the environment's own reward, resolved from ``GRPOTrainer``'s arguments."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from grpokit.envs import environment_reward
+from grpokit.rewards import resolve_rewards, reward_names, reward_weights
+from grpokit.train.iterative_grpo import IterativeGRPO
+from grpokit.train.process_supervision import ProcessSupervision
+
+__all__ = ["RunRewards", "run_rewards"]
+
+
+@dataclass
+class RunRewards:
+    """A run's scorers."""
+
+    funcs: list[Any]
+    """The outcome reward functions, resolved."""
+    names: list[str]
+    """Their unique metric names."""
+    weights: torch.Tensor
+    """[F] float32, ``reward_weights`` (default 1 each)."""
+    process: ProcessSupervision | None
+    """Process supervision (per-step rewards -> token advantages), or None."""
+    iterative: IterativeGRPO | None
+    """Iterative GRPO's reward model, or None."""
+
+
+def run_rewards(
+    args: Any,
+    reward_funcs: Any,
+    process_reward_funcs: Any,
+    iterative_reward_model: Any,
+    rm_label_func: Any,
+    tokenizer: Any,
+    device: torch.device,
+    *,
+    has_environment: bool = False,
+) -> RunRewards:
+    """Resolve the trainer's reward arguments. A run with an environment and no reward functions is scored
+    by the environment's own reward (``environment_reward``). The reward model iterative GRPO trains is the
+    one that scores: appended to the process rewards (process RM) or the outcome rewards (outcome RM)."""
+    empty = reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and not reward_funcs)
+    if has_environment and empty:
+        reward_funcs = [environment_reward]
+    iterative = IterativeGRPO.from_config(iterative_reward_model, rm_label_func, args, device)
+    process_specs = list(process_reward_funcs or [])
+    outcome_specs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    if iterative is not None:
+        (process_specs if iterative.kind == "process" else outcome_specs).append(iterative.reward_func)
+    process = ProcessSupervision(process_specs, args, tokenizer, device) if process_specs else None
+    funcs = resolve_rewards(
+        outcome_specs, device=device, allow_empty=process is not None,
+        max_completion_length=args.max_completion_length,
+    )  # fmt: skip
+    names = reward_names(funcs)
+    weights = reward_weights(args.reward_weights, names, "reward_weights")
+    return RunRewards(funcs, names, torch.tensor(weights, dtype=torch.float32), process, iterative)
