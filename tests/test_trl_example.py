@@ -1,14 +1,23 @@
 """The seed's TRL example, as docs/migrating-from-trl.md prints it, runs on grpokit: the code block is read
 from the doc and executed with the hub names replaced by local stand-ins (a tiny model directory and a
-local JSON file; no hub here) and a one-step budget."""
+local JSON file; no hub here) and a one-step budget. It sets ``use_vllm=True``: where vLLM and a CUDA GPU
+are, it trains through vLLM; elsewhere the trainer stops at construction with the error naming
+``use_vllm=False``, and the example then runs with that one change."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
 
+import pytest
+import torch
+
+from grpokit.rollout.vllm_backend import VLLMUnavailableError
+
 DOC = Path(__file__).resolve().parents[1] / "docs" / "migrating-from-trl.md"
+HAS_VLLM_GPU = torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None
 
 
 def ported_example() -> str:
@@ -38,6 +47,10 @@ def test_the_seed_trl_example_runs_with_only_the_import_changed(tiny_model_dir, 
     for old, new in replacements.items():
         assert old in code
         code = code.replace(old, new)
+    if not HAS_VLLM_GPU:  # use_vllm=True is accepted, and refused at construction with the alternative named
+        with pytest.raises(VLLMUnavailableError, match=r"use_vllm=True .*Set use_vllm=False .*'fast'"):
+            exec(compile(code, str(DOC), "exec"), {})
+        code = code.replace("use_vllm=True,", "use_vllm=False,")
     namespace: dict = {}
     exec(compile(code, str(DOC), "exec"), namespace)
     trainer = namespace["trainer"]

@@ -60,12 +60,12 @@ def test_no_effect_fields_are_accepted_and_logged(name, caplog):
 
 
 def test_trl_only_fields_go_through_yaml_and_dicts_too():
-    assert GRPOConfig.from_dict({"use_vllm": False, "do_train": True}).to_dict()["beta"] == 0.04
-    with pytest.raises(ValueError, match="use_vllm=True is not supported: grpokit has no vLLM backend"):
-        GRPOConfig.from_dict({"use_vllm": True})
+    assert GRPOConfig.from_dict({"torch_compile": False, "do_train": True}).to_dict()["beta"] == 0.04
+    with pytest.raises(ValueError, match="torch_compile=True is not supported: torch.compile is not supported"):
+        GRPOConfig.from_dict({"torch_compile": True})
     with pytest.raises(ValueError, match="unknown GRPOConfig field"):
         GRPOConfig.from_dict({"not_a_field": 1})
-    assert "use_vllm" not in GRPOConfig(use_vllm=False).to_dict()  # nothing TRL-only is stored
+    assert "torch_compile" not in GRPOConfig(torch_compile=False).to_dict()  # nothing TRL-only is stored
 
 
 def test_a_name_trl_does_not_have_is_still_a_type_error_from_the_dataclass():

@@ -27,7 +27,6 @@ _DATALOADER = "grpokit indexes the prompts in memory and has no DataLoader"
 _DDP = "grpokit wraps the policy itself (docs/scaling.md) and sets the DDP options it needs"
 _LOGGING = "grpokit logs through Python logging and metrics.jsonl, not the Trainer's log levels"
 _SCRIPT = "it only tells TRL's example scripts what to run; grpokit's train() always trains"
-_VLLM = "it applies only with use_vllm=True (as in TRL), and grpokit has no vLLM backend yet"
 
 NO_EFFECT: dict[str, str] = {
     "do_train": _SCRIPT,
@@ -55,27 +54,14 @@ NO_EFFECT: dict[str, str] = {
     "eval_use_gather_object": "grpokit's evaluation gathers rewards with gather_object already",
     "log_multimodal": "grpokit trains text models",
     "ds3_gather_for_generation": "ZeRO-3 generation always reads a full copy of the weights",
-    "vllm_mode": _VLLM,
-    "vllm_model_impl": _VLLM,
-    "vllm_enable_sleep_mode": _VLLM,
-    "vllm_structured_outputs_regex": _VLLM,
-    "vllm_server_base_url": _VLLM,
-    "vllm_server_host": _VLLM,
-    "vllm_server_port": _VLLM,
-    "vllm_server_timeout": _VLLM,
-    "vllm_group_port": _VLLM,
-    "vllm_gpu_memory_utilization": _VLLM,
-    "vllm_max_model_length": _VLLM,
-    "vllm_tensor_parallel_size": _VLLM,
     "logging_nan_inf_filter": "grpokit logs a NaN/inf metric as null and skips (and counts) NaN/inf steps",
 }
 
 # name -> (values that leave the feature off, why grpokit refuses any other value)
 REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "use_vllm": (
-        (False,),
-        "grpokit has no vLLM backend yet; generation_backend='fast' (the default 'auto' picks it for "
-        "Llama/Qwen2/Qwen3/Mistral) is grpokit's fast path",
+    "vllm_structured_outputs_regex": (
+        (None,),
+        "structured outputs (regex-constrained decoding) are not supported by grpokit's vLLM backend",
     ),
     "dataloader_drop_last": ((False,), "grpokit never drops prompts: the order wraps into the next epoch"),
     "remove_unused_columns": ((False,), "grpokit always forwards every column to the reward functions"),

@@ -3,6 +3,9 @@
 The in-process samplers read the live policy: their samples are exactly pi_old's, and nothing here runs.
 Two things make the sampler differ from pi_old:
 
+- ``use_vllm``: vLLM generates, colocated or as a server (``grpokit.rollout.vllm_backend``), from the
+  policy's weights pushed into it; its kernels and dtype are not the trainer's, and it reports the
+  log-probs of the tokens it drew;
 - ``generation_dtype`` other than the policy's: generation reads a copy of the policy in that dtype,
   refreshed from the policy before every ``generate`` call (:class:`CopiedWeightsBackend`); a bfloat16
   sampler for an fp32 run, as vLLM would be;
@@ -95,14 +98,33 @@ class CopiedWeightsBackend:
 
 
 def make_sampler(
-    args: Any, model: nn.Module, rollout_backend: RolloutBackend | None, strategy: str
+    args: Any,
+    model: nn.Module,
+    rollout_backend: RolloutBackend | None,
+    strategy: str,
+    *,
+    step_sync: bool = False,
 ) -> tuple[RolloutBackend, OffPolicyCorrection]:
     """The run's generation backend and its off-policy correction.
 
-    ``rollout_backend`` (an outside sampler): used as is; off-policy. Else ``generation_backend`` over
-    ``model`` (the policy, pi_old itself: on-policy), or over its copy in ``generation_dtype`` when that
-    differs from the policy's dtype (off-policy). ``strategy``: the placement (``train.distributed``); a
-    dtype copy of FSDP-sharded weights is refused."""
+    ``rollout_backend`` (an outside sampler): used as is; off-policy. ``use_vllm``: vLLM over ``model``'s
+    weights (``rollout.vllm_backend.make_vllm_backend``); off-policy; without vLLM or CUDA a
+    ``VLLMUnavailableError`` (a RuntimeError) naming ``use_vllm=False`` stops the trainer here, before any
+    step. Else ``generation_backend`` over ``model`` (the policy, pi_old itself: on-policy), or over its copy
+    in ``generation_dtype`` when that differs from the policy's dtype (off-policy). ``strategy``: the
+    placement (``train.distributed``); a dtype copy of FSDP-sharded weights is refused. ``step_sync``: the
+    trainer pushes the weights into a vLLM backend itself at step boundaries (``sync_weights()``, within the
+    full-weights context), instead of the backend pushing them at every ``generate`` call."""
+    if args.use_vllm:
+        if rollout_backend is not None:
+            raise ValueError(
+                "GRPOTrainer(rollout_backend=...) and GRPOConfig.use_vllm=True both choose the sampler; "
+                "pass one of them"
+            )
+        from grpokit.rollout.vllm_backend import make_vllm_backend
+
+        backend = make_vllm_backend(args, model, step_sync=step_sync)
+        return backend, OffPolicyCorrection.from_config(args, off_policy=True)
     if rollout_backend is not None:
         return rollout_backend, OffPolicyCorrection.from_config(args, off_policy=True)
     size = args.generation_micro_batch_size

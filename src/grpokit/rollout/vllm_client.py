@@ -1,0 +1,308 @@
+"""vLLM in server mode: a ``RolloutBackend`` that generates over HTTP from a vLLM server on other GPUs and
+pushes the trainer's weights to it over NCCL. Untested on GPU (docs/generation.md, "The vLLM backend").
+
+The protocol is TRL 1.16's (``trl/generation/vllm_client.py``): since TRL 1.1x, ``trl vllm-serve`` only runs
+vLLM's own OpenAI-compatible server with ``VLLM_SERVER_DEV_MODE=1`` (which exposes the weight-transfer
+endpoints), ``--weight-transfer-config '{"backend": "nccl"}'``, ``--logprobs-mode processed_logprobs`` and
+``--max-logprobs -1``. Both ``trl vllm-serve --model M`` (TRL 1.16) and that ``vllm serve`` command line
+(vLLM >= 0.22) serve this client. The older ``trl vllm-serve`` of TRL <= 1.9 (its own FastAPI app with
+``/generate/`` and ``/update_named_param/``) is not supported.
+
+Endpoints (vLLM 0.22-0.31, ``vllm/entrypoints/serve``):
+
+- ``GET /health`` (200 when up), ``GET /v1/models`` (the served model's id), ``GET /get_world_size``;
+- ``POST /v1/completions`` with token-id prompts, ``n``, the sampling fields, ``logprobs=0``,
+  ``return_token_ids`` (each choice then carries ``token_ids``), ``return_tokens_as_token_ids``; the choices
+  come prompt-major (``index = prompt * n + sample``) with ``finish_reason`` and ``logprobs.token_logprobs``;
+- weight transfer: ``POST /init_weight_transfer_engine {"init_info": {master_address, master_port,
+  rank_offset: 1, world_size}}`` while the trainer joins the NCCL group as rank 0 (vLLM's
+  ``StatelessProcessGroup`` + ``PyNcclCommunicator``); then per push ``POST /start_weight_update {}``,
+  ``POST /update_weights {"update_info": {names, dtype_names, shapes}}`` while the trainer broadcasts each
+  tensor from rank 0 in that order (the unpacked transfer, the workers' default in vLLM 0.22 and 0.31),
+  ``POST /finish_weight_update``; ``POST /reset_prefix_cache``.
+
+HTTP uses the standard library (``urllib``): no dependency beyond grpokit's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import socket
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+from torch import nn
+
+from grpokit.rollout.base import GenerationOutput, SamplingParams
+from grpokit.rollout.vllm_backend import ALTERNATIVE, is_truncated, process_layout, vllm_sampling_kwargs
+from grpokit.rollout.weight_names import policy_weights
+
+__all__ = [
+    "NcclWeightSender",
+    "VLLMServerBackend",
+    "VLLMServerClient",
+    "make_server_backend",
+    "parse_completions",
+    "server_base_url",
+    "weight_metadata",
+]
+
+logger = logging.getLogger(__name__)
+
+LAUNCH = (
+    "start one with `trl vllm-serve --model <model>` (TRL 1.16) or `VLLM_SERVER_DEV_MODE=1 vllm serve "
+    """<model> --weight-transfer-config '{"backend": "nccl"}' --logprobs-mode processed_logprobs`"""
+)
+
+
+def server_base_url(args: Any) -> str:
+    """The server's URL from a GRPOConfig: ``vllm_server_base_url``, else ``http://host:port``."""
+    if args.vllm_server_base_url:
+        return args.vllm_server_base_url.rstrip("/")
+    return f"http://{args.vllm_server_host}:{args.vllm_server_port}"
+
+
+def parse_completions(
+    body: dict[str, Any], num_prompts: int, n: int, eos_ids: Sequence[int]
+) -> GenerationOutput:
+    """A ``/v1/completions`` response (``return_token_ids``, ``logprobs=0``) as a ``GenerationOutput``: the n
+    completions of each prompt contiguous, in prompt order; a null log-prob becomes NaN (unknown)."""
+    choices = sorted(body["choices"], key=lambda choice: choice["index"])
+    if len(choices) != num_prompts * n:
+        raise RuntimeError(f"the vLLM server returned {len(choices)} completions for {num_prompts} x {n}")
+    if any(choice.get("token_ids") is None for choice in choices):
+        raise RuntimeError("the vLLM server returned no token_ids: it needs return_token_ids (vLLM >= 0.22)")
+    ids = [list(choice["token_ids"]) for choice in choices]
+    truncated = [is_truncated(t, c.get("finish_reason"), eos_ids) for t, c in zip(ids, choices)]
+    if any(choice.get("logprobs") is None for choice in choices):
+        return GenerationOutput(ids, None, truncated)
+    logprobs = [
+        [math.nan if value is None else float(value) for value in choice["logprobs"]["token_logprobs"]]
+        for choice in choices
+    ]
+    return GenerationOutput(ids, logprobs, truncated)
+
+
+class VLLMServerClient:
+    """The HTTP side of a vLLM server (no vLLM, no GPU needed): health, generation, weight-update calls."""
+
+    def __init__(self, base_url: str, *, request_timeout: float | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.request_timeout = request_timeout
+        self._model_id: str | None = None
+
+    def request(self, method: str, path: str, payload: Any = None, *, timeout: float | None = None) -> Any:
+        """One JSON request; the decoded JSON answer (None for an empty body). HTTP errors raise
+        RuntimeError with the server's answer; a 404 on a weight-transfer endpoint names the dev mode."""
+        data = None if payload is None else json.dumps(payload).encode()
+        request = urllib.request.Request(f"{self.base_url}{path}", data=data, method=method)
+        request.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout or self.request_timeout) as answer:
+                text = answer.read().decode()
+        except urllib.error.HTTPError as err:
+            detail = err.read().decode(errors="replace")[:500]
+            hint = " (started without VLLM_SERVER_DEV_MODE=1?)" if err.code == 404 else ""
+            raise RuntimeError(f"vLLM server {method} {path}: HTTP {err.code}{hint}: {detail}") from None
+        return json.loads(text) if text.strip() else None
+
+    def wait_until_healthy(self, timeout: float, interval: float = 2.0) -> None:
+        """Poll ``GET /health`` until it answers 200; ConnectionError naming the URL after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.request("GET", "/health", timeout=max(1.0, min(5.0, timeout)))
+                return
+            except (OSError, RuntimeError) as err:  # refused, unreachable, not ready (503)
+                last = err
+            if time.monotonic() + interval > deadline:
+                raise ConnectionError(
+                    f"no vLLM server answered at {self.base_url}/health within "
+                    f"vllm_server_timeout={timeout} s (last error: {last}); {LAUNCH}. {ALTERNATIVE}."
+                )
+            time.sleep(interval)
+
+    def model_id(self) -> str:
+        """The served model's id (``/v1/models``), sent with each completion request."""
+        if self._model_id is None:
+            self._model_id = self.request("GET", "/v1/models")["data"][0]["id"]
+        return self._model_id
+
+    def completion_payload(
+        self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams
+    ) -> dict[str, Any]:
+        """The ``/v1/completions`` request body: token-id prompts and ``vllm_sampling_kwargs``."""
+        return {
+            "model": self.model_id(),
+            "prompt": [list(ids) for ids in prompt_ids],
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+            **vllm_sampling_kwargs(params, n),
+        }
+
+    def generate(
+        self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams
+    ) -> GenerationOutput:
+        """``n`` completions per prompt from the server's current weights."""
+        body = self.request("POST", "/v1/completions", self.completion_payload(prompt_ids, n, params))
+        return parse_completions(body, len(prompt_ids), n, params.eos_token_ids)
+
+    def world_size(self) -> int:
+        """The server's workers (tensor x pipeline x data parallel): the NCCL group less the trainer."""
+        return int(self.request("GET", "/get_world_size")["world_size"])
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        """Ask the workers to join the NCCL weight-transfer group (blocks until the trainer joins too)."""
+        self.request("POST", "/init_weight_transfer_engine", {"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self.request("POST", "/start_weight_update", {})
+
+    def update_weights(self, metadata: Sequence[tuple[str, str, list[int]]]) -> None:
+        """Announce the tensors about to be broadcast, in order (blocks until they are received)."""
+        names, dtypes, shapes = (list(column) for column in zip(*metadata))
+        self.request("POST", "/update_weights", {"update_info": {"names": names, "dtype_names": dtypes,
+                                                                 "shapes": shapes}})  # fmt: skip
+
+    def finish_weight_update(self) -> None:
+        self.request("POST", "/finish_weight_update", {})
+
+    def reset_prefix_cache(self) -> None:
+        """Drop the server's prefix cache (its KV was computed with the previous weights)."""
+        self.request("POST", "/reset_prefix_cache")
+
+
+def weight_metadata(model: nn.Module) -> list[tuple[str, str, list[int]]]:
+    """``(name, vLLM dtype name, shape)`` of each weight ``policy_weights`` yields, in order (a full pass:
+    under FSDP every process must call it)."""
+    return [(name, str(t.dtype).removeprefix("torch."), list(t.shape)) for name, t in policy_weights(model)]
+
+
+def local_address_towards(host: str) -> str:
+    """This machine's address on the route to ``host`` (what the server's workers connect back to)."""
+    if host in ("0.0.0.0", "localhost", "127.0.0.1", "::1", ""):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, 9))  # no packet is sent: this only picks the route
+        return probe.getsockname()[0]
+
+
+class NcclWeightSender:
+    """The trainer's end (rank 0) of the NCCL group with the server's workers (ranks 1..W). CUDA only."""
+
+    def __init__(self, client: VLLMServerClient, host: str, port: int, device: torch.device) -> None:
+        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+        from vllm.distributed.utils import StatelessProcessGroup
+
+        self.client, self.device = client, device
+        world_size = client.world_size() + 1
+        info = {"master_address": host, "master_port": port, "rank_offset": 1, "world_size": world_size}
+        with ThreadPoolExecutor(max_workers=1) as pool:  # the server blocks in the rendezvous until we join
+            joined = pool.submit(client.init_weight_transfer_engine, info)
+            group = StatelessProcessGroup.create(host=host, port=port, rank=0, world_size=world_size)
+            self.communicator = PyNcclCommunicator(group, device=device)
+            joined.result()
+
+    def send(
+        self, metadata: Sequence[tuple[str, str, list[int]]], weights: Iterable[tuple[str, torch.Tensor]]
+    ) -> None:
+        """One weight update: announce ``metadata``, broadcast each tensor of ``weights`` (same order)."""
+        self.client.start_weight_update()
+        with ThreadPoolExecutor(max_workers=1) as pool:  # the workers receive while we broadcast
+            received = pool.submit(self.client.update_weights, metadata)
+            for (name, tensor), (expected, _, _) in zip(weights, metadata, strict=True):
+                if name != expected:
+                    raise RuntimeError(f"weight order changed: {name!r} where {expected!r} was announced")
+                tensor = tensor.to(self.device).contiguous()
+                self.communicator.broadcast(tensor, src=0, stream=torch.cuda.current_stream(self.device))
+            received.result()
+        self.client.finish_weight_update()
+
+
+class VLLMServerBackend:
+    """A ``RolloutBackend`` generating on a vLLM server from the live policy ``model``.
+
+    The main process (``is_main``) pushes the weights (``sync_weights``): at the start of every ``generate``
+    (``sync_every_generate``, the default), else before the first generation and whenever the trainer calls
+    ``sync_weights()`` at a step boundary. Every process iterates the weights (FSDP gathers are collectives)
+    and, with several processes, waits at a barrier for the push. ``sender`` None: no weight updates (the
+    server's own weights; for evaluation or tests)."""
+
+    def __init__(
+        self,
+        client: VLLMServerClient,
+        model: nn.Module | None,
+        sender: NcclWeightSender | None,
+        *,
+        is_main: bool = True,
+        world_size: int = 1,
+        sync_every_generate: bool = True,
+    ) -> None:
+        self.client, self.model, self.sender = client, model, sender
+        self.is_main, self.world_size, self.sync_every_generate = is_main, world_size, sync_every_generate
+        self._metadata: list[tuple[str, str, list[int]]] | None = None
+        self._stale = True
+
+    def mark_weights_changed(self) -> None:
+        """The policy's weights changed: push them at the next ``generate`` (with several processes, call
+        ``sync_weights()`` at a step boundary instead: a push is a collective)."""
+        self._stale = True
+
+    @torch.no_grad()
+    def sync_weights(self) -> None:
+        """Push the policy's current weights to the server (every process calls it, in step)."""
+        self._stale = False
+        if self.is_main and self.sender is None:  # nothing to push to
+            return
+        if self._metadata is None:
+            self._metadata = weight_metadata(self.model)
+        weights = policy_weights(self.model)
+        if self.sender is not None:
+            self.sender.send(self._metadata, weights)
+            self.client.reset_prefix_cache()
+        else:
+            for _ in weights:  # the other processes take part in the gathers
+                pass
+        if self.world_size > 1:  # nobody generates before the push is complete
+            torch.distributed.barrier()
+
+    def generate(
+        self, prompt_ids: Sequence[Sequence[int]], num_generations: int, params: SamplingParams
+    ) -> GenerationOutput:
+        """``num_generations`` completions per prompt (grouped contiguously), with sampling log-probs."""
+        if self.sync_every_generate or self._stale:
+            self.sync_weights()
+        return self.client.generate(prompt_ids, num_generations, params)
+
+
+def make_server_backend(args: Any, model: nn.Module, *, step_sync: bool = False) -> VLLMServerBackend:
+    """The server-mode backend of a GRPOConfig: waits for the server's health (``vllm_server_timeout``), then
+    opens the weight-transfer group from the main process. Several training processes need ``step_sync``: a
+    push at every ``generate`` would need every process to generate the same number of times (evaluation
+    shares, ragged groups and episodes do not)."""
+    rank, _, world_size = process_layout()
+    if world_size > 1 and not step_sync:
+        raise ValueError(
+            f"GRPOConfig.vllm_mode='server' with {world_size} training processes is not supported yet: the "
+            "trainer does not push the weights at step boundaries; use one training process per server, or "
+            "vllm_mode='colocate'"
+        )
+    client = VLLMServerClient(server_base_url(args))
+    client.wait_until_healthy(args.vllm_server_timeout)
+    sender = None
+    if rank == 0:
+        host = local_address_towards(urllib.parse.urlparse(client.base_url).hostname or "")
+        device = next(model.parameters()).device
+        device = device if device.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
+        sender = NcclWeightSender(client, host, args.vllm_group_port, device)
+    return VLLMServerBackend(
+        client, model, sender, is_main=rank == 0, world_size=world_size, sync_every_generate=not step_sync
+    )

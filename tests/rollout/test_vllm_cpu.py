@@ -1,0 +1,445 @@
+"""The vLLM backend's parts that need neither vLLM nor a GPU, with the real code: the sampling arguments, the
+weight names and merged LoRA weights (a real tiny Llama, a real PEFT LoRA), the server client against a real
+HTTP server on 127.0.0.1 that speaks vLLM's protocol, and the error paths. The last test needs vLLM and CUDA
+and is skipped without them."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+
+from grpokit import GRPOConfig
+from grpokit.models.tiny import build_char_tokenizer, build_tiny_model
+from grpokit.rollout import SamplingParams
+from grpokit.rollout.vllm_backend import (
+    VLLMUnavailableError,
+    colocate_engine_kwargs,
+    engine_config_dir,
+    is_truncated,
+    require_vllm,
+    vllm_sampling_kwargs,
+)
+from grpokit.rollout.vllm_client import (
+    VLLMServerBackend,
+    VLLMServerClient,
+    make_server_backend,
+    weight_metadata,
+)
+from grpokit.rollout.weight_names import full_tensors, policy_weights, vllm_name
+from grpokit.train.off_policy import make_sampler
+
+EOS = 2
+HAS_VLLM_GPU = torch.cuda.is_available() and __import__("importlib").util.find_spec("vllm") is not None
+
+
+def tiny(tie: bool = True) -> torch.nn.Module:
+    tokenizer = build_char_tokenizer()
+    return build_tiny_model(
+        tokenizer, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0,
+        tie_word_embeddings=tie,
+    )  # fmt: skip
+
+
+# ---- sampling arguments ------------------------------------------------------------------------------------
+def test_sampling_kwargs_follow_grpokit_params():
+    params = SamplingParams(
+        max_new_tokens=7, temperature=0.7, top_p=0.9, top_k=0, min_p=0.05, repetition_penalty=1.1,
+        eos_token_ids=(EOS, 5),
+    )  # fmt: skip
+    assert vllm_sampling_kwargs(params, 4) == {
+        "n": 4, "temperature": 0.7, "top_p": 0.9, "top_k": 0, "min_p": 0.05, "repetition_penalty": 1.1,
+        "max_tokens": 7, "stop_token_ids": [EOS, 5], "logprobs": 0,
+    }  # fmt: skip
+    assert vllm_sampling_kwargs(SamplingParams(max_new_tokens=3, top_k=20), 2)["top_k"] == 20
+
+
+def test_greedy_is_temperature_zero_with_the_filters_off():
+    params = SamplingParams(max_new_tokens=5, temperature=0.7, top_p=0.5, top_k=3, min_p=0.2, do_sample=False)
+    kwargs = vllm_sampling_kwargs(params, 1)
+    assert (kwargs["temperature"], kwargs["top_p"], kwargs["top_k"], kwargs["min_p"]) == (0.0, 1.0, 0, 0.0)
+
+
+def test_truncation_follows_the_finish_reason_else_the_last_token():
+    assert is_truncated([4, 5, 6], "length", [EOS]) and not is_truncated([4, EOS], "stop", [EOS])
+    assert is_truncated([4, 5], None, [EOS]) and not is_truncated([4, EOS], None, [EOS])
+
+
+# ---- weight names ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("raw", "plain"),
+    [
+        ("module.model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.up_proj.weight"),
+        ("model._fsdp_wrapped_module.layers.1._fsdp_wrapped_module.mlp.down_proj.weight",
+         "model.layers.1.mlp.down_proj.weight"),
+        ("_orig_mod.model.layers.0._checkpoint_wrapped_module.self_attn.o_proj.weight",
+         "model.layers.0.self_attn.o_proj.weight"),
+        ("module.base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight",
+         "model.layers.0.self_attn.q_proj.weight"),
+        ("base_model.model.lm_head.modules_to_save.default.weight", "lm_head.weight"),
+        ("base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight", None),
+        ("base_model.model.model.layers.0.self_attn.q_proj.lora_B.default.weight", None),
+        ("base_model.model.lm_head.original_module.weight", None),
+    ],
+)  # fmt: skip
+def test_wrapper_and_adapter_names_map_to_checkpoint_names(raw, plain):
+    assert vllm_name(raw) == plain
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_a_plain_model_yields_its_checkpoint_names_and_tensors_once(tie):
+    model = tiny(tie)
+    pushed = dict(policy_weights(model))
+    assert list(pushed) == [name for name, _ in model.named_parameters()]
+    assert ("lm_head.weight" in pushed) is not tie  # tied: the embedding once (vLLM ties the head itself)
+    for name, param in model.named_parameters():
+        assert torch.equal(pushed[name], param)
+
+
+def test_lora_weights_are_merged_by_hand_under_the_base_names_without_touching_the_policy():
+    model = tiny()
+    base = {name: p.detach().clone() for name, p in model.named_parameters()}
+    config = LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0, init_lora_weights=False,
+        modules_to_save=["norm"],
+    )  # fmt: skip
+    peft_model = get_peft_model(model, config)
+    with torch.no_grad():
+        peft_model.base_model.model.model.norm.modules_to_save["default"].weight.mul_(3.0)
+    pushed = dict(policy_weights(peft_model))
+    assert list(pushed) == list(base)  # the plain checkpoint's names, in order; no adapter names
+    scaling = 8 / 4
+    for layer in range(2):
+        for proj in ("q_proj", "v_proj"):
+            module = peft_model.base_model.model.model.layers[layer].self_attn.get_submodule(proj)
+            a, b = module.lora_A["default"].weight, module.lora_B["default"].weight  # [r, in], [out, r]
+            name = f"model.layers.{layer}.self_attn.{proj}.weight"
+            expected = base[name] + scaling * (b @ a)
+            torch.testing.assert_close(pushed[name], expected, rtol=0, atol=1e-6)
+            assert not torch.allclose(pushed[name], base[name])  # the adapter does change it
+            assert torch.equal(module.base_layer.weight, base[name])  # never merged in place
+        k_name = f"model.layers.{layer}.self_attn.k_proj.weight"
+        assert torch.equal(pushed[k_name], base[k_name])
+    torch.testing.assert_close(pushed["model.norm.weight"], 3.0 * base["model.norm.weight"])  # the saved copy
+    assert not any(t.requires_grad for t in pushed.values())
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the trainer generates under autocast
+        under_autocast = dict(policy_weights(peft_model))
+    assert all(torch.equal(under_autocast[name], pushed[name]) for name in pushed)
+
+
+def test_dtensor_shards_are_gathered_into_full_tensors():
+    dist = torch.distributed
+    if dist.is_initialized():
+        pytest.skip("a process group is already set up in this process")
+    from torch.distributed.tensor import DeviceMesh, Shard, distribute_tensor
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        full = torch.arange(12.0).reshape(4, 3)
+        shard = distribute_tensor(full, DeviceMesh("cpu", [0]), [Shard(0)])
+        ((name, gathered),) = list(full_tensors([("w", shard)]))
+        assert name == "w" and type(gathered) is torch.Tensor and torch.equal(gathered, full)
+    finally:
+        dist.destroy_process_group()
+
+
+# ---- the colocated engine's arguments --------------------------------------------------------------------
+def test_colocate_engine_kwargs_and_config_directory(tmp_path):
+    args = GRPOConfig(
+        output_dir=str(tmp_path), use_vllm=True, vllm_gpu_memory_utilization=0.45,
+        vllm_enable_sleep_mode=True, vllm_max_model_length=512, generation_dtype="bfloat16", seed=7,
+    )  # fmt: skip
+    model = get_peft_model(tiny(), LoraConfig(r=2, target_modules=["q_proj"]))
+    directory = engine_config_dir(model)
+    saved = json.loads((Path(directory) / "config.json").read_text())
+    assert saved["architectures"] == ["LlamaForCausalLM"] and saved["vocab_size"] == model.config.vocab_size
+    kwargs = colocate_engine_kwargs(args, directory, rank=3)
+    assert kwargs["model"] == directory and kwargs["load_format"] == "dummy"
+    assert kwargs["enable_prefix_caching"] is True and kwargs["logprobs_mode"] == "processed_logprobs"
+    assert (
+        kwargs["distributed_executor_backend"] == "external_launcher"
+        and kwargs["generation_config"] == "vllm"
+    )
+    assert (kwargs["gpu_memory_utilization"], kwargs["enable_sleep_mode"], kwargs["max_model_len"]) == (
+        0.45,
+        True,
+        512,
+    )
+    assert (kwargs["dtype"], kwargs["seed"], kwargs["tensor_parallel_size"]) == ("bfloat16", 10, 1)
+
+
+# ---- a real HTTP server speaking vLLM's protocol -----------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class FakeVLLMServer:
+    """vLLM's OpenAI-compatible server (with its dev endpoints) on 127.0.0.1: completion i*n+j of prompt i
+    counts up from prompt[-1] + 1 + j until a stop token or max_tokens; the second sample's first log-prob
+    is null. Records every request."""
+
+    def __init__(self, *, unhealthy: int = 0, dev_mode: bool = True) -> None:
+        self.requests: list[tuple[str, str, object]] = []
+        self.unhealthy, self.dev_mode = unhealthy, dev_mode
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def answer(self, method: str, path: str, body: object) -> tuple[int, object]:
+        self.requests.append((method, path, body))
+        if path == "/health":
+            self.unhealthy -= 1
+            return (503, None) if self.unhealthy >= 0 else (200, None)
+        if path == "/v1/models":
+            return 200, {"object": "list", "data": [{"id": "tiny-model", "object": "model"}]}
+        if path == "/v1/completions":
+            return 200, self.completions(body)
+        dev = ("/get_world_size", "/init_weight_transfer_engine", "/start_weight_update", "/update_weights",
+               "/finish_weight_update", "/reset_prefix_cache")  # fmt: skip
+        if path in dev and self.dev_mode:
+            return 200, {"world_size": 2} if path == "/get_world_size" else {"message": "ok"}
+        return 404, {"detail": "Not Found"}
+
+    @staticmethod
+    def completions(body: dict) -> dict:
+        choices = []
+        for i, prompt in enumerate(body["prompt"]):
+            for j in range(body["n"]):
+                tokens, reason = [], "length"
+                for k in range(body["max_tokens"]):
+                    tokens.append((prompt[-1] + 1 + j + k) % 40)
+                    if tokens[-1] in body["stop_token_ids"]:
+                        reason = "stop"
+                        break
+                logps = [-0.5 - 0.01 * k for k in range(len(tokens))]
+                if j == 1:
+                    logps[0] = None
+                choices.append({
+                    "index": i * body["n"] + j, "text": "", "finish_reason": reason, "token_ids": tokens,
+                    "prompt_token_ids": prompt,
+                    "logprobs": {"tokens": [f"token_id:{t}" for t in tokens], "token_logprobs": logps,
+                                 "top_logprobs": [{} for _ in tokens], "text_offset": [0] * len(tokens)},
+                })  # fmt: skip
+        return {"id": "cmpl-1", "object": "text_completion", "model": body["model"], "choices": choices[::-1]}
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _reply(self, method: str) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                status, payload = fake.answer(method, self.path, json.loads(raw) if raw.strip() else None)
+                data = b"" if payload is None else json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                self._reply("GET")
+
+            def do_POST(self) -> None:
+                self._reply("POST")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        return Handler
+
+
+@pytest.fixture
+def server():
+    fake = FakeVLLMServer()
+    yield fake
+    fake.close()
+
+
+def test_generation_request_and_response_over_http(server):
+    client = VLLMServerClient(server.url)
+    client.wait_until_healthy(5)
+    params = SamplingParams(max_new_tokens=4, temperature=0.9, top_k=5, min_p=0.1, eos_token_ids=(EOS,))
+    prompts = [[7, 8, 37], [3, 4]]
+    out = VLLMServerBackend(client, None, None).generate(prompts, 2, params)
+    method, path, body = server.requests[-1]
+    assert (method, path) == ("POST", "/v1/completions")
+    assert body == {
+        "model": "tiny-model", "prompt": prompts, "return_token_ids": True,
+        "return_tokens_as_token_ids": True, "n": 2, "temperature": 0.9, "top_p": 1.0, "top_k": 5,
+        "min_p": 0.1, "repetition_penalty": 1.0, "max_tokens": 4, "stop_token_ids": [EOS], "logprobs": 0,
+    }  # fmt: skip
+    # prompt 0: 38, 39, 0, 1 (sample 0) and 39, 0, 1, EOS (sample 1 stops, EOS kept); prompt 1: 5.., 6..
+    assert out.completion_ids == [[38, 39, 0, 1], [39, 0, 1, EOS], [5, 6, 7, 8], [6, 7, 8, 9]]
+    assert out.truncated == [True, False, True, True]
+    assert out.logprobs[0] == pytest.approx([-0.5, -0.51, -0.52, -0.53])
+    assert math.isnan(out.logprobs[1][0]) and out.logprobs[1][1:] == pytest.approx([-0.51, -0.52, -0.53])
+
+
+class RecordingSender:
+    """grpokit's sender interface (``NcclWeightSender.send``) without NCCL: records what it would send."""
+
+    def __init__(self) -> None:
+        self.pushes: list[tuple[list, dict[str, torch.Tensor]]] = []
+
+    def send(self, metadata, weights) -> None:
+        self.pushes.append((list(metadata), dict(weights)))
+
+
+def test_the_server_backend_pushes_merged_weights_then_resets_the_prefix_cache(server):
+    model = get_peft_model(tiny(), LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False))
+    sender, client = RecordingSender(), VLLMServerClient(server.url)
+    params = SamplingParams(max_new_tokens=2, eos_token_ids=(EOS,))
+    backend = VLLMServerBackend(client, model, sender)  # default: a push at every generate call
+    backend.generate([[5, 6]], 2, params)
+    backend.generate([[5, 6]], 2, params)
+    assert len(sender.pushes) == 2
+    metadata, weights = sender.pushes[0]
+    assert [name for name, _, _ in metadata] == list(weights) == [n for n, _ in tiny().named_parameters()]
+    q = model.base_model.model.model.layers[0].self_attn.q_proj
+    merged = (
+        q.base_layer.weight + q.scaling["default"] * q.lora_B["default"].weight @ q.lora_A["default"].weight
+    )
+    torch.testing.assert_close(weights["model.layers.0.self_attn.q_proj.weight"], merged.detach())
+    paths = [path for _, path, _ in server.requests]
+    assert paths.count("/reset_prefix_cache") == 2 and paths.index("/reset_prefix_cache") < paths.index(
+        "/v1/completions"
+    )
+    at_steps = VLLMServerBackend(client, model, sender, sync_every_generate=False)
+    at_steps.generate([[5, 6]], 2, params)  # the first generation always has the policy's weights
+    at_steps.generate([[5, 6]], 2, params)
+    assert len(sender.pushes) == 3
+    at_steps.mark_weights_changed()
+    at_steps.generate([[5, 6]], 2, params)
+    assert len(sender.pushes) == 4
+
+
+def test_weight_update_calls_carry_the_policy_metadata(server):
+    model = tiny()
+    metadata = weight_metadata(model)
+    assert metadata[0] == (
+        "model.embed_tokens.weight",
+        "float32",
+        list(model.model.embed_tokens.weight.shape),
+    )
+    client = VLLMServerClient(server.url)
+    assert client.world_size() == 2
+    client.init_weight_transfer_engine({"master_address": "127.0.0.1", "master_port": 51216, "rank_offset": 1,
+                                        "world_size": 3})  # fmt: skip
+    client.start_weight_update()
+    client.update_weights(metadata)
+    client.finish_weight_update()
+    client.reset_prefix_cache()
+    calls = [(path, body) for _, path, body in server.requests]
+    assert calls[1][1]["init_info"]["world_size"] == 3 and calls[2] == ("/start_weight_update", {})
+    update = calls[3][1]["update_info"]
+    assert update["names"] == [name for name, _ in model.named_parameters()]
+    assert update["dtype_names"] == ["float32"] * len(metadata) and update["shapes"][0] == metadata[0][2]
+    assert [path for path, _ in calls[4:]] == ["/finish_weight_update", "/reset_prefix_cache"]
+
+
+def test_a_server_without_dev_mode_is_named():
+    fake = FakeVLLMServer(dev_mode=False)
+    try:
+        with pytest.raises(RuntimeError, match=r"HTTP 404 .*VLLM_SERVER_DEV_MODE=1"):
+            VLLMServerClient(fake.url).start_weight_update()
+    finally:
+        fake.close()
+
+
+def test_health_is_polled_until_the_server_is_up():
+    fake = FakeVLLMServer(unhealthy=2)
+    try:
+        VLLMServerClient(fake.url).wait_until_healthy(10, interval=0.05)
+        assert [path for _, path, _ in fake.requests] == ["/health"] * 3
+    finally:
+        fake.close()
+
+
+def test_an_unreachable_server_is_a_clear_error_after_the_timeout(tmp_path):
+    args = GRPOConfig(
+        output_dir=str(tmp_path), use_vllm=True, vllm_mode="server", vllm_server_host="127.0.0.1",
+        vllm_server_port=free_port(), vllm_server_timeout=0.2,
+    )  # fmt: skip
+    with pytest.raises(
+        ConnectionError, match=r"no vLLM server answered at http://127\.0\.0\.1:\d+/health"
+    ) as err:
+        make_server_backend(args, tiny())
+    assert "trl vllm-serve" in str(err.value) and "use_vllm=False" in str(err.value)
+
+
+def test_server_mode_under_several_processes_needs_step_sync(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    args = GRPOConfig(output_dir=str(tmp_path), use_vllm=True, vllm_mode="server")
+    with pytest.raises(ValueError, match="2 training processes is not supported yet"):
+        make_server_backend(args, tiny())
+
+
+# ---- error paths at construction ---------------------------------------------------------------------------
+@pytest.mark.skipif(HAS_VLLM_GPU, reason="vLLM and CUDA are here")
+@pytest.mark.parametrize("mode", ["colocate", "server"])
+def test_use_vllm_without_vllm_or_cuda_names_the_alternative(tmp_path, mode):
+    args = GRPOConfig(output_dir=str(tmp_path), use_vllm=True, vllm_mode=mode)
+    with pytest.raises(VLLMUnavailableError) as err:
+        make_sampler(args, tiny(), None, "ddp")
+    message = str(err.value)
+    assert f"use_vllm=True (vllm_mode='{mode}') needs" in message
+    assert "use_vllm=False" in message and "generation_backend='fast'" in message
+    with pytest.raises(RuntimeError):
+        require_vllm(mode)
+
+
+def test_vllm_and_a_rollout_backend_are_refused_together(tmp_path):
+    args = GRPOConfig(output_dir=str(tmp_path), use_vllm=True)
+    with pytest.raises(ValueError, match=r"rollout_backend=.*use_vllm=True both choose the sampler"):
+        make_sampler(args, tiny(), object(), "ddp")
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"vllm_mode": "remote"}, r"vllm_mode must be one of \('colocate', 'server'\)"),
+        ({"vllm_gpu_memory_utilization": 1.5}, r"vllm_gpu_memory_utilization must be in \(0, 1\]"),
+        ({"use_vllm": True, "vllm_tensor_parallel_size": 2}, "vllm_tensor_parallel_size must be 1"),
+        ({"vllm_server_base_url": "localhost:8000"}, "vllm_server_base_url must start with http"),
+        ({"vllm_group_port": 70000}, "vllm_group_port must be a TCP port"),
+        ({"vllm_server_timeout": -1.0}, "vllm_server_timeout must be >= 0"),
+        ({"vllm_model_impl": "tensorrt"}, "vllm_model_impl must be one of"),
+    ],
+)
+def test_bad_vllm_fields_are_refused_naming_the_field(tmp_path, fields, message):
+    with pytest.raises(ValueError, match=message):
+        GRPOConfig(output_dir=str(tmp_path), **fields)
+
+
+# ---- vLLM and CUDA ----------------------------------------------------------------------------------------
+def test_colocated_vllm_greedy_matches_the_fast_sampler(tmp_path):
+    pytest.importorskip("vllm")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from grpokit.rollout import FastSampler
+    from grpokit.rollout.vllm_backend import make_vllm_backend
+
+    model = tiny().to("cuda")
+    args = GRPOConfig(output_dir=str(tmp_path), use_vllm=True, vllm_gpu_memory_utilization=0.2,
+                      vllm_max_model_length=128, generation_dtype="float32")  # fmt: skip
+    backend = make_vllm_backend(args, model)
+    params = SamplingParams(max_new_tokens=8, do_sample=False, eos_token_ids=(EOS,))
+    prompts = [[5, 6, 7], [9, 10, 11, 12]]
+    assert (
+        backend.generate(prompts, 1, params).completion_ids
+        == FastSampler(model).generate(prompts, 1, params).completion_ids
+    )
