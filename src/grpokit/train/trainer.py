@@ -19,7 +19,9 @@ from grpokit.config import GRPOConfig
 from grpokit.core import PolicyLoss
 from grpokit.data.loading import load_dataset_rows
 from grpokit.rollout import RolloutBackend, SamplingParams
+from grpokit.rollout.vllm_backend import require_vllm
 from grpokit.train import environment as episodes
+from grpokit.train.async_rollouts import async_drawer, check_async_generation
 from grpokit.train.batch import LogprobPass, Samples, Scores, pad_samples, score_samples
 from grpokit.train.callbacks import Callbacks
 from grpokit.train.distributed import (
@@ -117,6 +119,8 @@ class GRPOTrainer:
             environment_factory=environment_factory,
         )
         refuse_resets_of_adapter_reference(self.args, peft_config)
+        if self.args.use_vllm:  # no vLLM or no GPU: refused before any weights load
+            require_vllm(self.args.vllm_mode)
         set_seed(self.args.seed)  # the same initial weights (LoRA adapters, heads) on every process
         self.accelerator = make_accelerator(self.args.mixed_precision, self.args.use_cpu)
         self.threads = ThreadPolicy.for_run(self.args, cpu=self.accelerator.device.type == "cpu")
@@ -170,7 +174,9 @@ class GRPOTrainer:
             self.accelerator, self.loss, placed, self.generator
         )
         self.hooks = StepHooks(run_hooks(self))
-        self.groups = GroupDrawer(self)  # which groups each step trains on (dynamic sampling, adaptive G)
+        check_async_generation(self.args, self.accelerator.num_processes, self.strategy, rollout_backend)
+        # which groups each step trains on (dynamic sampling, adaptive G), drawn ahead with async_generation
+        self.groups = async_drawer(self, GroupDrawer(self))
         self.logger = MetricsLogger.from_config(self.args, enabled=self.accelerator.is_main_process)
         self.callbacks = Callbacks(
             callbacks, self.args, model=self.model, processing_class=self.tokenizer,
@@ -245,6 +251,7 @@ class GRPOTrainer:
                 if control.should_training_stop:
                     break
         bar.close()
+        self.groups.close()  # no more draws ahead
         if self.stopped_by is None:
             self.save_model(self.args.output_dir)
             if self.iterative is not None and main:
