@@ -29,6 +29,9 @@ class EnvironmentFields:
     environment_timeout: float | None = 30.0
     """Seconds one environment call (``reset`` or ``step``) may take; a slower call fails its episode, as a
     raising one does (``reward_failure``: raise, or count it and skip the episode's environment reward)."""
+    max_tool_calling_iterations: int | None = None
+    """TRL's name, with ``GRPOTrainer(tools=...)``: tool-calling turns per episode at most (``max_turns`` is
+    then this + 1, the answer's turn); None: ``max_turns``."""
     turn_advantages: bool = False
     """Per-turn environment rewards as process supervision (each policy turn a step): token advantages from
     the group-normalised turn rewards (``process_advantage_weight``) plus the outcome advantage
@@ -44,3 +47,5 @@ def validate_environment_fields(config: Any) -> None:
     timeout = config.environment_timeout
     require(timeout is None or timeout > 0, "environment_timeout", "must be > 0 seconds (or None: unbounded)")
     require(isinstance(config.environment_kwargs, dict), "environment_kwargs", "must be a mapping")
+    iterations = config.max_tool_calling_iterations
+    require(iterations is None or iterations >= 0, "max_tool_calling_iterations", "must be >= 0 (or None)")

@@ -138,7 +138,6 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "entropy_coef_max": ((1, 1.0), "an entropy bonus is not implemented"),
     "entropy_coef_delta": ((0.005,), "an entropy bonus is not implemented"),
     "entropy_target": ((0.2,), "an entropy bonus is not implemented"),
-    "max_tool_calling_iterations": ((None,), "tool calling is not implemented yet"),
     "off_policy_mask_threshold": ((None,), "off-policy sequence masking is not implemented yet"),
     "log_unique_prompts": ((False,), "completions.jsonl (log_completions) holds every prompt"),
     "log_completions_hub_repo": ((None,), "completions go to <output_dir>/completions.jsonl"),
@@ -179,9 +178,10 @@ _TRAINER_ARGUMENTS = {
     "models as directories (or wrap a model in a reward function)",
     "quantization_config": "quantised (bitsandbytes) policies are not supported yet; load the weights in "
     "bfloat16 (model_init_kwargs={dtype: bfloat16}) and use peft_config for LoRA",
-    "tools": "tool calling is not supported yet",
     "rollout_func": "pass a rollout_backend (the RolloutBackend protocol, grpokit.rollout) instead",
-    "environment_factory": "environments are not supported yet",
+    "environment_factory": "TRL's environment protocol (public methods as tools) differs from grpokit's; "
+    "pass environment= (a class with reset(row)/step(action), docs/environments.md), or tools= for "
+    "stateless tools",
 }
 
 

@@ -200,3 +200,28 @@ def test_a_tool_environment_puts_its_tools_in_the_chat_template(tmp_path, tokeni
     trainer = GRPOTrainer(model, None, config, train_dataset=rows, processing_class=chat,
                           environment=lambda: ToolEnvironment([lookup]))  # fmt: skip
     assert chat.decode(trainer.encode_prompt(rows[0]["prompt"])) == "[lookup]hi"
+
+
+def test_trl_tools_argument_runs_tool_episodes(tmp_path, tokenizer):
+    from grpokit.envs.tools import ToolEnvironment
+
+    def lookup(word: str) -> str:
+        """Look a word up.
+
+        Args:
+            word: the word.
+        """
+        return word.upper()
+
+    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=4)
+    config = small_config(
+        tmp_path, max_completion_length=12, max_turn_tokens=3, max_tool_calling_iterations=2
+    )
+    trainer = GRPOTrainer(model, None, config, train_dataset=ROWS, processing_class=tokenizer, tools=[lookup])
+    runner = trainer.environment.runner
+    assert runner.max_turns == 3 and isinstance(runner.make_env(), ToolEnvironment)
+    samples = trainer.sample(ROWS)  # the random policy calls no tool: each episode ends after one turn
+    assert all(e.done and len(e.actions) == 1 and e.info["tool_calls"] == 0 for e in samples.episodes)
+    with pytest.raises(ValueError, match="give tools= or an environment, not both"):
+        GRPOTrainer(model, None, config, train_dataset=ROWS, processing_class=tokenizer, tools=[lookup],
+                    environment=two_turns)  # fmt: skip

@@ -11,10 +11,12 @@ group (``grpokit.core.process_advantages``), plus the outcome advantage, as proc
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
 from grpokit.core import combine_outcome_and_process, process_advantages
+from grpokit.envs.tools import ToolEnvironment
 from grpokit.rollout import RolloutBackend, SamplingParams, generate_groups
 from grpokit.rollout.base import GenerationOutput
 from grpokit.rollout.episodes import (
@@ -40,10 +42,21 @@ class EnvironmentEpisodes(StepHook):
         self._episodes: list[Episode] = []
 
     @classmethod
-    def for_run(cls, args: Any, environment: Any, tokenizer: Any, rows: Sequence[dict[str, Any]]) -> Any:
-        """None unless the run has an environment (``environment`` given to the trainer, else
-        ``args.environment``)."""
+    def for_run(
+        cls, args: Any, environment: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], tools: Any = None
+    ) -> Any:
+        """None unless the run has an environment: ``environment`` given to the trainer, else TRL's
+        ``tools`` (a ``ToolEnvironment`` over them, at most ``max_tool_calling_iterations`` calling turns),
+        else ``args.environment``."""
         spec = environment if environment is not None else args.environment
+        max_turns = args.max_turns
+        if tools:
+            if spec is not None:
+                raise ValueError("GRPOTrainer: give tools= or an environment, not both (a ToolEnvironment "
+                                 "subclass can hold tools and state)")  # fmt: skip
+            spec = functools.partial(ToolEnvironment, list(tools))
+            if args.max_tool_calling_iterations is not None:
+                max_turns = args.max_tool_calling_iterations + 1
         if spec is None:
             if args.turn_advantages:
                 raise ValueError("GRPOConfig.turn_advantages needs an environment (its per-turn rewards)")
@@ -53,7 +66,7 @@ class EnvironmentEpisodes(StepHook):
             tokenizer,
             rows,
             environment_kwargs=args.environment_kwargs,
-            max_turns=args.max_turns,
+            max_turns=max_turns,
             max_tokens=args.max_completion_length,
             max_turn_tokens=args.max_turn_tokens,
             timeout=args.environment_timeout,

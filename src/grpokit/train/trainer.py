@@ -70,7 +70,8 @@ class GRPOTrainer:
             the ``lr_scheduler_type`` schedule over the run's optimizer steps). Not with ``fsdp`` or
             ``deepspeed``, which build the optimizer over the parameters they place.
         peft_config: a ``peft`` config to train adapters instead of all weights.
-        reward_processing_classes, quantization_config, tools, rollout_func, environment_factory: TRL's
+        tools: TRL's tool functions: episodes in a ``ToolEnvironment`` over them (``grpokit.envs.tools``).
+        reward_processing_classes, quantization_config, rollout_func, environment_factory: TRL's
             arguments that grpokit does not support; anything but None is refused with the reason.
         rollout_backend: override the generation backend (anything with the RolloutBackend protocol).
         environment: G multi-turn episodes per prompt (default ``args.environment``; docs/environments.md);
@@ -114,7 +115,6 @@ class GRPOTrainer:
         refuse_trainer_arguments(
             reward_processing_classes=reward_processing_classes,
             quantization_config=quantization_config,
-            tools=tools,
             rollout_func=rollout_func,
             environment_factory=environment_factory,
         )
@@ -133,7 +133,7 @@ class GRPOTrainer:
         self.train_rows = self._load_rows(train_dataset, "train_dataset")
         self.eval_rows = self._load_rows(eval_dataset, "eval_dataset") if eval_dataset is not None else None
         self.environment = episodes.EnvironmentEpisodes.for_run(
-            self.args, environment, self.tokenizer, self.train_rows
+            self.args, environment, self.tokenizer, self.train_rows, tools
         )
         self.model = load_policy(model, self.args, peft_config)
         device = self.accelerator.device
