@@ -19,7 +19,7 @@ class EnvironmentFields:
     import path (``my_envs.Grid``: a class with ``reset(row)``/``step(action)``, or a function
     ``step(row, actions)``). None: single-turn completions (``GRPOTrainer(environment=...)`` also takes a
     class, factory or function)."""
-    environment_kwargs: dict[str, Any] = field(default_factory=dict)
+    environment_kwargs: dict[str, str | int | float | bool] = field(default_factory=dict)
     """Keyword arguments the environment class is built with (one instance per episode)."""
     max_turns: int = 8
     """Policy turns per episode at most; an episode still running after them is truncated."""
@@ -41,11 +41,14 @@ class EnvironmentFields:
 def validate_environment_fields(config: Any) -> None:
     """Ranges, as ValueErrors naming the field."""
     from grpokit.config_checks import require
+    from grpokit.config_integrations import typed_value
 
     require(config.max_turns >= 1, "max_turns", "must be >= 1")
     require(config.max_turn_tokens is None or config.max_turn_tokens >= 1, "max_turn_tokens", "must be >= 1")
     timeout = config.environment_timeout
     require(timeout is None or timeout > 0, "environment_timeout", "must be > 0 seconds (or None: unbounded)")
     require(isinstance(config.environment_kwargs, dict), "environment_kwargs", "must be a mapping")
+    # the command line gives dict values as strings: "0.02" -> 0.02, "false" -> False (as YAML reads them)
+    config.environment_kwargs = {key: typed_value(value) for key, value in config.environment_kwargs.items()}
     iterations = config.max_tool_calling_iterations
     require(iterations is None or iterations >= 0, "max_tool_calling_iterations", "must be >= 0 (or None)")
