@@ -122,3 +122,38 @@ def test_a_model_directory_with_custom_code_is_not_run_without_trust_remote_code
             processing_class=build_char_tokenizer(),
         )
     assert not marker.exists()
+
+
+def test_environment_settings_out_of_range():
+    with pytest.raises(ValueError, match=r"GRPOConfig.max_turns must be >= 1"):
+        GRPOConfig(max_turns=0)
+    with pytest.raises(ValueError, match=r"GRPOConfig.environment_timeout must be > 0 seconds"):
+        GRPOConfig(environment_timeout=0)
+    assert GRPOConfig(environment_kwargs={"step_penalty": "0.02", "mode": "step"}).environment_kwargs == {
+        "step_penalty": 0.02,
+        "mode": "step",
+    }  # the command line's strings typed as YAML types them
+
+
+def test_an_environment_that_is_not_one(tiny_model_dir, tmp_path):
+    from grpokit.envs import make_environment_factory
+
+    with pytest.raises(
+        ValueError, match=r"environment 'nowhere_env.Grid': cannot import Grid from nowhere_env"
+    ):
+        make_environment_factory("nowhere_env.Grid")
+    with pytest.raises(ValueError, match=r"environment 'labyrinth': not a built-in \(calculator, maze\)"):
+        make_environment_factory("labyrinth")
+
+    class NoStep:
+        def reset(self, row):
+            pass
+
+    with pytest.raises(TypeError, match=r"environment NoStep needs reset\(row\) and step\(action\) methods"):
+        make_environment_factory(NoStep)
+    with pytest.raises(TypeError, match=r"environment_kwargs \['size'\] given to a step function"):
+        make_environment_factory(lambda row, actions: None, {"size": 3})
+    with pytest.raises(
+        TypeError, match=r"an environment step must return a Turn or \(observation, reward, done\)"
+    ):
+        make_environment_factory(lambda row, actions: 1.0)().step("x")

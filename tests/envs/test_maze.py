@@ -50,7 +50,7 @@ def test_step_mode_walk_with_penalties():
     assert env.step(" R\n") == Turn("DL\n", -0.1, False, {"moves": 1})  # surrounding whitespace is fine
     assert env.step("D") == Turn("UR\n", -0.1, False, {"moves": 1})
     assert env.step("R") == Turn("UL\n", -0.1, False, {"moves": 1})
-    assert env.step("U") == Turn(None, pytest.approx(0.9), True, {"moves": 1})
+    assert env.step("U") == Turn(None, pytest.approx(0.9), True, {"moves": 1, "solved": 1})
     with pytest.raises(RuntimeError, match="episode is over"):
         env.step("D")
 
@@ -86,10 +86,13 @@ def test_step_before_reset_is_an_error():
 @pytest.mark.parametrize(
     ("action", "turn"),
     [
-        ("RDRU", Turn(None, 1.0, True, {"moves": 4})),
-        (" R D\nR U ", Turn(None, 1.0, True, {"moves": 4})),
-        ("DURDRU", Turn(None, 1.0, True, {"moves": 6})),  # a detour is fine
-        ("RDRUDD", Turn(None, 1.0, True, {"moves": 4})),  # reaching E ends it: later moves unplayed
+        ("RDRU", Turn(None, 1.0, True, {"moves": 4, "solved": 1})),
+        (" R D\nR U ", Turn(None, 1.0, True, {"moves": 4, "solved": 1})),
+        ("DURDRU", Turn(None, 1.0, True, {"moves": 6, "solved": 1})),  # a detour is fine
+        (
+            "RDRUDD",
+            Turn(None, 1.0, True, {"moves": 4, "solved": 1}),
+        ),  # reaching E ends it: later moves unplayed
         ("RDR", Turn(None, 0.0, True, {"moves": 3})),  # stops short of E
         ("RR", Turn(None, 0.0, True, {"moves": 1, "wall_hits": 1})),
         ("L", Turn(None, 0.0, True, {"moves": 0, "wall_hits": 1})),
@@ -268,3 +271,12 @@ def test_running_out_of_mazes_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(maze_task, "is_held_out", lambda text: False)  # no maze may be held out
     with pytest.raises(ValueError, match="could not draw 1 distinct test mazes at 2x2"):
         make_maze_splits(num_train=5, num_test=1, height=2, width=2)
+
+
+def test_invalid_penalty_and_the_solved_grade():
+    from grpokit.envs.maze import maze_solved_reward
+
+    env = started(hand_row("step"), step_penalty=0.02, invalid_penalty=0.5)
+    assert env.step("go") == Turn(None, -0.5, True, {"invalid_actions": 1})
+    infos = [{"moves": 4, "solved": 1}, {"moves": 16}, {"invalid_actions": 1}]
+    assert maze_solved_reward(["p"] * 3, ["c"] * 3, env_info=infos) == [1.0, 0.0, 0.0]

@@ -135,13 +135,15 @@ register_task(
 def _register_multi_turn() -> None:
     """The environment tasks (imported here: their modules import the environments)."""
     from grpokit.data.tasks import calculator, maze
+    from grpokit.envs.maze import maze_solved_reward
 
     register_task(
         Task(
             name="maze",
             make_splits=maze.make_maze_splits,
-            reward_funcs={"solved": environment_reward},
-            default_reward_weights={"solved": 1.0},
+            # trained on the environment's reward (penalties included, if any), graded on reaching the exit
+            reward_funcs={"environment": environment_reward, "solved": maze_solved_reward},
+            default_reward_weights={"environment": 1.0, "solved": 0.0},
             worked_solution=maze.worked_solution,
             extract_answer=maze.extract_path,
             correctness_reward="solved",
@@ -155,8 +157,8 @@ def _register_multi_turn() -> None:
         Task(
             name="maze_path",
             make_splits=functools.partial(maze.make_maze_splits, mode="path"),
-            reward_funcs={"solved": environment_reward},
-            default_reward_weights={"solved": 1.0},
+            reward_funcs={"environment": environment_reward, "solved": maze_solved_reward},
+            default_reward_weights={"environment": 1.0, "solved": 0.0},
             worked_solution=maze.worked_solution,
             extract_answer=maze.extract_path,
             correctness_reward="solved",
