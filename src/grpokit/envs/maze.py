@@ -15,8 +15,8 @@ Two modes:
   exit ends the episode with reward ``1.0 - step_penalty`` and no observation. Any other action (not one
   move letter) ends the episode with reward ``-invalid_penalty`` (default 0.0). With a step penalty, set
   ``invalid_penalty`` above what a failing episode can lose in penalties: otherwise ending an episode at once
-  with an invalid action pays better than searching (measured: step_penalty 0.02 alone, the policy learned
-  to quit at the first turn). The prompt of a step-mode row already ends with the open
+  with an invalid action pays better than searching (measured: with step_penalty 0.02 alone the policy
+  stopped playing, docs/environments.md). The prompt of a step-mode row already ends with the open
   directions from ``S`` (see :func:`observation`), so every action follows an observation line.
 - ``"path"``: one turn. The action is the whole path (letters of ``UDLR``, whitespace ignored), simulated
   from ``S``: a move into a wall fails (reward 0.0); reaching ``E`` succeeds (reward 1.0) the moment it
