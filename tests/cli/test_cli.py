@@ -103,6 +103,8 @@ def test_help_lists_options_with_their_docs(capsys):
         "chain-iterative-prm",
         "chain-outcome-orm",
         "chain-iterative-orm",
+        "maze-tiny",
+        "calculator-tiny",
     ],
 )
 def test_shipped_recipes_load(name):
@@ -116,3 +118,17 @@ def test_recipe_base_is_extended():
     assert (dapo.config.loss_type, dapo.config.epsilon_high, dapo.config.beta) == ("dapo", 0.28, 0.0)
     assert dapo.config.max_steps == tiny.config.max_steps and dapo.model == tiny.model
     assert dapo.config.output_dir != tiny.config.output_dir
+
+
+def test_a_multi_turn_task_trains_in_its_environment_and_is_evaluated_over_episodes(tiny_model_dir, tmp_path):
+    out = tmp_path / "maze-run"
+    argv = ["train", "task=maze", f"model={tiny_model_dir}", f"output_dir={out}", "max_steps=1",
+            "num_train_examples=8", "num_eval_examples=4", "max_completion_length=12", "max_turns=3",
+            "max_turn_tokens=2", "disable_tqdm=true"]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads((out / "eval_summary.json").read_text())
+    for when in ("before", "after"):  # greedy episodes in the maze, graded by reaching the exit
+        assert summary[when]["num_examples"] == 4 and 1 <= summary[when]["env/turns"] <= 3
+        assert summary[when]["accuracy"] == summary[when].get("env/solved", 0.0)
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert "env/turns" in metrics[-1] and "rewards/environment_reward/mean" in metrics[-1]

@@ -172,14 +172,15 @@ def held_out_accuracy(
     model: Any, tokenizer: Any, rows: list[dict], task: str, max_new_tokens: int, config: GRPOConfig
 ) -> dict:
     """Greedy accuracy of ``model`` on ``rows``, graded as ``task`` grades (a multi-turn task: episodes in
-    its environment, with the run's ``max_turns`` and ``environment_kwargs``)."""
+    its environment, with the run's ``max_turns``, ``max_turn_tokens`` and ``environment_kwargs``)."""
     from grpokit.data.tasks import get_task
     from grpokit.eval import evaluate_accuracy, task_episode_accuracy
 
     if get_task(task).environment is not None:
         return task_episode_accuracy(
             get_task(task), model, tokenizer, rows, max_new_tokens=max_new_tokens,
-            max_turns=config.max_turns, environment_kwargs=config.environment_kwargs,
+            max_turns=config.max_turns, max_turn_tokens=config.max_turn_tokens,
+            environment_kwargs=config.environment_kwargs,
         )  # fmt: skip
     return evaluate_accuracy(model, tokenizer, rows, max_new_tokens=max_new_tokens, **task_graders(task))
 

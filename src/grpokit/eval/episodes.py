@@ -22,15 +22,18 @@ def task_episode_accuracy(
     *,
     max_new_tokens: int,
     max_turns: int,
+    max_turn_tokens: int | None = None,
     environment_kwargs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``evaluate_model`` over greedy episodes of ``rows`` in ``task.environment`` (``environment_kwargs``
     override the task's), graded by ``task``'s correctness reward; ``accuracy`` is the share of episodes it
-    scores >= 1. ``max_new_tokens`` bounds each episode's tokens, ``max_turns`` its policy turns."""
+    scores >= 1. ``max_new_tokens`` bounds each episode's tokens, ``max_turns`` its policy turns,
+    ``max_turn_tokens`` each turn (None: what is left of ``max_new_tokens``)."""
     runner = EpisodeRunner.for_rows(
         task.environment, tokenizer, rows,
         environment_kwargs={**task.environment_kwargs, **(environment_kwargs or {})},
-        max_turns=max_turns, max_tokens=max_new_tokens, timeout=None, on_error="raise",
+        max_turns=max_turns, max_tokens=max_new_tokens, max_turn_tokens=max_turn_tokens, timeout=None,
+        on_error="raise",
     )  # fmt: skip
     grader = task.reward_funcs[task.correctness_reward]
     return evaluate_model(
