@@ -187,8 +187,8 @@ def _register_multi_turn() -> None:
                 "max_new_tokens": 96,
                 "num_sft_examples": 5000,
                 "stop_at_accuracy": None,
-                "max_steps": 300,
-                "probe_every": 50,
+                "max_steps": 600,
+                "probe_every": 100,
             },
         )
     )
