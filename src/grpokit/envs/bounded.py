@@ -1,18 +1,22 @@
 """Calling many environments at once with a time limit per call: one that raises or hangs is reported,
 never waited on forever.
 
-Calls run on a pool of worker threads (environments that wait on I/O, such as a tool calling a service,
-overlap). A call still running ``timeout`` seconds after it started is reported as an
+Calls run on a pool of daemon worker threads (environments that wait on I/O, such as a tool calling a
+service, overlap). A call still running ``timeout`` seconds after it started is reported as an
 :class:`EnvironmentTimeout` and abandoned: a Python thread cannot be killed, so the pool is replaced and
-the hung thread is left to finish on its own. An environment that runs untrusted code should run it in a
-subprocess (the code reward's sandbox, ``grpokit.rewards.isolation``), which can be killed.
+the hung thread is left to finish on its own (daemon threads: it never keeps the process from exiting,
+which ``concurrent.futures.ThreadPoolExecutor``'s workers would). An environment that runs untrusted code
+should run it in a subprocess (the code reward's sandbox, ``grpokit.rewards.isolation``), which can be
+killed.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
 __all__ = ["BoundedCaller", "EnvironmentTimeout"]
@@ -30,14 +34,14 @@ class BoundedCaller:
         if timeout is not None and timeout <= 0:
             raise ValueError(f"environment_timeout must be > 0 seconds or None, got {timeout}")
         self.timeout, self.max_workers = timeout, max_workers
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: _DaemonPool | None = None
 
     def run(self, calls: Sequence[Callable[[], Any]]) -> list[Any]:
         """Each call's result, or the exception it raised (an :class:`EnvironmentTimeout` when it hung)."""
         if self.timeout is None:
             return [_outcome(call) for call in calls]
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.max_workers, thread_name_prefix="grpokit-env")
+            self._pool = _DaemonPool(self.max_workers)
         started: dict[int, float] = {}
 
         def timed(index: int, call: Callable[[], Any]) -> Any:
@@ -60,14 +64,42 @@ class BoundedCaller:
                     pending.discard(future)
                     hung = True
         if hung:  # its worker is still busy: later calls get fresh threads
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.close()
             self._pool = None
         return results
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.close()
             self._pool = None
+
+
+class _DaemonPool:
+    """``workers`` daemon threads running submitted calls in order of submission."""
+
+    def __init__(self, workers: int) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        for index in range(workers):
+            threading.Thread(target=self._work, name=f"grpokit-env-{index}", daemon=True).start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        future: Future = Future()
+        self._queue.put((future, fn, args))
+        return future
+
+    def close(self) -> None:
+        """Idle workers exit; a busy (hung) one exits when its call returns, if ever."""
+        for _ in range(64):
+            self._queue.put(None)
+
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            future, fn, args = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as error:  # handed to the caller, which applies the failure policy
+                    future.set_exception(error)
 
 
 def _outcome(call: Callable[[], Any]) -> Any:
