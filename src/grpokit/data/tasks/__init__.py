@@ -137,37 +137,27 @@ def _register_multi_turn() -> None:
     from grpokit.data.tasks import calculator, maze
     from grpokit.envs.maze import maze_solved_reward
 
-    register_task(
-        Task(
-            name="maze",
-            make_splits=maze.make_maze_splits,
-            # trained on the environment's reward (penalties included, if any), graded on reaching the exit
-            reward_funcs={"environment": environment_reward, "solved": maze_solved_reward},
-            default_reward_weights={"environment": 1.0, "solved": 0.0},
-            worked_solution=maze.worked_solution,
-            extract_answer=maze.extract_path,
-            correctness_reward="solved",
-            defaults={"num_train": 5000, "num_test": 200, "height": 4, "width": 4, "mode": "step"},
-            environment="maze",
-            worked_episode=maze.worked_episode,
-            cold_start={"max_new_tokens": 80, "num_sft_examples": 5000},
+    # maze: one move per turn; maze_path: the whole path in one turn. Trained on the environment's reward
+    # (penalties included, if any), graded on reaching the exit.
+    for name, mode, cold_start in (
+        ("maze", "step", {"max_new_tokens": 80, "num_sft_examples": 5000}),
+        ("maze_path", "path", {"max_new_tokens": 40, "num_sft_examples": 5000, "max_turns": 1}),
+    ):
+        register_task(
+            Task(
+                name=name,
+                make_splits=functools.partial(maze.make_maze_splits, mode=mode),
+                reward_funcs={"environment": environment_reward, "solved": maze_solved_reward},
+                default_reward_weights={"environment": 1.0, "solved": 0.0},
+                worked_solution=maze.worked_solution,
+                extract_answer=maze.extract_path,
+                correctness_reward="solved",
+                defaults={"num_train": 5000, "num_test": 200, "height": 4, "width": 4, "mode": mode},
+                environment="maze",
+                worked_episode=maze.worked_episode,
+                cold_start=cold_start,
+            )
         )
-    )
-    register_task(  # the whole path in one turn: one policy turn, the maze checks it
-        Task(
-            name="maze_path",
-            make_splits=functools.partial(maze.make_maze_splits, mode="path"),
-            reward_funcs={"environment": environment_reward, "solved": maze_solved_reward},
-            default_reward_weights={"environment": 1.0, "solved": 0.0},
-            worked_solution=maze.worked_solution,
-            extract_answer=maze.extract_path,
-            correctness_reward="solved",
-            defaults={"num_train": 5000, "num_test": 200, "height": 4, "width": 4, "mode": "path"},
-            environment="maze",
-            worked_episode=maze.worked_episode,
-            cold_start={"max_new_tokens": 40, "num_sft_examples": 5000, "max_turns": 1},
-        )
-    )
     register_task(
         Task(
             name="calculator",
