@@ -130,8 +130,7 @@ def run_episodes(
 
     session = open_session(backend, prompt_ids, [num_samples] * len(prompt_ids))
     done = runner.run(session, [dict(row) for row in rows for _ in range(num_samples)], params)
-    columns = episode_columns(done)
-    return as_generation_output(done), [{n: v[i] for n, v in columns.items()} for i in range(len(done))]
+    return as_generation_output(done), episode_columns(done)
 
 
 def evaluate_model(

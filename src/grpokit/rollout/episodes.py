@@ -227,16 +227,19 @@ def as_generation_output(episodes: Sequence[Episode]) -> GenerationOutput:
     )
 
 
-def episode_columns(episodes: Sequence[Episode]) -> dict[str, list[Any]]:
-    """Columns added to each episode's row for reward functions: ``env_reward`` (summed turn rewards or
+def episode_columns(episodes: Sequence[Episode]) -> list[dict[str, Any]]:
+    """Per episode, the columns added to its row for reward functions: ``env_reward`` (summed turn rewards or
     None), ``env_turn_rewards``, ``env_actions``, ``env_info`` (summed counters), ``env_done``."""
-    return {
-        "env_reward": [e.reward for e in episodes],
-        "env_turn_rewards": [list(e.turn_rewards) for e in episodes],
-        "env_actions": [list(e.actions) for e in episodes],
-        "env_info": [dict(e.info) for e in episodes],
-        "env_done": [e.done for e in episodes],
-    }
+    return [
+        {
+            "env_reward": e.reward,
+            "env_turn_rewards": list(e.turn_rewards),
+            "env_actions": list(e.actions),
+            "env_info": dict(e.info),
+            "env_done": e.done,
+        }
+        for e in episodes
+    ]
 
 
 def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
@@ -263,5 +266,4 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
 
 def with_episode_columns(rows: Sequence[dict[str, Any]], episodes: Sequence[Episode]) -> list[dict[str, Any]]:
     """Each row with its episode's columns (:func:`episode_columns`) added."""
-    columns = episode_columns(episodes)
-    return [{**row, **{name: values[i] for name, values in columns.items()}} for i, row in enumerate(rows)]
+    return [{**row, **columns} for row, columns in zip(rows, episode_columns(episodes))]

@@ -144,8 +144,8 @@ class CachedTurnSession:
         if any(p is not None for p in self.pending):
             raise RuntimeError("observe() must follow a turn before the next act()")
         n = len(self.rows)
-        limit = torch.as_tensor(list(limits), device=self.device)  # [n], in the order of rows
-        limit = limit[torch.as_tensor([list(rows).index(r) for r in self.rows], device=self.device)]
+        by_row = dict(zip(rows, limits))
+        limit = torch.as_tensor([by_row[r] for r in self.rows], device=self.device)  # [n], cache row order
         eos = torch.as_tensor(list(params.eos_token_ids) or [-1], device=self.device)
         tokens: list[torch.Tensor] = []
         logps: list[torch.Tensor] = []

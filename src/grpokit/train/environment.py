@@ -15,7 +15,6 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from grpokit.core import combine_outcome_and_process, process_advantages
 from grpokit.envs.tools import ToolEnvironment
 from grpokit.rollout import RolloutBackend, SamplingParams, generate_groups
 from grpokit.rollout.base import GenerationOutput
@@ -29,6 +28,7 @@ from grpokit.rollout.episodes import (
 from grpokit.rollout.turns import open_session
 from grpokit.train.batch import RolloutBatch, Samples, Scores
 from grpokit.train.hooks import StepHook
+from grpokit.train.process_supervision import token_abs_mean, token_advantages
 
 __all__ = ["EnvironmentEpisodes", "sample_groups", "template_kwargs"]
 
@@ -99,26 +99,10 @@ class EnvironmentEpisodes(StepHook):
         """``turn_advantages``: outcome advantages [n] -> token advantages [n, C] from the turn rewards."""
         if not self.args.turn_advantages or not self._episodes:
             return
-        mask, width = batch.completion_mask, max(1, batch.completion_mask.shape[1])
         rewards = [[0.0 if r is None else r for r in e.turn_rewards] for e in self._episodes]
         ends = [e.turn_ends[: len(r)] for e, r in zip(self._episodes, rewards)]  # turns the env answered
-        process = process_advantages(
-            rewards,
-            ends,
-            self.args.num_generations,
-            width,
-            eps=self.args.advantage_epsilon,
-            device=mask.device,
-        )  # [n, C]
-        batch.advantages = combine_outcome_and_process(
-            batch.advantages.to(mask.device), process[:, : mask.shape[1]], mask,
-            outcome_weight=self.args.outcome_advantage_weight,
-            process_weight=self.args.process_advantage_weight,
-        )  # fmt: skip
-        m = mask.float()
-        self._metrics["advantages/token_abs_mean"] = float(
-            (batch.advantages.abs() * m).sum() / m.sum().clamp(min=1)
-        )
+        batch.advantages = token_advantages(rewards, ends, batch.advantages, batch.completion_mask, self.args)
+        self._metrics["advantages/token_abs_mean"] = token_abs_mean(batch.advantages, batch.completion_mask)
 
     def metrics(self) -> dict[str, float]:
         return self._metrics

@@ -35,7 +35,7 @@ from grpokit.rewards.scoring import reward_names, reward_weights
 from grpokit.train.batch import RolloutBatch, Samples, Scores
 from grpokit.train.hooks import StepHook
 
-__all__ = ["ProcessSupervision"]
+__all__ = ["ProcessSupervision", "token_abs_mean", "token_advantages"]
 
 
 class ProcessSupervision(StepHook):
@@ -90,21 +90,7 @@ class ProcessSupervision(StepHook):
         self, scores: ProcessScores, outcome_advantages: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
         """Per-token advantages [n, C] (see the module docstring). outcome_advantages: [n]; mask: [n, C]."""
-        process = process_advantages(
-            scores.step_rewards,
-            scores.step_ends,
-            self.args.num_generations,
-            max(1, mask.shape[1]),
-            eps=self.args.advantage_epsilon,
-            device=mask.device,
-        )  # [n, C]
-        return combine_outcome_and_process(
-            outcome_advantages.to(mask.device),
-            process[:, : mask.shape[1]],
-            mask,
-            outcome_weight=self.args.outcome_advantage_weight,
-            process_weight=self.args.process_advantage_weight,
-        )  # [n, C]
+        return token_advantages(scores.step_rewards, scores.step_ends, outcome_advantages, mask, self.args)
 
     @staticmethod
     def step_metrics(scores: ProcessScores, advantages: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -112,9 +98,42 @@ class ProcessSupervision(StepHook):
         ``.../step_count``, ``.../failures``, ``process_rewards/num_steps/mean`` and
         ``advantages/token_abs_mean``."""
         values = [v for row in scores.step_rewards for v in row]
-        m = mask.float()
         return {
             "process_reward": sum(values) / len(values) if values else math.nan,
             **scores.metrics(),
-            "advantages/token_abs_mean": float((advantages.abs() * m).sum() / m.sum().clamp(min=1)),
+            "advantages/token_abs_mean": token_abs_mean(advantages, mask),
         }
+
+
+def token_advantages(
+    step_rewards: Sequence[Sequence[float]],
+    step_ends: Sequence[Sequence[int]],
+    outcome_advantages: torch.Tensor,
+    mask: torch.Tensor,
+    args: Any,
+) -> torch.Tensor:
+    """Token advantages [n, C] from step rewards (the step ending at token ``step_ends[i][j]`` of
+    completion i), normalised within each group of ``num_generations``, combined with the outcome
+    advantages [n] by ``outcome_advantage_weight`` / ``process_advantage_weight`` (module docstring).
+    Shared by process rewards and by an environment's per-turn rewards (``train.environment``)."""
+    process = process_advantages(
+        step_rewards,
+        step_ends,
+        args.num_generations,
+        max(1, mask.shape[1]),
+        eps=args.advantage_epsilon,
+        device=mask.device,
+    )  # [n, C]
+    return combine_outcome_and_process(
+        outcome_advantages.to(mask.device),
+        process[:, : mask.shape[1]],
+        mask,
+        outcome_weight=args.outcome_advantage_weight,
+        process_weight=args.process_advantage_weight,
+    )  # [n, C]
+
+
+def token_abs_mean(advantages: torch.Tensor, mask: torch.Tensor) -> float:
+    """``advantages/token_abs_mean``: mean |A| over the masked tokens of [n, C] advantages."""
+    m = mask.float()
+    return float((advantages.abs() * m).sum() / m.sum().clamp(min=1))
