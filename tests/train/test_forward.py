@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from grpokit.core import logprobs_and_entropy
-from grpokit.train.forward import completion_logprobs, no_grad_logprobs, shared_prefix_pays
+from grpokit.train.forward import completion_logprobs, head_chunk_rows, no_grad_logprobs, shared_prefix_pays
 
 VOCAB = 61
 G = 3
@@ -206,3 +206,11 @@ def test_shared_prefix_choice(model):
         completion_logprobs(
             model, p_ids[:4], p_mask[:4], c_ids[:4], c_mask[:4], num_generations=G, shared_prefix=True
         )
+
+
+def test_head_chunk_rows_keep_a_chunk_within_16_mib():
+    # rows = 16 MiB / (4 bytes x V), between 32 and 512
+    assert head_chunk_rows(8000) == 512  # 524 by size, capped
+    assert head_chunk_rows(49152) == 85  # SmolLM2: 85 x 49,152 x 4 B = 16.7e6 B <= 16 MiB
+    assert head_chunk_rows(152064) == 32  # Qwen2.5: 27 by size, the floor keeps the matmul efficient
+    assert 85 * 49152 * 4 <= 16 * 2**20 < 86 * 49152 * 4

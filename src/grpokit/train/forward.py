@@ -35,13 +35,17 @@ from grpokit.models.prefix_cache import RecordingCache, full_attention_only, rep
 __all__ = [
     "PolicyLogprobs",
     "completion_logprobs",
+    "head_chunk_rows",
     "micro_batch_rows",
     "no_grad_logprobs",
     "shared_prefix_pays",
 ]
 
 HEAD_CHUNK_ROWS = 512
-"""Rows (completion positions) per LM-head chunk: the chunk's float32 logits are [rows, V]."""
+"""Most rows (completion positions) per LM-head chunk: the chunk's float32 logits are [rows, V]."""
+
+HEAD_CHUNK_BYTES = 16 * 2**20
+"""Float32 bytes of one chunk's [rows, V] logits (see ``head_chunk_rows``)."""
 
 MICRO_BATCH_TOKENS = 4608
 """Default backbone-token budget of one gradient micro-batch (see ``micro_batch_rows``)."""
@@ -73,7 +77,7 @@ def completion_logprobs(
     ``num_generations``: rows k*G .. k*G+G-1 share one prompt (enables the shared-prefix forward).
     ``shared_prefix``: None picks by ``shared_prefix_pays``; True/False forces (True needs groups whose
     prompts are identical, else ValueError). ``chunk_size``: LM-head rows per chunk (default
-    ``HEAD_CHUNK_ROWS``). ``context_mask`` [B, C]: the completion tokens that exist (attended to and
+    ``head_chunk_rows(V)``). ``context_mask`` [B, C]: the completion tokens that exist (attended to and
     counted in positions) when that differs from the scored ones: an episode's observation tokens are
     context (``context_mask`` 1) but not scored (``completion_mask`` 0). None: ``completion_mask``.
     """
@@ -289,6 +293,18 @@ def _shared_prefix_hidden(
 
 
 # ---------------------------------------------------------------------- chunked LM head
+def head_chunk_rows(vocab_size: int) -> int:
+    """LM-head rows per chunk: as many as keep the chunk's float32 logits within ``HEAD_CHUNK_BYTES``, between
+    32 and ``HEAD_CHUNK_ROWS`` (8,000 words: 512 rows; 49,152: 85; 152,064: 32).
+
+    Small enough to be reused rather than page-faulted: the C allocator serves blocks up to 32 MiB again
+    from the memory it keeps, while a larger block is mapped fresh on every allocation, and the kernel
+    zero-fills every page of it (a 100 MB chunk took ~3x its matmul's time in page faults here). Large
+    enough that each chunk is a full-rate matmul: the head's weight is read once per chunk.
+    """
+    return max(32, min(HEAD_CHUNK_ROWS, HEAD_CHUNK_BYTES // (4 * max(1, vocab_size))))
+
+
 def _head_logprobs(model, hidden, completion_ids, completion_mask, *, temperature, with_entropy, chunk_size):
     """LM head + log-softmax over the real completion positions only, a chunk of rows at a time."""
     head = model.get_output_embeddings()
@@ -297,7 +313,7 @@ def _head_logprobs(model, hidden, completion_ids, completion_mask, *, temperatur
     flat_idx = keep.nonzero().squeeze(1)  # [M]
     h = hidden.reshape(batch * num_completion, -1).index_select(0, flat_idx)  # [M, H]
     targets = completion_ids.reshape(-1).index_select(0, flat_idx).to(torch.long)  # [M]
-    rows = chunk_size or HEAD_CHUNK_ROWS
+    rows = chunk_size or head_chunk_rows(head.weight.shape[0])
     logp, ent = _FusedHeadLogprobs.apply(
         h, head.weight, head.bias, targets, 1.0 / temperature, with_entropy, rows
     )

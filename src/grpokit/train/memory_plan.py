@@ -36,7 +36,7 @@ from typing import Any
 
 from grpokit.config import GRPOConfig
 from grpokit.models.shape import DTYPE_BYTES, ModelShape, count_lora_parameters, dtype_name
-from grpokit.train.forward import HEAD_CHUNK_ROWS
+from grpokit.train.forward import head_chunk_rows
 
 __all__ = ["FAST_PREFILL_PROMPTS", "GIB", "MemoryPlan", "layer_activation_bytes", "plan_memory"]
 
@@ -265,7 +265,7 @@ def plan_memory(
     if c != w:  # autocast over float32 weights: the backward keeps each linear's low-precision weight
         p["autocast_copies"] = c * linear_layer * (1 if args.gradient_checkpointing else layers)
     completion_tokens = rows * completion
-    chunk = min(HEAD_CHUNK_ROWS, completion_tokens)
+    chunk = min(head_chunk_rows(vocab), completion_tokens)
     p["head"] = 2 * completion_tokens * hidden * w + 2 * chunk * vocab * 4  # h, grad_h; z and e (or coef)
     if w != 4:  # the chunk's gradient cast to the weights' dtype; a float32 [V, H] weight-gradient buffer
         p["head"] += chunk * vocab * w + (0 if lora else vocab * hidden * 4)
@@ -276,7 +276,7 @@ def plan_memory(
         pass_rows * seq * (_pass_bytes_per_token(shape, seq, w, c, attention) + w * hidden)
         + pass_rows * seq * seq * w  # the padding mask
         + pass_rows * completion * hidden * w
-        + 2 * min(HEAD_CHUNK_ROWS, pass_rows * completion) * vocab * 4
+        + 2 * min(head_chunk_rows(vocab), pass_rows * completion) * vocab * 4
     )
     # FSDP under mixed precision gathers the weights in the compute dtype (no autocast casts needed then)
     g = c if strategy == "fsdp" else w  # bytes per gathered / generation weight

@@ -3,6 +3,7 @@ config, or TRL's ``optimizers=(optimizer, lr_scheduler)`` argument (either may b
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -11,6 +12,8 @@ from transformers import get_scheduler
 from grpokit.config import GRPOConfig
 
 __all__ = ["build_optimizers"]
+
+logger = logging.getLogger(__name__)
 
 
 def build_optimizers(
@@ -24,14 +27,7 @@ def build_optimizers(
     one) over the trainable parameters and the configured schedule (with warm-up, ``lr_scheduler_kwargs``)
     over ``total_optimizer_steps``."""
     if optimizer is None:
-        optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
-            lr=args.learning_rate,
-            betas=(args.adam_beta1, args.adam_beta2),
-            eps=args.adam_epsilon,
-            weight_decay=args.weight_decay,
-            fused=args.optim == "adamw_torch_fused" or None,
-        )
+        optimizer = _adamw([p for p in model.parameters() if p.requires_grad], args)
     if scheduler is None:
         scheduler = get_scheduler(
             args.lr_scheduler_type,
@@ -41,3 +37,21 @@ def build_optimizers(
             scheduler_specific_kwargs=dict(args.lr_scheduler_kwargs or {}),
         )
     return optimizer, scheduler
+
+
+def _adamw(params: list[torch.nn.Parameter], args: GRPOConfig) -> torch.optim.Optimizer:
+    """AdamW; with ``optim="adamw_torch_fused"`` (the default, as TRL's) its fused kernel: one pass over
+    each parameter without temporaries, where torch has it for the parameters' device and dtype, else the
+    plain implementation (logged)."""
+    options = dict(
+        lr=args.learning_rate,
+        betas=(args.adam_beta1, args.adam_beta2),
+        eps=args.adam_epsilon,
+        weight_decay=args.weight_decay,
+    )
+    if args.optim == "adamw_torch_fused":
+        try:
+            return torch.optim.AdamW(params, fused=True, **options)
+        except RuntimeError as err:  # a device or dtype without the fused kernel
+            logger.warning("optim=adamw_torch_fused: %s; using the plain AdamW", err)
+    return torch.optim.AdamW(params, **options)

@@ -24,6 +24,7 @@ from grpokit.train import environment as episodes
 from grpokit.train.async_rollouts import async_drawer, check_async_generation
 from grpokit.train.batch import LogprobPass, Samples, Scores, pad_samples, score_samples
 from grpokit.train.callbacks import Callbacks
+from grpokit.train.cpu_memory import keep_freed_memory
 from grpokit.train.distributed import (
     any_process,
     gather_across_processes,
@@ -113,17 +114,17 @@ class GRPOTrainer:
     ) -> None:
         self.args = args or GRPOConfig()
         refuse_trainer_arguments(
-            reward_processing_classes=reward_processing_classes,
-            quantization_config=quantization_config,
-            rollout_func=rollout_func,
-            environment_factory=environment_factory,
-        )
+            reward_processing_classes=reward_processing_classes, quantization_config=quantization_config,
+            rollout_func=rollout_func, environment_factory=environment_factory,
+        )  # fmt: skip
         refuse_resets_of_adapter_reference(self.args, peft_config)
         if self.args.use_vllm:  # no vLLM or no GPU: refused before any weights load
             require_vllm(self.args.vllm_mode)
         set_seed(self.args.seed)  # the same initial weights (LoRA adapters, heads) on every process
         self.accelerator = make_accelerator(self.args.mixed_precision, self.args.use_cpu)
-        self.threads = ThreadPolicy.for_run(self.args, cpu=self.accelerator.device.type == "cpu")
+        cpu = self.accelerator.device.type == "cpu"  # CPU runs: threads and allocator for shared cores, speed
+        self.threads = ThreadPolicy.for_run(self.args, cpu=cpu)
+        keep_freed_memory(self.args, cpu=cpu)
         main = self.accelerator.is_main_process
         self.publisher = Publisher(self.args, model, train_dataset, is_main=main)  # checks hub access
         self.plan = self.args.batch_plan(self.accelerator.num_processes)
