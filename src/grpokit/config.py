@@ -212,7 +212,7 @@ class GRPOConfig(IntegrationFields, EnvironmentFields, SamplingFields, Generatio
     """CPU runs on Linux: keep freed memory in the process for the next step (glibc's mmap and trim
     thresholds raised to 1 GiB), as the CUDA caching allocator does on GPUs, instead of page-faulting
     every step's large tensors afresh. Faster (the SmolLM2 benchmark's update: -10%), at the price of
-    resident memory (+1-10% peak RSS on the benchmarks); process-wide (``train/cpu_memory.py``)."""
+    resident memory; process-wide (``train/cpu_runtime.py``)."""
     gradient_checkpointing: bool = False
     """Trade compute for memory in the policy's backward: each decoder layer keeps only its input and is run
     again in the backward. Exact on every forward path (the shared-prefix one included)."""

@@ -24,7 +24,7 @@ from grpokit.train import environment as episodes
 from grpokit.train.async_rollouts import async_drawer, check_async_generation
 from grpokit.train.batch import LogprobPass, Samples, Scores, pad_samples, score_samples
 from grpokit.train.callbacks import Callbacks
-from grpokit.train.cpu_memory import keep_freed_memory
+from grpokit.train.cpu_runtime import apply_cpu_runtime
 from grpokit.train.distributed import (
     any_process,
     gather_across_processes,
@@ -124,7 +124,7 @@ class GRPOTrainer:
         self.accelerator = make_accelerator(self.args.mixed_precision, self.args.use_cpu)
         cpu = self.accelerator.device.type == "cpu"  # CPU runs: threads and allocator for shared cores, speed
         self.threads = ThreadPolicy.for_run(self.args, cpu=cpu)
-        keep_freed_memory(self.args, cpu=cpu)
+        apply_cpu_runtime(self.args, cpu=cpu)
         main = self.accelerator.is_main_process
         self.publisher = Publisher(self.args, model, train_dataset, is_main=main)  # checks hub access
         self.plan = self.args.batch_plan(self.accelerator.num_processes)
