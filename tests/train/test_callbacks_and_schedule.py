@@ -161,6 +161,19 @@ def test_trl_optimizer_fields_reach_adamw_and_the_schedule(tiny_model_dir, rows,
     assert lrs == pytest.approx([0.5 * (1 + math.cos(2 * math.pi * k / 4)) for k in (1, 2, 3, 4)])
 
 
+def test_adamw_is_fused_by_default_and_plain_where_torch_has_no_fused_kernel(caplog):
+    from grpokit.train.optim import build_optimizers
+
+    cpu = torch.nn.Linear(3, 2)
+    fused, _ = build_optimizers(cpu, GRPOConfig(), total_optimizer_steps=1)
+    plain, _ = build_optimizers(cpu, GRPOConfig(optim="adamw_torch"), total_optimizer_steps=1)
+    assert fused.defaults["fused"] is True and not plain.defaults["fused"]
+    meta = torch.nn.Linear(3, 2, device="meta")  # a device without the fused kernel
+    with caplog.at_level(logging.WARNING):
+        fallback, _ = build_optimizers(meta, GRPOConfig(), total_optimizer_steps=1)
+    assert not fallback.defaults["fused"] and "no fused kernel for ['meta/torch.float32']" in caplog.text
+
+
 def test_trust_remote_code_reaches_from_pretrained():
     assert model_init_kwargs(GRPOConfig(trust_remote_code=True))["trust_remote_code"] is True
     assert "trust_remote_code" not in model_init_kwargs(GRPOConfig())

@@ -41,8 +41,8 @@ def build_optimizers(
 
 def _adamw(params: list[torch.nn.Parameter], args: GRPOConfig) -> torch.optim.Optimizer:
     """AdamW; with ``optim="adamw_torch_fused"`` (the default, as TRL's) its fused kernel: one pass over
-    each parameter without temporaries, where torch has it for the parameters' device and dtype, else the
-    plain implementation (logged)."""
+    each parameter without temporaries, where torch has it for every parameter's device and dtype, else the
+    plain implementation (logged; torch itself would only fail at the first step)."""
     options = dict(
         lr=args.learning_rate,
         betas=(args.adam_beta1, args.adam_beta2),
@@ -50,8 +50,19 @@ def _adamw(params: list[torch.nn.Parameter], args: GRPOConfig) -> torch.optim.Op
         weight_decay=args.weight_decay,
     )
     if args.optim == "adamw_torch_fused":
-        try:
+        unsupported = sorted({f"{p.device.type}/{p.dtype}" for p in params if not _fused_kernel_for(p)})
+        if not unsupported:
             return torch.optim.AdamW(params, fused=True, **options)
-        except RuntimeError as err:  # a device or dtype without the fused kernel
-            logger.warning("optim=adamw_torch_fused: %s; using the plain AdamW", err)
+        logger.warning("optim=adamw_torch_fused: no fused kernel for %s; using the plain AdamW", unsupported)
     return torch.optim.AdamW(params, **options)
+
+
+def _fused_kernel_for(param: torch.Tensor) -> bool:
+    """Whether torch's fused AdamW kernel takes this parameter (a floating dtype on a supported device)."""
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+        devices = _get_fused_kernels_supported_devices()
+    except ImportError:  # torch moved its private helper: the devices it had in 2.13
+        devices = ["mps", "cuda", "xpu", "hpu", "cpu", "mtia"]
+    return param.device.type in devices and torch.is_floating_point(param)

@@ -122,7 +122,7 @@ class GRPOTrainer:
             require_vllm(self.args.vllm_mode)
         set_seed(self.args.seed)  # the same initial weights (LoRA adapters, heads) on every process
         self.accelerator = make_accelerator(self.args.mixed_precision, self.args.use_cpu)
-        cpu = self.accelerator.device.type == "cpu"  # CPU runs: threads and allocator for shared cores, speed
+        cpu = self.accelerator.device.type == "cpu"  # CPU runs: torch threads, allocator, attention settings
         self.threads = ThreadPolicy.for_run(self.args, cpu=cpu)
         apply_cpu_runtime(self.args, cpu=cpu)
         main = self.accelerator.is_main_process
