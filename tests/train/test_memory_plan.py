@@ -18,6 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from grpokit import GRPOConfig
 from grpokit.models.shape import ModelShape, count_lora_parameters, count_parameters
 from grpokit.rollout import FastSampler
+from grpokit.train.cpu_runtime import FORCE_GQA
 from grpokit.train.memory_plan import FAST_PREFILL_PROMPTS, GIB, layer_activation_bytes, plan_memory
 
 
@@ -98,6 +99,7 @@ def saved_bytes(config, dtype, autocast: bool, attention: str, batch: int = 2, s
     return sum(seen.values())
 
 
+@pytest.mark.parametrize("kv_copies", [True, False])
 @pytest.mark.parametrize(
     "arch, dtype, autocast, attention",
     [
@@ -110,9 +112,13 @@ def saved_bytes(config, dtype, autocast: bool, attention: str, batch: int = 2, s
         ("qwen3", torch.float32, True, "sdpa"),
     ],
 )
-def test_layer_activation_bytes_equal_what_autograd_saves(arch, dtype, autocast, attention):
+def test_layer_activation_bytes_equal_what_autograd_saves(
+    arch, dtype, autocast, attention, kv_copies, monkeypatch
+):
     """One more layer adds exactly ``layer_activation_bytes`` per token (plus, under autocast over float32
-    weights, the bf16 copies of its linear weights that the backward keeps)."""
+    weights, the bf16 copies of its linear weights that the backward keeps), with sdpa copying the key/value
+    heads to every query head (transformers' default off CUDA) or not (what CPU runs set)."""
+    monkeypatch.setenv(FORCE_GQA, "0" if kv_copies else "1")
     batch, seq = 2, 24
     one, two = (tiny_config(arch, num_hidden_layers=n, head_dim=16) for n in (1, 2))
     per_layer = saved_bytes(two, dtype, autocast, attention) - saved_bytes(one, dtype, autocast, attention)
@@ -123,7 +129,9 @@ def test_layer_activation_bytes_equal_what_autograd_saves(arch, dtype, autocast,
     expected = (
         batch
         * seq
-        * layer_activation_bytes(shape, seq, residual_bytes=r, compute_bytes=c, attention=attention)
+        * layer_activation_bytes(
+            shape, seq, residual_bytes=r, compute_bytes=c, attention=attention, kv_copies=kv_copies
+        )
     )
     assert per_layer == expected + copies
 

@@ -46,7 +46,13 @@ FAST_PREFILL_PROMPTS = 16
 
 
 def layer_activation_bytes(
-    shape: ModelShape, seq_len: int, *, residual_bytes: int, compute_bytes: int, attention: str = "sdpa"
+    shape: ModelShape,
+    seq_len: int,
+    *,
+    residual_bytes: int,
+    compute_bytes: int,
+    attention: str = "sdpa",
+    kv_copies: bool = True,
 ) -> int:
     """Bytes one decoder layer keeps for its backward, per token of a [rows, seq_len] training forward.
 
@@ -54,7 +60,9 @@ def layer_activation_bytes(
     stream's bytes (the weights' dtype) and c = the compute dtype's (autocast's, else r):
     each RMSNorm keeps its input in float32 (or a float32 copy) [H], x/rms [H] r and 1/rms; the norms'
     outputs feed q/k/v and gate/up (2 x [H] r; under autocast each of the 5 linears keeps its own cast
-    [H] c); attention keeps q and k, v repeated to all heads and its output (4 x [heads*d] c) plus, for sdpa,
+    [H] c); attention keeps q and k, v repeated to all heads and its output (4 x [heads*d] c; with
+    ``kv_copies=False``, as CPU runs attend (``train/cpu_runtime.py``), k and v at [kv_heads*d]) plus, for
+    sdpa,
     a float32 logsumexp [heads] and the layer's copy of the padding mask [T] c, for eager the float32 softmax
     [heads, T] (and its cast [heads, T] c); the MLP keeps gate, up, act(gate), act(gate)*up (4 x [I] c);
     qwen3's q/k norms keep their inputs in float32 and x/rms [heads + kv_heads, d].
@@ -63,7 +71,7 @@ def layer_activation_bytes(
     r, c = residual_bytes, compute_bytes
     norms = 2 * (4 * hidden + r * hidden + 4)
     linear_inputs = 2 * r * hidden if c == r else 5 * c * hidden
-    attn = 4 * heads * d * c
+    attn = (4 * heads if kv_copies or attention == "eager" else 2 * heads + 2 * kv) * d * c
     if attention == "eager":
         attn += heads * seq_len * 4 + (heads * seq_len * c if c != 4 else 0)
     else:  # sdpa / flash kernels: no [T, T] probabilities
@@ -252,7 +260,10 @@ def plan_memory(
             "prompt: set max_prompt_length"
         )
     seq, rows = prompt + completion, args.per_device_train_batch_size
-    layer = layer_activation_bytes(shape, seq, residual_bytes=w, compute_bytes=c, attention=attention)
+    copies = device_type != "cpu"  # CPU runs give sdpa the key/value heads as they are (train/cpu_runtime.py)
+    layer = layer_activation_bytes(
+        shape, seq, residual_bytes=w, compute_bytes=c, attention=attention, kv_copies=copies
+    )
     outside = 8 + 2 * shape.head_dim * w + (4 * hidden + w * hidden + 4)  # ids, cos/sin, final norm
     full = rows * seq * (layers * layer + outside)
     # checkpointing: each layer's input [T, H], one layer recomputed, the mask [T, T] passed to every layer
