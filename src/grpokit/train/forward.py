@@ -299,7 +299,7 @@ def head_chunk_rows(vocab_size: int) -> int:
 
     Small enough to be reused rather than page-faulted: the C allocator serves blocks up to 32 MiB again
     from the memory it keeps, while a larger block is mapped fresh on every allocation, and the kernel
-    zero-fills every page of it (a 100 MB chunk took ~3x its matmul's time in page faults here). Large
+    zero-fills every page of it (a 100 MB chunk's matmul ran at ~40% of the matmul rate here). Large
     enough that each chunk is a full-rate matmul: the head's weight is read once per chunk.
     """
     return max(32, min(HEAD_CHUNK_ROWS, HEAD_CHUNK_BYTES // (4 * max(1, vocab_size))))

@@ -62,10 +62,9 @@ def layer_activation_bytes(
     outputs feed q/k/v and gate/up (2 x [H] r; under autocast each of the 5 linears keeps its own cast
     [H] c); attention keeps q and k, v repeated to all heads and its output (4 x [heads*d] c; with
     ``kv_copies=False``, as CPU runs attend (``train/cpu_runtime.py``), k and v at [kv_heads*d]) plus, for
-    sdpa,
-    a float32 logsumexp [heads] and the layer's copy of the padding mask [T] c, for eager the float32 softmax
-    [heads, T] (and its cast [heads, T] c); the MLP keeps gate, up, act(gate), act(gate)*up (4 x [I] c);
-    qwen3's q/k norms keep their inputs in float32 and x/rms [heads + kv_heads, d].
+    sdpa, a float32 logsumexp [heads] and the layer's copy of the padding mask [T] c, for eager the float32
+    softmax [heads, T] (and its cast [heads, T] c); the MLP keeps gate, up, act(gate), act(gate)*up
+    (4 x [I] c); qwen3's q/k norms keep their inputs in float32 and x/rms [heads + kv_heads, d].
     """
     hidden, heads, kv, d = shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim
     r, c = residual_bytes, compute_bytes
