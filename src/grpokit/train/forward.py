@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from grpokit.core.logprobs import CHUNK_BYTES
 from grpokit.models.parts import decoder_of
 from grpokit.models.prefix_cache import RecordingCache, full_attention_only, replay_safe_layers
 
@@ -43,9 +44,6 @@ __all__ = [
 
 HEAD_CHUNK_ROWS = 512
 """Most rows (completion positions) per LM-head chunk: the chunk's float32 logits are [rows, V]."""
-
-HEAD_CHUNK_BYTES = 16 * 2**20
-"""Float32 bytes of one chunk's [rows, V] logits (see ``head_chunk_rows``)."""
 
 MICRO_BATCH_TOKENS = 4608
 """Default backbone-token budget of one gradient micro-batch (see ``micro_batch_rows``)."""
@@ -294,15 +292,16 @@ def _shared_prefix_hidden(
 
 # ---------------------------------------------------------------------- chunked LM head
 def head_chunk_rows(vocab_size: int) -> int:
-    """LM-head rows per chunk: as many as keep the chunk's float32 logits within ``HEAD_CHUNK_BYTES``, between
-    32 and ``HEAD_CHUNK_ROWS`` (8,000 words: 512 rows; 49,152: 85; 152,064: 32).
+    """LM-head rows per chunk: as many as keep the chunk's float32 logits within 16 MiB (``CHUNK_BYTES``, the
+    same budget as ``grpokit.core.logprobs``' chunks), between 32 and ``HEAD_CHUNK_ROWS`` (8,000 words: 512
+    rows; 49,152: 85; 152,064: 32).
 
     Small enough to be reused rather than page-faulted: the C allocator serves blocks up to 32 MiB again
     from the memory it keeps, while a larger block is mapped fresh on every allocation, and the kernel
     zero-fills every page of it (a 100 MB chunk's matmul ran at ~40% of the matmul rate here). Large
     enough that each chunk is a full-rate matmul: the head's weight is read once per chunk.
     """
-    return max(32, min(HEAD_CHUNK_ROWS, HEAD_CHUNK_BYTES // (4 * max(1, vocab_size))))
+    return max(32, min(HEAD_CHUNK_ROWS, CHUNK_BYTES // (4 * max(1, vocab_size))))
 
 
 def _head_logprobs(model, hidden, completion_ids, completion_mask, *, temperature, with_entropy, chunk_size):
