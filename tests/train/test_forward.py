@@ -15,7 +15,8 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from grpokit.core import logprobs_and_entropy
-from grpokit.train.forward import completion_logprobs, head_chunk_rows, no_grad_logprobs, shared_prefix_pays
+from grpokit.train.forward import completion_logprobs, no_grad_logprobs, shared_prefix_pays
+from grpokit.train.lm_head import head_chunk_rows
 
 VOCAB = 61
 G = 3

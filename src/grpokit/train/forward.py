@@ -9,7 +9,7 @@ parameter gradients against the plain ``model(...).logits`` + log-softmax forwar
 1. **Only completion positions reach the LM head**, and only the real ones (``completion_mask == 1``): the
    backbone's hidden states are gathered at those positions first.
 2. **The LM head and the log-softmax run in chunks of rows** inside one autograd function
-   (``_FusedHeadLogprobs``): the [rows, V] logits of one chunk are the only ones alive at a time, in the
+   (``grpokit.train.lm_head``): the [rows, V] logits of one chunk are the only ones alive at a time, in the
    forward and in the backward (which recomputes them: one extra matmul instead of keeping [M, V]). A float32
    [B, T, V] tensor never exists. Same quantities as ``grpokit.core.logprobs.logprobs_and_entropy`` on the
    full logits, computed in fewer passes over memory (that function takes logits, so it cannot avoid them).
@@ -27,23 +27,18 @@ Passes that need no gradient (reference, old-policy log-probs) should run under 
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
-from grpokit.core.logprobs import CHUNK_BYTES
 from grpokit.models.parts import decoder_of
 from grpokit.models.prefix_cache import RecordingCache, full_attention_only, replay_safe_layers
+from grpokit.train.lm_head import head_logprobs
 
 __all__ = [
     "PolicyLogprobs",
     "completion_logprobs",
-    "head_chunk_rows",
     "micro_batch_rows",
     "no_grad_logprobs",
     "shared_prefix_pays",
 ]
-
-HEAD_CHUNK_ROWS = 512
-"""Most rows (completion positions) per LM-head chunk: the chunk's float32 logits are [rows, V]."""
 
 MICRO_BATCH_TOKENS = 4608
 """Default backbone-token budget of one gradient micro-batch (see ``micro_batch_rows``)."""
@@ -91,7 +86,7 @@ def completion_logprobs(
         )
     else:
         hidden = _full_hidden(model, prompt_ids, prompt_mask, completion_ids, context)
-    return _head_logprobs(
+    return head_logprobs(
         model,
         hidden,
         completion_ids,
@@ -288,123 +283,3 @@ def _shared_prefix_hidden(
             input_ids=c_ids, attention_mask=attention_mask, position_ids=c_pos, cache=prefix, use_cache=True
         )
     return torch.cat([first, out.last_hidden_state], dim=1)  # [B, C, H]
-
-
-# ---------------------------------------------------------------------- chunked LM head
-def head_chunk_rows(vocab_size: int) -> int:
-    """LM-head rows per chunk: as many as keep the chunk's float32 logits within 16 MiB (``CHUNK_BYTES``, the
-    same budget as ``grpokit.core.logprobs``' chunks), between 32 and ``HEAD_CHUNK_ROWS`` (8,000 words: 512
-    rows; 49,152: 85; 152,064: 32).
-
-    Small enough to be reused rather than page-faulted: the C allocator serves blocks up to 32 MiB again
-    from the memory it keeps, while a larger block is mapped fresh on every allocation, and the kernel
-    zero-fills every page of it (a 100 MB chunk's matmul ran at ~40% of the matmul rate here). Large
-    enough that each chunk is a full-rate matmul: the head's weight is read once per chunk.
-    """
-    return max(32, min(HEAD_CHUNK_ROWS, CHUNK_BYTES // (4 * max(1, vocab_size))))
-
-
-def _head_logprobs(model, hidden, completion_ids, completion_mask, *, temperature, with_entropy, chunk_size):
-    """LM head + log-softmax over the real completion positions only, a chunk of rows at a time."""
-    head = model.get_output_embeddings()
-    batch, num_completion, _ = hidden.shape
-    keep = completion_mask.bool().flatten()  # [B*C]
-    flat_idx = keep.nonzero().squeeze(1)  # [M]
-    h = hidden.reshape(batch * num_completion, -1).index_select(0, flat_idx)  # [M, H]
-    targets = completion_ids.reshape(-1).index_select(0, flat_idx).to(torch.long)  # [M]
-    rows = chunk_size or head_chunk_rows(head.weight.shape[0])
-    logp, ent = _FusedHeadLogprobs.apply(
-        h, head.weight, head.bias, targets, 1.0 / temperature, with_entropy, rows
-    )
-    out = hidden.new_zeros(batch * num_completion, dtype=torch.float32)
-    logps = out.index_put((flat_idx,), logp).view(batch, num_completion)  # [B, C], 0 where masked
-    entropy = out.index_put((flat_idx,), ent).view(batch, num_completion) if with_entropy else None
-    return logps, entropy
-
-
-class _FusedHeadLogprobs(torch.autograd.Function):
-    """logp[m] = log softmax(z[m])[target[m]] and H[m] = -sum_v p log p, z = (h W^T + b) / temperature,
-    without a [M, V] tensor: rows are processed ``rows`` at a time, and the backward recomputes each chunk's
-    logits (one extra matmul) instead of keeping them.
-
-    Per row, with p = softmax(z):  dlogp/dz = 1[v = target] - p,   dH/dz = -p (log p + H).
-    Math in float32 (the logits are upcast per chunk); the same quantities as
-    ``grpokit.core.logprobs.logprobs_and_entropy`` applied to the full logits.
-    """
-
-    @staticmethod
-    def forward(ctx, h, weight, bias, targets, inv_temperature, with_entropy, rows):
-        ctx.set_materialize_grads(False)
-        num = h.shape[0]
-        lse = torch.empty(num, dtype=torch.float32, device=h.device)
-        logp = torch.empty(num, dtype=torch.float32, device=h.device)
-        ent = torch.empty(num if with_entropy else 0, dtype=torch.float32, device=h.device)
-        for s in range(0, num, rows):
-            z = _chunk_logits(h[s : s + rows], weight, bias, inv_temperature)  # [m, V] float32
-            target = z.gather(1, targets[s : s + rows, None]).squeeze(1)  # [m]
-            peak = z.amax(dim=1, keepdim=True)  # [m, 1]
-            z.sub_(peak)  # z - max
-            e = torch.exp(z)  # [m, V]
-            total = e.sum(dim=1)  # [m]
-            chunk_lse = peak.squeeze(1) + total.log()
-            lse[s : s + rows] = chunk_lse
-            logp[s : s + rows] = target - chunk_lse
-            if with_entropy:
-                # H = lse - sum p z = log(total) - sum e (z - max) / total
-                ent[s : s + rows] = total.log() - torch.linalg.vecdot(e, z) / total
-        ctx.save_for_backward(h, weight, bias, targets, lse, ent if with_entropy else None)
-        ctx.inv_temperature, ctx.rows = inv_temperature, rows
-        return logp, ent
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_logp, grad_ent):
-        h, weight, bias, targets, lse, ent = ctx.saved_tensors
-        if ent is None:
-            grad_ent = None
-        if grad_logp is None and grad_ent is None:
-            return (None,) * 7
-        need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        grad_h = torch.empty_like(h) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
-        grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
-        rows = ctx.rows
-        for s in range(0, h.shape[0], rows):
-            sl = slice(s, s + rows)
-            z = _chunk_logits(h[sl], weight, bias, ctx.inv_temperature)  # [m, V]
-            z.sub_(lse[sl, None])  # log p
-            if grad_ent is not None:
-                # dL/dz = -p * (g_lp + g_h (log p + H)) + g_lp 1[v = target]
-                coef = z.add(ent[sl, None]).mul_(grad_ent[sl, None])  # [m, V]
-                if grad_logp is not None:
-                    coef.add_(grad_logp[sl, None])
-                g = z.exp_().mul_(coef).neg_()
-            else:
-                g = z.exp_().mul_(grad_logp[sl, None].neg())  # -p * g_lp
-            if grad_logp is not None:
-                g.scatter_add_(1, targets[sl, None], grad_logp[sl, None])
-            if ctx.inv_temperature != 1.0:
-                g.mul_(ctx.inv_temperature)
-            hc = h[sl]
-            if grad_h is not None:
-                grad_h[sl] = (g.to(weight.dtype) @ weight).to(h.dtype)
-            if grad_w is not None:
-                grad_w.addmm_(g.t(), hc.float() if hc.dtype != torch.float32 else hc)
-            if grad_b is not None:
-                grad_b += g.sum(dim=0)
-        return (
-            grad_h,
-            grad_w.to(weight.dtype) if grad_w is not None else None,
-            grad_b.to(bias.dtype) if grad_b is not None else None,
-            None,
-            None,
-            None,
-            None,
-        )
-
-
-def _chunk_logits(h, weight, bias, inv_temperature):
-    z = torch.nn.functional.linear(h, weight, bias).float()  # [m, V]
-    if inv_temperature != 1.0:
-        z.mul_(inv_temperature)
-    return z

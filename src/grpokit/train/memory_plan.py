@@ -36,7 +36,7 @@ from typing import Any
 
 from grpokit.config import GRPOConfig
 from grpokit.models.shape import DTYPE_BYTES, ModelShape, count_lora_parameters, dtype_name
-from grpokit.train.forward import head_chunk_rows
+from grpokit.train.lm_head import head_chunk_rows
 
 __all__ = ["FAST_PREFILL_PROMPTS", "GIB", "MemoryPlan", "layer_activation_bytes", "plan_memory"]
 
