@@ -50,19 +50,25 @@ def _adamw(params: list[torch.nn.Parameter], args: GRPOConfig) -> torch.optim.Op
         weight_decay=args.weight_decay,
     )
     if args.optim == "adamw_torch_fused":
-        unsupported = sorted({f"{p.device.type}/{p.dtype}" for p in params if not _fused_kernel_for(p)})
+        devices = _fused_kernel_devices()
+        unsupported = sorted(
+            {
+                f"{p.device.type}/{p.dtype}"
+                for p in params
+                if p.device.type not in devices or not p.is_floating_point()
+            }
+        )
         if not unsupported:
             return torch.optim.AdamW(params, fused=True, **options)
         logger.warning("optim=adamw_torch_fused: no fused kernel for %s; using the plain AdamW", unsupported)
     return torch.optim.AdamW(params, **options)
 
 
-def _fused_kernel_for(param: torch.Tensor) -> bool:
-    """Whether torch's fused AdamW kernel takes this parameter (a floating dtype on a supported device)."""
+def _fused_kernel_devices() -> list[str]:
+    """The device types torch's fused AdamW kernel runs on (for floating-point parameters)."""
     try:
         from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
-        devices = _get_fused_kernels_supported_devices()
+        return _get_fused_kernels_supported_devices()
     except ImportError:  # torch moved its private helper: the devices it had in 2.13
-        devices = ["mps", "cuda", "xpu", "hpu", "cpu", "mtia"]
-    return param.device.type in devices and torch.is_floating_point(param)
+        return ["mps", "cuda", "xpu", "hpu", "cpu", "mtia"]
