@@ -46,10 +46,10 @@ def evaluate(model_dir: str, rows: list[dict], seed: int) -> dict:
     """n = max(KS) samples per row at temperature 1.0, graded as the task grades."""
     from transformers import AutoModelForCausalLM
 
-    from grpokit.data.tasks import get_task
     from grpokit.eval.generic import generate_completions
     from grpokit.eval.grading import grade_completions
     from grpokit.models import load_tokenizer
+    from grpokit.tasks import get_task
 
     task = get_task("arithmetic")
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
@@ -109,7 +109,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from grpokit.cli.train_command import resolve_model
-    from grpokit.data.tasks import get_task
+    from grpokit.tasks import get_task
 
     _, held_out = get_task("arithmetic").make_splits(seed=0, num_test=500)
     cold_start = resolve_model("tiny:arithmetic")

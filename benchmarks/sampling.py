@@ -47,7 +47,7 @@ class TimeBudget(TrainerCallback):
 def run(method: str, seed: int, budget: float, output_dir: Path) -> dict:
     from grpokit import GRPOConfig, GRPOTrainer
     from grpokit.cli.train_command import held_out_accuracy, resolve_model
-    from grpokit.data.tasks import get_task
+    from grpokit.tasks import get_task
 
     task = get_task("arithmetic")
     train, held_out = task.make_splits(seed=0, num_train=256, num_test=500)

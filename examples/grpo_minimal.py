@@ -27,14 +27,13 @@ from typing import Any
 import torch
 
 from grpokit import GRPOConfig
-from grpokit.chat import as_completion
 from grpokit.core import PolicyLoss, combine_rewards, group_advantages, pad_left, pad_right
 from grpokit.data import reward_columns
+from grpokit.data.chat import as_completion, encode_prompt
 from grpokit.models import pad_token_id
 from grpokit.rewards import score_completions
 from grpokit.rollout import RolloutBackend, SamplingParams
 from grpokit.train.forward import completion_logprobs, no_grad_logprobs
-from grpokit.train.prompts import encode_prompt
 
 Phase = Callable[[str], contextlib.AbstractContextManager]
 
@@ -133,9 +132,9 @@ def main(steps: int = 20) -> None:
     """Train the built-in tiny arithmetic policy (cold-started and cached on first use) with this step."""
     from transformers import AutoModelForCausalLM
 
-    from grpokit.data.tasks import get_task
-    from grpokit.models import cold_start_policy, load_tokenizer
+    from grpokit.models import load_tokenizer
     from grpokit.rollout import FastSampler
+    from grpokit.tasks import cold_start_policy, get_task
 
     task = get_task("arithmetic")
     path = cold_start_policy("arithmetic")

@@ -1,8 +1,8 @@
-"""grpokit.chat: the one place that tells plain and conversational prompts and completions apart."""
+"""grpokit.data.chat: the one place that tells plain and conversational prompts and completions apart."""
 
 import pytest
 
-from grpokit.chat import (
+from grpokit.data.chat import (
     as_completion,
     completion_text,
     is_conversational,

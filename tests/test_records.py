@@ -1,10 +1,10 @@
-"""grpokit.records: JSON lines with NaN as null, and readable errors for malformed lines."""
+"""grpokit.data.records: JSON lines with NaN as null, and readable errors for malformed lines."""
 
 import math
 
 import pytest
 
-from grpokit.records import append_jsonl, json_number, read_jsonl, write_jsonl
+from grpokit.data.records import append_jsonl, json_number, read_jsonl, write_jsonl
 
 
 def test_numbers_and_round_trip(tmp_path):

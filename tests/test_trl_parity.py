@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from grpokit import GRPOConfig
-from grpokit.trl_compat import NO_EFFECT, REFUSED, refuse_trainer_arguments
+from grpokit.config.trl_fields import NO_EFFECT, REFUSED, refuse_trainer_arguments
 from tests.trl_1_16_fields import TRL_1_16_DEFAULTS
 
 OWN = {f.name for f in dataclasses.fields(GRPOConfig)}

@@ -24,10 +24,10 @@ from peft import LoraConfig, get_peft_model
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from grpokit import GRPOConfig, GRPOTrainer
+from grpokit.cli.memory_plan import plan_memory
 from grpokit.models import build_char_tokenizer, build_tiny_model
 from grpokit.rollout import FastSampler, SamplingParams, ScriptedBackend
 from grpokit.train.forward import completion_logprobs
-from grpokit.train.memory_plan import plan_memory
 from grpokit.train.policy import enable_gradient_checkpointing
 
 FAILURES: list[str] = []

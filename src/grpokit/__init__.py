@@ -20,7 +20,7 @@ def __getattr__(name: str):
 
         return GRPOTrainer
     if name == "RolloutBatch":
-        from grpokit.train.batch import RolloutBatch
+        from grpokit.rollout.records import RolloutBatch
 
         return RolloutBatch
     raise AttributeError(f"module 'grpokit' has no attribute {name!r}")

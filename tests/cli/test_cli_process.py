@@ -10,10 +10,10 @@ import yaml
 
 from grpokit.cli import find_recipe, load_recipe, main
 from grpokit.cli.train_command import TrainArgs, process_supervision
-from grpokit.data.tasks import get_task
-from grpokit.data.tasks.chain import chain_outcome_reward, chain_step_reward
 from grpokit.models.tiny import build_char_tokenizer
 from grpokit.rm import build_tiny_reward_model, save_reward_model
+from grpokit.tasks import get_task
+from grpokit.tasks.chain import chain_outcome_reward, chain_step_reward
 
 
 @pytest.mark.parametrize(

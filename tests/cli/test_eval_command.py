@@ -11,9 +11,10 @@ from transformers import AutoModelForCausalLM
 
 from grpokit.cli import main
 from grpokit.cli.eval_command import parse_eval_args
-from grpokit.cli.train_command import task_graders, task_splits
+from grpokit.cli.train_command import task_splits
 from grpokit.eval import evaluate_accuracy
 from grpokit.models import load_tokenizer
+from grpokit.tasks.evaluation import task_graders
 from tests.eval.user_eval import (
     MAX_NEW_TOKENS,
     ROWS,

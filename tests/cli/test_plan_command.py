@@ -8,10 +8,11 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from grpokit.cli import main, parse_train_args
+from grpokit.cli.memory_plan import GIB
 from grpokit.cli.plan_command import describe_plan, load_model_config, plan_train_args
-from grpokit.models import ColdStartSettings, build_char_tokenizer, build_tiny_model
+from grpokit.models import build_char_tokenizer, build_tiny_model
 from grpokit.models.shape import count_parameters
-from grpokit.train.memory_plan import GIB
+from grpokit.tasks import ColdStartSettings
 
 
 def run_plan(capsys, *argv: str) -> str:

@@ -12,8 +12,9 @@ import pytest
 from tokenizers import processors
 
 from grpokit import GRPOConfig
+from grpokit.data.chat import encode_prompt
 from grpokit.models.tiny import build_char_tokenizer
-from grpokit.train.prompts import check_prompt_lengths, encode_prompt
+from grpokit.train.prompts import check_prompt_lengths
 
 ROWS = [
     {"prompt": "12+34="},  # 6 tokens

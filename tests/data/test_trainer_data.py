@@ -8,7 +8,7 @@ import json
 import pytest
 
 from grpokit import GRPOTrainer
-from grpokit.train.prompts import encode_prompt
+from grpokit.data.chat import encode_prompt
 
 from ..conftest import small_config
 

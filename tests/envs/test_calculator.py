@@ -7,8 +7,10 @@ import sys
 
 import pytest
 
-from grpokit.data.tasks.arithmetic import is_held_out
-from grpokit.data.tasks.calculator import (
+from grpokit.envs.calculator import CalculatorEnvironment, calculator
+from grpokit.envs.tools import format_tool_call, tool_schema
+from grpokit.tasks.arithmetic import is_held_out
+from grpokit.tasks.calculator import (
     TOOL_TAGS,
     calculator_exact_answer_reward,
     extract_answer,
@@ -17,8 +19,6 @@ from grpokit.data.tasks.calculator import (
     worked_episode,
     worked_solution,
 )
-from grpokit.envs.calculator import CalculatorEnvironment, calculator
-from grpokit.envs.tools import format_tool_call, tool_schema
 
 # --- the evaluator ---------------------------------------------------------------------------------------
 
@@ -209,10 +209,10 @@ def test_tool_tags_are_the_formats_tags():
 
 
 def test_the_environment_imports_first_without_a_cycle():
-    """grpokit.data.tasks imports the task, which imports the environment: the environment must not import
-    grpokit.data.tasks at module level."""
+    """grpokit.tasks imports the task, which imports the environment: the environment must not import
+    grpokit.tasks at module level."""
     code = (
-        "import grpokit.envs.calculator as e, grpokit.data.tasks.calculator as t;"
+        "import grpokit.envs.calculator as e, grpokit.tasks.calculator as t;"
         "env = e.CalculatorEnvironment();"
         "env.reset(t.make_calculator_splits(num_train=1, num_test=1)[0][0]); assert env.step('x').done"
     )

@@ -6,8 +6,10 @@ from collections import deque
 
 import pytest
 
-import grpokit.data.tasks.maze as maze_task
-from grpokit.data.tasks.maze import (
+import grpokit.tasks.maze as maze_task
+from grpokit.envs.base import Environment, Turn
+from grpokit.envs.maze import MazeEnvironment
+from grpokit.tasks.maze import (
     count_mazes,
     extract_path,
     is_held_out,
@@ -16,8 +18,6 @@ from grpokit.data.tasks.maze import (
     worked_episode,
     worked_solution,
 )
-from grpokit.envs.base import Environment, Turn
-from grpokit.envs.maze import MazeEnvironment
 
 # 2 x 3 cells, hand-checked. Passages: S-(1,3), S-(3,1), (1,3)-(3,3), (3,3)-(3,5), (3,5)-E.
 # Shortest path S -> E: R D R U. (3,1) is a dead end (open: U only).

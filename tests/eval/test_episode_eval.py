@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from grpokit.envs import Turn
+from grpokit.envs.episodes import EpisodeRunner
 from grpokit.eval import evaluate_model
 from grpokit.models.tiny import build_char_tokenizer, build_tiny_model
 from grpokit.rollout import GenerationOutput
-from grpokit.rollout.episodes import EpisodeRunner
 
 
 class QuizBackend:

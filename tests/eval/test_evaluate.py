@@ -8,10 +8,10 @@ import sys
 import pytest
 import torch
 
-from grpokit.data.tasks.arithmetic import arithmetic_exact_answer_reward, make_arithmetic_splits
 from grpokit.eval import evaluate_accuracy
 from grpokit.models import build_char_tokenizer, build_tiny_model
 from grpokit.rewards.extract import extract_answer_tag
+from grpokit.tasks.arithmetic import arithmetic_exact_answer_reward, make_arithmetic_splits
 
 
 class ScriptedLM(torch.nn.Module):
@@ -124,7 +124,7 @@ def test_sampling_metrics_and_reward_fn(tok):
 
 def test_evaluation_knows_no_task():
     """grpokit.eval grades with what it is given: importing it loads no built-in task."""
-    code = "import sys, grpokit.eval; print(any(m.startswith('grpokit.data.tasks') for m in sys.modules))"
+    code = "import sys, grpokit.eval; print(any(m.startswith('grpokit.tasks') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from grpokit.data.tasks.chain import (
+from grpokit.rewards.process_rewards import step_texts
+from grpokit.tasks.chain import (
     chain_outcome_reward,
     chain_step_reward,
     chain_step_reward_local,
@@ -15,7 +16,6 @@ from grpokit.data.tasks.chain import (
     make_chain_splits,
     worked_solution,
 )
-from grpokit.rewards.process_rewards import step_texts
 
 ROW = {"prompt": "17 +8 *2 -5\n", "solution": "45", "start": 17, "operations": ["+8", "*2", "-5"]}
 

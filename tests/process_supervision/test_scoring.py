@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from grpokit.core import combine_outcome_and_process, process_advantages
-from grpokit.data.tasks.chain import chain_step_reward
 from grpokit.rewards import RewardFunctionError
 from grpokit.rewards.process_rewards import ProcessRewardModel, resolve_process_reward_funcs, score_process
 from grpokit.rm import build_tiny_reward_model, save_reward_model
+from grpokit.tasks.chain import chain_step_reward
 
 ROW = {"start": 2, "operations": ["+3", "*2"], "solution": "10"}
 

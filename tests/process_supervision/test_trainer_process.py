@@ -13,15 +13,15 @@ import grpokit.rm.iterative as iterative_module
 import grpokit.train.update as update_module
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.core import PolicyLoss
-from grpokit.data.tasks.chain import (
+from grpokit.models.tiny import build_char_tokenizer
+from grpokit.rm import IterativeRewardModel, build_tiny_reward_model
+from grpokit.rollout.fake import ScriptedBackend
+from grpokit.tasks.chain import (
     chain_outcome_reward,
     chain_step_reward,
     make_chain_rm_samples,
     make_chain_splits,
 )
-from grpokit.models.tiny import build_char_tokenizer
-from grpokit.rm import IterativeRewardModel, build_tiny_reward_model
-from grpokit.rollout.fake import ScriptedBackend
 
 # One prompt: start 2, then +3, then *2 -> 10. G = 4 scripted completions (character tokenizer: one token per
 # character, <answer> and </answer> one token each, EOS appended by the backend).

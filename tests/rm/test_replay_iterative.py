@@ -7,19 +7,19 @@ import math
 import pytest
 import torch
 
-from grpokit.data.tasks.chain import (
-    chain_outcome_reward,
-    chain_step_reward,
-    make_chain_rm_samples,
-    make_chain_splits,
-    worked_solution,
-)
 from grpokit.rm import (
     IterativeRewardModel,
     ReplayBuffer,
     build_tiny_reward_model,
     label_samples,
     replay_count,
+)
+from grpokit.tasks.chain import (
+    chain_outcome_reward,
+    chain_step_reward,
+    make_chain_rm_samples,
+    make_chain_splits,
+    worked_solution,
 )
 
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from grpokit.envs import Turn, make_environment_factory
+from grpokit.envs.episodes import EnvironmentFailure, EpisodeRunner, as_generation_output, episode_metrics
+from grpokit.envs.turns import CachedTurnSession, ReprefillSession
 from grpokit.models.tiny import build_char_tokenizer, build_tiny_model
 from grpokit.rollout import SamplingParams
-from grpokit.rollout.episodes import EnvironmentFailure, EpisodeRunner, as_generation_output, episode_metrics
 from grpokit.rollout.fast import FastSampler
-from grpokit.rollout.turns import CachedTurnSession, ReprefillSession
 
 
 @pytest.fixture(scope="module")

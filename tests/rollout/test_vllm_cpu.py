@@ -34,7 +34,7 @@ from grpokit.rollout.vllm_client import (
     weight_metadata,
 )
 from grpokit.rollout.weight_names import full_tensors, policy_weights, vllm_name
-from grpokit.train.off_policy import make_sampler
+from grpokit.sampling.off_policy import make_sampler
 
 EOS = 2
 HAS_VLLM_GPU = torch.cuda.is_available() and __import__("importlib").util.find_spec("vllm") is not None

@@ -6,9 +6,10 @@ import re
 
 import pytest
 
-from grpokit.data.tasks import Task, get_task
-from grpokit.data.tasks.answers import integer_answer
-from grpokit.data.tasks.arithmetic import (
+from grpokit.rewards import make_accuracy_reward, make_format_reward
+from grpokit.tasks import Task, get_task
+from grpokit.tasks.answers import integer_answer
+from grpokit.tasks.arithmetic import (
     ARITHMETIC_FORMAT_PATTERN,
     arithmetic_exact_answer_reward,
     arithmetic_format_reward,
@@ -17,7 +18,6 @@ from grpokit.data.tasks.arithmetic import (
     make_arithmetic_splits,
     worked_solution,
 )
-from grpokit.rewards import make_accuracy_reward, make_format_reward
 
 
 def test_same_seed_same_rows_other_seed_other_rows():

@@ -8,9 +8,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import grpokit.models.cold_start as cold_start
-from grpokit.data.tasks.arithmetic import make_arithmetic_splits, worked_solution
-from grpokit.models import build_char_tokenizer, build_tiny_model, cold_start_policy
+import grpokit.tasks.cold_start as cold_start
+from grpokit.models import build_char_tokenizer, build_tiny_model
+from grpokit.tasks import cold_start_policy
+from grpokit.tasks.arithmetic import make_arithmetic_splits, worked_solution
 
 # A cold start small enough to run in a second or two.
 TINY_SFT = {

@@ -10,8 +10,8 @@ import sys
 import torch
 
 from grpokit import GRPOConfig, GRPOTrainer
+from grpokit.parallel.distributed import end_processes
 from grpokit.rollout import ScriptedBackend
-from grpokit.train.distributed import end_processes
 
 ROWS = [{"prompt": f"{k}+0=", "solution": str(k)} for k in range(8)]
 FLAT = {"2+0=", "3+0=", "5+0="}  # process 0 samples rows 0, 1 then 4, 5; process 1 rows 2, 3 then 6, 7

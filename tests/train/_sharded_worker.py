@@ -11,8 +11,8 @@ import torch
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.models.parts import decoder_of
+from grpokit.parallel.distributed import end_processes
 from grpokit.rollout import ScriptedBackend, make_backend
-from grpokit.train.distributed import end_processes
 
 ANSWERS = ["3", "31", "310", "42+", "7", "", "12", "5555"]
 

@@ -10,7 +10,7 @@ import sys
 import torch
 
 from grpokit import GRPOConfig, GRPOTrainer
-from grpokit.train.distributed import end_processes
+from grpokit.parallel.distributed import end_processes
 
 
 def reward(prompts, completions, completion_ids, solution, **kwargs):

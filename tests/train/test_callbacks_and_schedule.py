@@ -162,7 +162,7 @@ def test_trl_optimizer_fields_reach_adamw_and_the_schedule(tiny_model_dir, rows,
 
 
 def test_adamw_is_fused_by_default_and_plain_where_torch_has_no_fused_kernel(caplog):
-    from grpokit.train.optim import build_optimizers
+    from grpokit.parallel.optim import build_optimizers
 
     cpu = torch.nn.Linear(3, 2)
     fused, _ = build_optimizers(cpu, GRPOConfig(), total_optimizer_steps=1)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grpokit import GRPOTrainer
-from grpokit.train import checkpoint
+from grpokit.parallel import checkpoint
 
 from ..conftest import small_config
 from .conftest import digit_reward

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from grpokit.train.completion_log import CompletionLog, completion_records
+from grpokit.reporting.completion_log import CompletionLog, completion_records
 
 
 def test_records_match_the_inputs():

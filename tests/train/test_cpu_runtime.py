@@ -13,7 +13,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from grpokit import GRPOConfig
-from grpokit.train.cpu_runtime import (
+from grpokit.parallel.cpu_runtime import (
     FORCE_GQA,
     apply_cpu_runtime,
     attention_without_copies,
@@ -27,7 +27,7 @@ GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 FAULTS = """
 import resource, sys, torch
 from grpokit import GRPOConfig
-from grpokit.train.cpu_runtime import keep_freed_memory
+from grpokit.parallel.cpu_runtime import keep_freed_memory
 applied = keep_freed_memory(GRPOConfig(cpu_memory_reuse=sys.argv[1] == "on"))
 torch.empty(16 * 2**20).fill_(1.0)
 torch.empty(16 * 2**20).fill_(1.0)

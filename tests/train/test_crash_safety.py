@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpokit.train import checkpoint
+from grpokit.parallel import checkpoint
 
 WORKER = Path(__file__).with_name("_crash_worker.py")
 STEPS = 5

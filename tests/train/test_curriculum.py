@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from grpokit.config import GRPOConfig
-from grpokit.train.prompt_stats import Curriculum, PromptStats
+from grpokit.sampling.prompt_stats import Curriculum, PromptStats
 from grpokit.train.prompts import PromptSampler
 
 NAN = float("nan")

@@ -13,9 +13,9 @@ import torch
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.core import PolicyLoss
 from grpokit.envs import Turn
+from grpokit.envs.episodes import EnvironmentFailure, Episode
+from grpokit.envs.observations import ObservationEncoder
 from grpokit.models.tiny import build_char_tokenizer, build_tiny_model
-from grpokit.rollout.episodes import EnvironmentFailure, Episode
-from grpokit.rollout.observations import ObservationEncoder
 from grpokit.train.batch import LogprobPass, pad_samples
 from grpokit.train.environment import EnvironmentEpisodes
 from tests.conftest import small_config

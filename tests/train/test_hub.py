@@ -14,9 +14,9 @@ from huggingface_hub.utils import filter_repo_objects
 from huggingface_hub.utils._paths import DEFAULT_IGNORE_PATTERNS
 
 from grpokit import GRPOConfig, GRPOTrainer
-from grpokit.records import read_jsonl
-from grpokit.train import hub
-from grpokit.train.hub import HUB_IGNORE_PATTERNS, check_hub_access, push_model, resolve_repo_id
+from grpokit.data.records import read_jsonl
+from grpokit.reporting import hub
+from grpokit.reporting.hub import HUB_IGNORE_PATTERNS, check_hub_access, push_model, resolve_repo_id
 
 TOKEN = "hf_NotARealTokenButSecretAbCdEf123456"
 ROWS = [

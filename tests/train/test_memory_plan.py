@@ -16,10 +16,10 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from grpokit import GRPOConfig
+from grpokit.cli.memory_plan import FAST_PREFILL_PROMPTS, GIB, layer_activation_bytes, plan_memory
 from grpokit.models.shape import ModelShape, count_lora_parameters, count_parameters
+from grpokit.parallel.cpu_runtime import FORCE_GQA
 from grpokit.rollout import FastSampler
-from grpokit.train.cpu_runtime import FORCE_GQA
-from grpokit.train.memory_plan import FAST_PREFILL_PROMPTS, GIB, layer_activation_bytes, plan_memory
 
 
 def tiny_config(arch: str = "llama", **overrides):

@@ -6,9 +6,9 @@ import statistics
 import pytest
 import torch
 
+from grpokit.reporting.metrics import PhaseTimer, reward_metrics, step_metrics
 from grpokit.rollout.base import GenerationOutput
-from grpokit.train.batch import Scores
-from grpokit.train.metrics import PhaseTimer, reward_metrics, step_metrics
+from grpokit.rollout.records import Scores
 
 NAN = float("nan")
 

@@ -11,7 +11,7 @@ from huggingface_hub import ModelCard
 
 import grpokit
 from grpokit import GRPOConfig
-from grpokit.train.model_card import base_model_name, dataset_name_of, write_model_card
+from grpokit.reporting.model_card import base_model_name, dataset_name_of, write_model_card
 
 TOKEN = "hf_NotARealTokenButSecretAbCdEf123456"
 
@@ -201,8 +201,8 @@ def test_names_of_the_trainer_arguments(tiny_model_dir):
 def test_grpokit_train_rewrites_the_card_with_the_evaluation(tmp_path, monkeypatch):
     """The CLI's last step: the card gains the held-out evaluation and the recipe's names; pushed again."""
     from grpokit.cli.train_command import TrainArgs, publish_model_card
-    from grpokit.train import publish
-    from grpokit.train.publish import Publisher
+    from grpokit.reporting import publish
+    from grpokit.reporting.publish import Publisher
 
     def fake_trainer(args):
         """What publish_model_card reads of a GRPOTrainer: its rewards, metrics log and publisher."""

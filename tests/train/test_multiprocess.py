@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from grpokit.train.distributed import make_accelerator, merge_process_metrics, needs_cpu_processes
+from grpokit.parallel.distributed import make_accelerator, merge_process_metrics, needs_cpu_processes
 
 WORKER = Path(__file__).with_name("_two_process_worker.py")
 RESUME_WORKER = Path(__file__).with_name("_two_process_resume_worker.py")

@@ -13,9 +13,10 @@ import torch
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.core import PolicyLoss
 from grpokit.rollout import FastSampler, GenerationOutput, ScriptedBackend
+from grpokit.rollout.records import RolloutBatch
+from grpokit.sampling.off_policy import CopiedWeightsBackend, generation_copy, make_sampler, refresh_copy
 from grpokit.train import trainer as trainer_module
-from grpokit.train.batch import RolloutBatch, pad_samples
-from grpokit.train.off_policy import CopiedWeightsBackend, generation_copy, make_sampler, refresh_copy
+from grpokit.train.batch import pad_samples
 
 from ..conftest import small_config
 
@@ -216,7 +217,7 @@ def test_an_outside_backend_without_logprobs_is_trained_on_uncorrected(
 ):
     backend = ScriptedBackend(char_tok, lambda prompt, i: ["2", "5", "12", "77"][i % 4])
     trainer = build(tiny_model_dir, tmp_path, rollout_backend=backend)
-    with caplog.at_level(logging.WARNING, logger="grpokit.train.off_policy"):
+    with caplog.at_level(logging.WARNING, logger="grpokit.sampling.off_policy"):
         metrics, batch = train_and_capture(trainer, monkeypatch)
     assert trainer.correction.active and batch.importance_weights is None and batch.old_logps is None
     assert "the sampler reports no log-probs" in caplog.text

@@ -92,7 +92,7 @@ def test_load_policy_disables_dropout_only_when_asked(tiny_model_dir):
 
 def test_chat_template_kwargs_reach_the_template(tiny_model_dir, rows, tmp_path):
     from grpokit import GRPOTrainer
-    from grpokit.chat import render_prompt
+    from grpokit.data.chat import render_prompt
 
     from .conftest import digit_reward
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from grpokit import GRPOConfig, GRPOTrainer
-from grpokit.train.batch import LogprobPass, RolloutBatch
+from grpokit.rollout.records import RolloutBatch
+from grpokit.train.batch import LogprobPass
 from grpokit.train.reference import Reference
 
 from ..conftest import small_config

@@ -88,7 +88,7 @@ def test_two_sharded_processes_train_lora_like_one(tiny_model_dir, tmp_path, one
 
 def test_fsdp_is_requested_by_config_or_accelerate_launch(monkeypatch, caplog):
     from grpokit import GRPOConfig
-    from grpokit.train.sharding import fsdp_requested
+    from grpokit.parallel.fsdp import fsdp_requested
 
     monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
     assert not fsdp_requested(GRPOConfig(), 2)
@@ -136,12 +136,12 @@ def test_deepspeed_zero_on_two_processes_trains_like_one(tiny_model_dir, tmp_pat
 
 def test_a_second_sharding_and_a_deepspeed_optimizer_are_refused():
     from grpokit import GRPOConfig
-    from grpokit.train.distributed import placement
+    from grpokit.parallel.distributed import placement
 
     with pytest.raises(ValueError, match="choose one way to shard"):
         placement(GRPOConfig(fsdp="full_shard", deepspeed={"zero_optimization": {"stage": 2}}), 2)
     with pytest.raises(ValueError, match="remove the 'optimizer' section"):
-        from grpokit.train.zero import deepspeed_config
+        from grpokit.parallel.zero import deepspeed_config
 
         deepspeed_config(GRPOConfig(deepspeed={"optimizer": {"type": "Adam"}}))
 
@@ -151,8 +151,8 @@ def test_deepspeed_is_requested_by_config_or_accelerate_launch(monkeypatch, tmp_
     with the stage read from it; a DeepSpeed JSON file works as ``deepspeed``; ZeRO on one process is
     refused."""
     from grpokit import GRPOConfig
-    from grpokit.train.distributed import placement
-    from grpokit.train.zero import deepspeed_config
+    from grpokit.parallel.distributed import placement
+    from grpokit.parallel.zero import deepspeed_config
 
     for name in ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP", "ACCELERATE_DEEPSPEED_CONFIG_FILE"):
         monkeypatch.delenv(name, raising=False)
@@ -181,7 +181,7 @@ def test_deepspeed_is_requested_by_config_or_accelerate_launch(monkeypatch, tmp_
 
 def test_deepspeed_from_the_command_line():
     from grpokit.cli.recipes import parse_train_args
-    from grpokit.train.zero import deepspeed_config
+    from grpokit.parallel.zero import deepspeed_config
 
     args = parse_train_args(["arithmetic-tiny", "deepspeed=zero2"]).config
     assert deepspeed_config(args)["zero_optimization"] == {"stage": 2}

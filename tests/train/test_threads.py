@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from grpokit import GRPOConfig
-from grpokit.train import threads
-from grpokit.train.threads import ThreadPolicy, idle_cores_between
+from grpokit.parallel import threads
+from grpokit.parallel.threads import ThreadPolicy, idle_cores_between
 
 
 @pytest.fixture

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from grpokit.config import GRPOConfig
-from grpokit.train import tracking
-from grpokit.train.metrics_log import MetricsLogger
-from grpokit.train.tracking import RunInfo, installed_sinks, resolve_sinks
+from grpokit.reporting import tracking
+from grpokit.reporting.metrics_log import MetricsLogger
+from grpokit.reporting.tracking import RunInfo, installed_sinks, resolve_sinks
 
 STEPS = {
     1: {"reward": 0.25, "kl": 0.0, "time/step": 1.5, "rewards/<lambda>/mean": 0.125},
@@ -229,7 +229,7 @@ def test_mlflow_store_that_cannot_be_opened_says_what_to_set(tmp_path, monkeypat
 CHILD = """
 import json, sys
 from grpokit.config import GRPOConfig
-from grpokit.train.metrics_log import MetricsLogger
+from grpokit.reporting.metrics_log import MetricsLogger
 report_to, output_dir, steps = json.loads(sys.argv[1])
 args = GRPOConfig(output_dir=output_dir, report_to=report_to, project="tracking-test")
 logger = MetricsLogger.from_config(args, enabled=True)
@@ -388,7 +388,7 @@ def test_a_training_run_reports_to_tensorboard_and_wandb_and_finishes_both(tiny_
     """Through GRPOTrainer: every logged step reaches both trackers with the values of metrics.jsonl, the
     W&B run is named after run_name and finished when train() returns."""
     from grpokit import GRPOTrainer
-    from grpokit.records import read_jsonl
+    from grpokit.data.records import read_jsonl
 
     from ..conftest import small_config
 

@@ -6,7 +6,7 @@ from transformers import AutoModelForCausalLM
 
 from grpokit import GRPOConfig
 from grpokit.core import PolicyLoss
-from grpokit.train.batch import RolloutBatch
+from grpokit.rollout.records import RolloutBatch
 from grpokit.train.forward import PolicyLogprobs
 from grpokit.train.update import UpdateContext, optimizer_step, run_update
 

@@ -17,7 +17,7 @@ import tyro
 
 from grpokit.cli.recipes import TYRO_MARKERS, to_flag_arguments
 from grpokit.cli.train_command import resolve_model, task_splits
-from grpokit.config_integrations import typed_value
+from grpokit.config.integrations import typed_value
 
 __all__ = [
     "EvalArgs",
@@ -198,7 +198,7 @@ def plan_eval(args: EvalArgs) -> EvalPlan:
     task_name = args.task or (DEFAULT_TASK if args.eval_dataset is None else None)
     task = None
     if task_name is not None:
-        from grpokit.data.tasks import TASKS
+        from grpokit.tasks import TASKS
 
         if task_name not in TASKS:
             raise ValueError(f"task: unknown built-in task {task_name!r}; known tasks: {sorted(TASKS)}")
@@ -276,8 +276,8 @@ def run_eval(args: EvalArgs, plan: EvalPlan | None = None) -> dict[str, Any]:
 
 def _episode_runner(args: EvalArgs, plan: EvalPlan, tokenizer: Any) -> Any:
     """The episode runner of ``environment`` (or the task's environment); None for single completions."""
-    from grpokit.data.tasks import TASKS
-    from grpokit.rollout.episodes import EpisodeRunner
+    from grpokit.envs.episodes import EpisodeRunner
+    from grpokit.tasks import TASKS
 
     task = TASKS.get(plan.task) if plan.task is not None else None
     spec = args.environment or (task.environment if task is not None else None)

@@ -1,6 +1,6 @@
 """``grpokit plan [RECIPE] [key=value ...] [num_processes=N] [strategy=...] [device_memory_gb=X]``: the
 memory one device needs for a recipe (strategy: ddp, fsdp, zero, zero3), from the model's config alone
-(``grpokit.train.memory_plan``).
+(``grpokit.cli.memory_plan``).
 
 The model's config comes from a local directory's config.json, the built-in tiny policy's sizes
 (``tiny:<task>``, nothing trained), the configs shipped in ``recipes/model_configs`` (hub ids with "/" as
@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from grpokit.cli.memory_plan import GIB, MemoryPlan, plan_memory
 from grpokit.cli.recipes import RECIPES_DIR, parse_train_args
 from grpokit.cli.train_command import TrainArgs
-from grpokit.train.memory_plan import GIB, MemoryPlan, plan_memory
 
 __all__ = [
     "DEFAULT_DEVICE_MEMORY_GB",
@@ -72,8 +72,8 @@ def _tiny_config(task: str) -> Any:
     """The config ``build_tiny_model`` gives the cold-started policy (``ColdStartSettings`` defaults)."""
     from transformers import AutoConfig
 
-    from grpokit.data.tasks import get_task
-    from grpokit.models import ColdStartSettings, build_char_tokenizer
+    from grpokit.models import build_char_tokenizer
+    from grpokit.tasks import ColdStartSettings, get_task
 
     try:
         get_task(task)
@@ -128,7 +128,7 @@ def _zero_strategy(config: Any) -> str:
     """ "zero3" / "zero" for a DeepSpeed run (by its ZeRO stage), else "ddp"."""
     if not config.deepspeed:
         return "ddp"
-    from grpokit.train.zero import zero_stage
+    from grpokit.parallel.zero import zero_stage
 
     return "zero3" if zero_stage(config) == 3 else "zero"
 

@@ -87,7 +87,7 @@ def peft_config(args: TrainArgs) -> Any:
 def resolve_model(spec: str, *, seed: int = 0) -> str:
     """``tiny:<task>`` -> the cached cold-started tiny policy directory; anything else unchanged."""
     if spec.startswith("tiny:"):
-        from grpokit.models import cold_start_policy
+        from grpokit.tasks import cold_start_policy
 
         return str(cold_start_policy(spec.split(":", 1)[1], seed=seed))
     return spec
@@ -95,7 +95,7 @@ def resolve_model(spec: str, *, seed: int = 0) -> str:
 
 def task_splits(task_name: str, args: Any) -> tuple[list[dict], list[dict]]:
     """(train rows, held-out rows) of a built-in task, sized by ``args``' ``num_*_examples``."""
-    from grpokit.data.tasks import get_task
+    from grpokit.tasks import get_task
 
     task = get_task(task_name)
     sizes = {}
@@ -113,7 +113,7 @@ def training_data(args: TrainArgs) -> tuple[Any, Any, list[Any], list[float] | N
     rewards: list[Any] | None = list(args.reward_funcs) if args.reward_funcs else None
     weights = args.config.reward_weights
     if args.task is not None:
-        from grpokit.data.tasks import get_task
+        from grpokit.tasks import get_task
 
         task = get_task(args.task)
         task_train, task_eval = task_splits(args.task, args)
@@ -137,7 +137,7 @@ def process_supervision(args: TrainArgs) -> dict[str, Any]:
     task's functions; anything else (built-in names, directories) is passed on."""
     task = None
     if args.task is not None:
-        from grpokit.data.tasks import get_task
+        from grpokit.tasks import get_task
 
         task = get_task(args.task)
     steps = dict(task.process_reward_funcs) if task is not None else {}
@@ -159,32 +159,6 @@ def process_supervision(args: TrainArgs) -> dict[str, Any]:
     return kwargs
 
 
-def task_graders(task_name: str) -> dict[str, Any]:
-    """``evaluate_accuracy`` keyword arguments of a built-in task: its correctness reward and its answer
-    extractor (for ``format_rate`` and ``maj@k``)."""
-    from grpokit.data.tasks import get_task
-
-    task = get_task(task_name)
-    return {"reward_fn": task.reward_funcs[task.correctness_reward], "extract_fn": task.extract_answer}
-
-
-def held_out_accuracy(
-    model: Any, tokenizer: Any, rows: list[dict], task: str, max_new_tokens: int, config: GRPOConfig
-) -> dict:
-    """Greedy accuracy of ``model`` on ``rows``, graded as ``task`` grades (a multi-turn task: episodes in
-    its environment, with the run's ``max_turns``, ``max_turn_tokens`` and ``environment_kwargs``)."""
-    from grpokit.data.tasks import get_task
-    from grpokit.eval import evaluate_accuracy, task_episode_accuracy
-
-    if get_task(task).environment is not None:
-        return task_episode_accuracy(
-            get_task(task), model, tokenizer, rows, max_new_tokens=max_new_tokens,
-            max_turns=config.max_turns, max_turn_tokens=config.max_turn_tokens,
-            environment_kwargs=config.environment_kwargs,
-        )  # fmt: skip
-    return evaluate_accuracy(model, tokenizer, rows, max_new_tokens=max_new_tokens, **task_graders(task))
-
-
 def _env(result: dict[str, Any]) -> str:
     """A multi-turn evaluation's episode means (``env/turns``, ``env/tool_calls``, ...) for a summary line."""
     shown = [f"{key} {value:.2f}" for key, value in result.items() if key.startswith("env/")]
@@ -196,7 +170,7 @@ def with_task_environment(config: GRPOConfig, task_name: str | None) -> GRPOConf
     environment keyword arguments are the defaults of the recipe's."""
     if task_name is None or config.environment is not None:
         return config
-    from grpokit.data.tasks import get_task
+    from grpokit.tasks import get_task
 
     task = get_task(task_name)
     if task.environment is None:
@@ -210,11 +184,11 @@ def print_memory_plan(args: TrainArgs) -> None:
     import os
 
     from grpokit.cli.plan_command import describe_plan
-    from grpokit.train.distributed import placement
+    from grpokit.parallel.distributed import placement
 
     if int(os.environ.get("RANK", "0")) != 0:
         return
-    from grpokit.train.zero import zero_stage
+    from grpokit.parallel.zero import zero_stage
 
     processes = int(os.environ.get("WORLD_SIZE", "1"))
     strategy = placement(args.config, processes)
@@ -259,11 +233,18 @@ def run_training(args: TrainArgs) -> dict[str, Any]:
     if evaluating and args.task is None:  # the held-out accuracy is graded as a built-in task grades
         print("grpokit: no built-in task to grade the held-out split; skipping the before/after evaluation")
         evaluating = False
-    max_new = args.eval_max_new_tokens or config.max_completion_length
+    grading = {
+        "max_new_tokens": args.eval_max_new_tokens or config.max_completion_length,
+        "max_turns": config.max_turns,
+        "max_turn_tokens": config.max_turn_tokens,
+        "environment_kwargs": config.environment_kwargs,
+    }
     if evaluating:
+        from grpokit.tasks.evaluation import task_accuracy
+
         eval_rows = load_dataset_rows(eval_rows, config, name="eval_dataset")
-        summary["before"] = held_out_accuracy(
-            trainer.unwrapped_model, trainer.tokenizer, eval_rows, args.task, max_new, config
+        summary["before"] = task_accuracy(
+            trainer.unwrapped_model, trainer.tokenizer, eval_rows, args.task, **grading
         )
         before = summary["before"]
         print(f"grpokit: held-out accuracy before GRPO: {before['accuracy']:.3f}{_env(before)}")
@@ -276,8 +257,8 @@ def run_training(args: TrainArgs) -> dict[str, Any]:
 
         summary["reward_model"] = rm_metric_summary(history)
     if evaluating:
-        summary["after"] = held_out_accuracy(
-            trainer.unwrapped_model, trainer.tokenizer, eval_rows, args.task, max_new, config
+        summary["after"] = task_accuracy(
+            trainer.unwrapped_model, trainer.tokenizer, eval_rows, args.task, **grading
         )
         after = summary["after"]
         print(f"grpokit: held-out accuracy after GRPO:  {after['accuracy']:.3f}{_env(after)}")
@@ -292,7 +273,7 @@ def run_training(args: TrainArgs) -> dict[str, Any]:
             f"grpokit: done in {summary['wall_time_s']} s; model, metrics.jsonl, metrics.png and "
             f"eval_summary.json in {output_dir}"
         )
-    from grpokit.train.distributed import end_processes
+    from grpokit.parallel.distributed import end_processes
 
     end_processes()
     return summary

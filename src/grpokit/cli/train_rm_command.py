@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from grpokit.records import write_jsonl
+from grpokit.data.records import write_jsonl
 from grpokit.rewards.process_rewards.steps import DEFAULT_STEP_DELIMITER
 from grpokit.rm import (
     REPLAY_FILE,
@@ -72,7 +72,7 @@ class TrainRMArgs:
 
 
 def _chain_samples(args: TrainRMArgs) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    from grpokit.data.tasks.chain import make_chain_rm_samples, make_chain_splits
+    from grpokit.tasks.chain import make_chain_rm_samples, make_chain_splits
 
     train_rows, test_rows = make_chain_splits(
         args.seed, args.num_samples, args.num_eval_samples, num_ops=args.num_ops
@@ -114,7 +114,7 @@ def run_train_rm(args: TrainRMArgs, log: Callable[[str], None] = print) -> dict[
             seed=args.seed,
         )
     elif args.model.startswith("tiny:"):
-        from grpokit.models import cold_start_policy
+        from grpokit.tasks import cold_start_policy
 
         model, tokenizer = load_reward_model(
             str(cold_start_policy(args.model.split(":", 1)[1], seed=args.seed)), args.kind

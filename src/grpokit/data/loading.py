@@ -5,20 +5,17 @@ json/jsonl/csv/parquet file or folder of data files, or a name that ``datasets.l
 (``grpokit.data.sources``). Then, in this order: ``column_mapping`` renames columns, ``prompt_column`` names
 the column that becomes the row's ``prompt``, and every row is checked. A prompt is a string (standard
 format) or a list of ``{"role", "content"}`` messages (conversational format, rendered with the tokenizer's
-chat template: ``grpokit.chat``). Every other column is forwarded to the reward functions.
+chat template: ``grpokit.data.chat``). Every other column is forwarded to the reward functions.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from grpokit.chat import message_content
+from grpokit.data.chat import message_content
 from grpokit.data.sources import source_rows
-
-if TYPE_CHECKING:
-    from grpokit.config import GRPOConfig
 
 __all__ = [
     "DataSettings",
@@ -41,7 +38,7 @@ class DataSettings:
     column_mapping: Mapping[str, str] | None = None
 
     @classmethod
-    def from_args(cls, args: GRPOConfig | DataSettings | None) -> DataSettings:
+    def from_args(cls, args: Any) -> DataSettings:
         """The settings of ``args`` (None: the defaults)."""
         if args is None:
             return cls()
@@ -55,7 +52,7 @@ class DataSettings:
 
 
 def load_dataset_rows(
-    source: Any, args: GRPOConfig | DataSettings | None, *, name: str = "train_dataset"
+    source: Any, args: Any, *, name: str = "train_dataset"
 ) -> list[dict[str, Any]]:
     """The validated rows of ``source`` under the data set settings of ``args``.
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from grpokit.records import read_jsonl
+from grpokit.data.records import read_jsonl
 
 __all__ = ["FILE_LOADERS", "source_rows", "split_field"]
 

@@ -4,7 +4,7 @@ An episode starts from one data-set row. The policy acts (generates until its tu
 token limit), the environment answers with a :class:`Turn`: an observation appended to the context (text,
 or chat messages rendered with the tokenizer's chat template), a reward for this turn if it has one, and
 whether the episode is over. Observation tokens are context only: they are masked out of the loss and the
-KL (``grpokit.rollout.episodes``).
+KL (``grpokit.envs.episodes``).
 
 Two ways to write one:
 

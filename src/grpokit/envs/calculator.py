@@ -3,7 +3,7 @@
 :func:`calculator` parses the expression with :mod:`ast` and evaluates only numbers and arithmetic (never
 ``eval``). :class:`CalculatorEnvironment` offers it through :class:`~grpokit.envs.tools.ToolEnvironment`
 and pays 1.0 for a final answer ``<answer>N</answer>`` equal to the row's ``solution``. An episode of the
-calculator task (:mod:`grpokit.data.tasks.calculator`)::
+calculator task (:mod:`grpokit.tasks.calculator`)::
 
     prompt   347*86=
     policy   <tool_call>{"name": "calculator", "arguments": {"expression": "347*86"}}</tool_call>
@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from grpokit.envs.tools import ToolEnvironment
+from grpokit.rewards.extract import integer_answer
 
 __all__ = ["MAX_EXPONENT", "MAX_EXPRESSION_CHARS", "MAX_RESULT_DIGITS", "CalculatorEnvironment", "calculator"]
 
@@ -155,8 +156,6 @@ class CalculatorEnvironment(ToolEnvironment):
 
     def final_reward(self, action: str) -> float | None:
         """1.0 when the last ``<answer>`` of ``action`` holds the row's solution, else 0.0."""
-        from grpokit.data.tasks.answers import integer_answer  # here: grpokit.data.tasks imports this module
-
         if self._solution is None:
             raise RuntimeError("CalculatorEnvironment.final_reward before reset(row)")
         return 1.0 if integer_answer(action) == self._solution else 0.0

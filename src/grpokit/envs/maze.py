@@ -1,4 +1,4 @@
-"""A text-grid maze environment (AlphaMaze-style), for the ``maze`` task (``grpokit.data.tasks.maze``).
+"""A text-grid maze environment (AlphaMaze-style), for the ``maze`` task (``grpokit.tasks.maze``).
 
 The maze is a grid of characters: ``#`` wall, ``.`` open, ``S`` start, ``E`` exit. Cells sit at odd
 coordinates ``(2r+1, 2c+1)``; the character between two neighbouring cells is ``#`` (a wall) or open (a
@@ -115,7 +115,7 @@ class MazeEnvironment:
         if missing:
             raise ValueError(
                 f"MazeEnvironment: the row has no {', '.join(repr(m) for m in missing)} column(s); maze rows "
-                "come from grpokit.data.tasks.maze.make_maze_splits"
+                "come from grpokit.tasks.maze.make_maze_splits"
             )
         mode = self.mode if self.mode is not None else row["mode"]
         if mode not in MAZE_MODES:

@@ -3,10 +3,8 @@
 ``generic`` (``evaluate_model``, ``generate_completions``: any model and rows, through a rollout backend;
 what ``grpokit eval`` runs), ``grading`` (``grade_completions``: reward functions and/or an answer
 extractor, correctness, the summary metrics), ``evaluate`` (``evaluate_accuracy``: the trainer CLI's
-before/after check with one grader), ``episodes`` (``task_episode_accuracy``: a multi-turn task's greedy
-episodes), ``metrics`` (pass@k, maj@k, mean@k)."""
+before/after check with one grader), ``metrics`` (pass@k, maj@k, mean@k)."""
 
-from grpokit.eval.episodes import task_episode_accuracy
 from grpokit.eval.evaluate import evaluate_accuracy, stop_token_ids
 from grpokit.eval.generic import evaluate_model, generate_completions
 from grpokit.eval.grading import (
@@ -36,6 +34,5 @@ __all__ = [
     "resolve_extractor",
     "reward_weights_for",
     "stop_token_ids",
-    "task_episode_accuracy",
     "validate_grading",
 ]

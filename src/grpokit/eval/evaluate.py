@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from grpokit.chat import as_completion, render_prompt
 from grpokit.core import pad_left, trim_at_eos
+from grpokit.data.chat import as_completion, render_prompt
 from grpokit.data.loading import reward_columns
 from grpokit.eval.metrics import maj_at_k, mean_at_k, mean_pass_at_k
 from grpokit.models.loading import pad_token_id

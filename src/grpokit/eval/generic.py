@@ -5,7 +5,7 @@ Two steps, usable apart:
 
 * :func:`generate_completions`: ``k`` completions per prompt through a rollout backend
   (:mod:`grpokit.rollout`: the fast sampler where it supports the model, else ``model.generate``), the
-  prompts encoded exactly as training encodes them (``grpokit.train.prompts.encode_prompt``: chat template
+  prompts encoded exactly as training encodes them (``grpokit.data.chat.encode_prompt``: chat template
   with ``chat_template_kwargs`` for message lists, cut from the left to ``max_prompt_length``);
 * :func:`grade_completions`: rewards (:func:`grpokit.rewards.score_completions`, the weighted sum of
   :func:`grpokit.core.combine_rewards` with :func:`grpokit.rewards.reward_weights`), correctness against a
@@ -24,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from grpokit.envs.base import environment_reward
+from grpokit.envs.episodes import EpisodeRunner
 from grpokit.eval.evaluate import stop_token_ids
 from grpokit.eval.grading import EvalCompletions, grade_completions, resolve_extractor, validate_grading
 from grpokit.models.loading import pad_token_id
@@ -31,7 +32,6 @@ from grpokit.rewards.extract import Extractor
 from grpokit.rewards.registry import resolve_rewards
 from grpokit.rollout import RolloutBackend, SamplingParams, make_backend, resolve_backend_name
 from grpokit.rollout.base import GenerationOutput
-from grpokit.rollout.episodes import EpisodeRunner
 
 __all__ = ["evaluate_model", "generate_completions"]
 
@@ -57,7 +57,7 @@ def generate_completions(
 ) -> EvalCompletions:
     """``num_samples`` completions for each row's ``prompt``.
 
-    Prompts are encoded as in training (``grpokit.train.prompts.encode_prompt``). Decoding: ``temperature
+    Prompts are encoded as in training (``grpokit.data.chat.encode_prompt``). Decoding: ``temperature
     == 0`` is greedy (``SamplingParams(do_sample=False)``: argmax, no temperature/top-p/top-k); otherwise
     sampling with ``temperature``, ``top_p`` and ``top_k`` (0 = off), reproducible from ``seed`` (torch's
     RNG is forked, so the caller's random state is untouched). A completion stops at the tokenizer's EOS or
@@ -69,7 +69,7 @@ def generate_completions(
     an episode's transcript; its columns, such as ``env_reward``, are kept for grading).
     """
     # The one encoding of prompts; imported here so that importing grpokit.eval loads no trainer.
-    from grpokit.train.prompts import encode_prompt
+    from grpokit.data.chat import encode_prompt
 
     if isinstance(generation_backend, str):
         name = resolve_backend_name(generation_backend, model)
@@ -125,8 +125,8 @@ def run_episodes(
     params: SamplingParams,
 ) -> tuple[GenerationOutput, list[dict[str, Any]]]:
     """``num_samples`` episodes per row: their completions and, per episode, its columns."""
-    from grpokit.rollout.episodes import as_generation_output, episode_columns
-    from grpokit.rollout.turns import open_session
+    from grpokit.envs.episodes import as_generation_output, episode_columns
+    from grpokit.envs.turns import open_session
 
     session = open_session(backend, prompt_ids, [num_samples] * len(prompt_ids))
     done = runner.run(session, [dict(row) for row in rows for _ in range(num_samples)], params)
@@ -166,7 +166,7 @@ def evaluate_model(
     (callables, built-in names such as ``accuracy``, ``module.function`` paths, reward-model directories;
     :func:`grpokit.rewards.resolve_rewards`, reward models moved to the model's device).
     ``answer_extractor``: see :func:`resolve_extractor`. Everything is validated before generation
-    (:func:`validate_grading`). ``episodes``: grade multi-turn episodes (``grpokit.rollout.episodes``);
+    (:func:`validate_grading`). ``episodes``: grade multi-turn episodes (``grpokit.envs.episodes``);
     without reward functions the environment's own reward grades them (a solve rate)."""
     rows = [dict(row) for row in rows]
     if episodes is not None and not reward_funcs:

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from grpokit.chat import as_completion, completion_text
 from grpokit.core import combine_rewards
+from grpokit.data.chat import as_completion, completion_text
 from grpokit.data.loading import reward_columns
 from grpokit.eval.metrics import maj_at_k, mean_at_k, mean_pass_at_k
 from grpokit.rewards.extract import EXTRACTORS, Extractor
@@ -44,7 +44,7 @@ class EvalCompletions:
     """The generation backend that produced them (``fast`` / ``transformers``), None when built by hand."""
     columns: list[list[dict[str, Any]]] | None = None
     """Per completion, columns added to its row for the reward functions (multi-turn episodes:
-    ``env_reward``, ``env_actions``, ...; ``grpokit.rollout.episodes.episode_columns``)."""
+    ``env_reward``, ``env_actions``, ...; ``grpokit.envs.episodes.episode_columns``)."""
 
 
 def resolve_extractor(spec: str | Extractor | None) -> Extractor | None:

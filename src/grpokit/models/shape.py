@@ -1,6 +1,6 @@
 """The sizes of a Llama-family decoder (``llama``, ``qwen2``, ``qwen3``, ``mistral``) read from its config
 alone, no weights: parameter counts, LoRA adapter counts, the shapes of one layer's linear layers. The
-memory plan (``grpokit.train.memory_plan``) is built on them; tests check the counts against real models.
+memory plan (``grpokit.cli.memory_plan``) is built on them; tests check the counts against real models.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Nothing here touches a model hub. The tokenizer is made with the ``tokenizers`` 
 ``transformers.PreTrainedTokenizerFast``; the model is a ``transformers`` architecture built from a config
 with seeded random weights. Both save with ``save_pretrained`` and load back with ``AutoTokenizer`` /
 ``AutoModelForCausalLM``. The supervised cold start that turns them into a policy GRPO can improve is
-``grpokit.models.cold_start``.
+``grpokit.tasks.cold_start``.
 """
 
 from __future__ import annotations

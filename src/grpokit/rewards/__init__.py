@@ -8,7 +8,7 @@ The failure policy lives in :func:`score_completions`; names and specs resolve t
 sandbox); ``process_rewards/`` scores steps (process supervision). See docs/rewards.md.
 """
 
-from grpokit.chat import completion_text
+from grpokit.data.chat import completion_text
 from grpokit.rewards.accuracy import accuracy_reward, make_accuracy_reward
 from grpokit.rewards.base import ProcessRewardFunc, RewardFunc
 from grpokit.rewards.code import code_execution_reward, extract_code, make_code_execution_reward

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from grpokit.chat import completion_texts
+from grpokit.data.chat import completion_texts
 from grpokit.rewards.base import RewardFunc, column
 from grpokit.rewards.extract import Extractor, get_extractor
 from grpokit.rewards.isolation.verifier import MathVerifier, shared_verifier

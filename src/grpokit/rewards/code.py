@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
-from grpokit.chat import completion_texts
+from grpokit.data.chat import completion_texts
 from grpokit.rewards.base import RewardFunc, column
 from grpokit.rewards.isolation.sandbox import SandboxLimits, run_python_tests
 

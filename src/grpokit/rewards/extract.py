@@ -10,16 +10,25 @@ Each extractor returns the answer string, or ``None`` when the completion holds 
 ``last_number`` the last number in the text (``-1,234.5``, ``3/4``)
 ``auto``       ``answer_tag``, then ``boxed``, then ``hash``, then ``last_number``: the first that finds one
 ============== ======================================================================================
+
+``integer_answer`` is the built-in tasks' (and the calculator environment's) reading: the integer in the
+last ``<answer>...</answer>``, normalised (``051`` -> ``51``), None for anything but an integer.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import Any
+
+from grpokit.data.chat import completion_text
 
 Extractor = Callable[[str], "str | None"]
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
+MAX_ANSWER_DIGITS = 64
+"""Longer digit strings are not an integer answer (and ``int()`` refuses more than 4300 digits)."""
+_INTEGER = re.compile(rf"-?\d{{1,{MAX_ANSWER_DIGITS}}}")
 _NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 
 
@@ -63,6 +72,19 @@ def extract_answer_tag(text: str, tag: str = "answer") -> str | None:
     start += len(tag) + 2
     end = text.find(f"</{tag}>", start)
     return None if end < 0 else text[start:end].strip()
+
+
+def integer_answer(completion: Any) -> str | None:
+    """The integer in the last ``<answer>...</answer>`` as a normalised string, or None.
+
+    ``"...<answer> 051 </answer>"`` gives ``"51"``; ``"<answer>6.3</answer>"``, ``"<answer>1+2</answer>"``,
+    an unclosed tag or no tag give None. ``completion`` is a string or a list of chat messages (the last
+    message's content is read).
+    """
+    inner = extract_answer_tag(completion_text(completion))
+    if inner is None or not _INTEGER.fullmatch(inner):
+        return None
+    return str(int(inner))
 
 
 def extract_hash_answer(text: str) -> str | None:

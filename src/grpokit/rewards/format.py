@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from grpokit.chat import completion_texts
+from grpokit.data.chat import completion_texts
 from grpokit.rewards.base import RewardFunc
 
 _NO_TAG = r"(?:(?!</?think>|</?answer>).)*"

@@ -9,7 +9,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from grpokit.chat import completion_texts
+from grpokit.data.chat import completion_texts
 from grpokit.rewards.base import RewardFunc
 
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from grpokit.chat import render_conversation
 from grpokit.core import pad_right
+from grpokit.data.chat import render_conversation
 
 
 class RewardModel:

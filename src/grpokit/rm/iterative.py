@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from grpokit.chat import completion_text
-from grpokit.records import write_jsonl
+from grpokit.data.chat import completion_text
+from grpokit.data.records import write_jsonl
 from grpokit.rewards.process_rewards.prm import ProcessRewardModel
 from grpokit.rewards.process_rewards.steps import DEFAULT_STEP_DELIMITER, split_steps
 from grpokit.rm.checkpoints import load_reward_model, reward_model_kind, save_reward_model

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from grpokit.chat import completion_text, is_conversational
-from grpokit.records import read_jsonl
+from grpokit.data.chat import completion_text, is_conversational
+from grpokit.data.records import read_jsonl
 from grpokit.rewards.process_rewards.steps import DEFAULT_STEP_DELIMITER, split_steps
 
 __all__ = ["RM_KINDS", "RMKind", "check_kind", "load_rm_samples", "validate_rm_samples"]

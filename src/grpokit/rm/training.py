@@ -25,8 +25,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from grpokit.chat import completion_text, render_prompt
 from grpokit.core import pad_right
+from grpokit.data.chat import completion_text, render_prompt
 from grpokit.models.loading import pad_token_id
 from grpokit.rewards.process_rewards.prm import encode_prompt_completion, scalar_logits
 from grpokit.rewards.process_rewards.steps import DEFAULT_STEP_DELIMITER

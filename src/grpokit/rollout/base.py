@@ -72,7 +72,7 @@ class GenerationOutput:
     """[P*G] True when the completion hit ``max_new_tokens`` without an EOS token (an episode: cut by its
     turn or token limit before the environment ended it)."""
     policy_mask: list[list[int]] | None = None
-    """[P*G] multi-turn episodes (``grpokit.rollout.episodes``): 1 on each token the policy generated, 0 on
+    """[P*G] multi-turn episodes (``grpokit.envs.episodes``): 1 on each token the policy generated, 0 on
     the environment's observation tokens (context only: no loss, no KL). None: every token is the policy's."""
 
 

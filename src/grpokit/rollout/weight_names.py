@@ -12,7 +12,7 @@ its own fused layout itself. The trainer's policy holds them under other names a
 - Wrappers: ``module.`` (DDP, DeepSpeed), ``_fsdp_wrapped_module.`` (FSDP1), ``_checkpoint_wrapped_module.``
   (activation checkpointing), ``_orig_mod.`` (``torch.compile``) are removed.
 - FSDP2: sharded parameters are ``DTensor``s; each is gathered into its full tensor (``full_tensor()``, a
-  collective: every process must iterate, in the same order). Inside ``train.sharding.gathered`` (where the
+  collective: every process must iterate, in the same order). Inside ``parallel.fsdp.gathered`` (where the
   trainer generates) the parameters are already full and nothing is gathered.
 - Tied weights (``lm_head`` tied to ``embed_tokens``): yielded once, under the first name, as
   ``named_parameters`` does; vLLM's loaders tie the head themselves.

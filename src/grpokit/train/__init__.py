@@ -1,13 +1,9 @@
-"""Training with GRPO: the trainer and the parts of its step.
+"""The training step: ``trainer`` (GRPOTrainer: the step, top to bottom), ``batch`` (Samples -> Scores ->
+RolloutBatch), ``forward`` and ``lm_head`` (the lean log-prob forward), ``reference`` (pi_ref), ``update``
+(mu epochs of optimizer steps), ``prompts`` (which prompts, as token ids), ``hooks`` (the protocol of optional
+behaviour: ``process_supervision``, ``iterative_grpo``), and what the loop around it needs."""
 
-``trainer`` (GRPOTrainer: the step, top to bottom) · ``batch`` (Samples -> Scores -> RolloutBatch) ·
-``update`` (mu epochs of optimizer steps) · ``forward`` (the lean log-prob forward) · ``prompts`` (which
-prompts, as token ids) · ``reference`` (pi_ref) · ``policy`` (loading the policy) · ``hooks`` (optional
-behaviour: ``process_supervision``, ``iterative_grpo``, ``completion_log``) · ``metrics`` /
-``metrics_log`` · ``checkpoint`` · ``distributed``.
-"""
-
-from grpokit.train.batch import RolloutBatch, Samples, Scores
+from grpokit.rollout.records import RolloutBatch, Samples, Scores
 from grpokit.train.hooks import StepHook
 from grpokit.train.trainer import GRPOTrainer
 

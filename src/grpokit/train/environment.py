@@ -1,4 +1,4 @@
-"""A run's environment: episodes instead of single completions (``grpokit.rollout.episodes``), their metrics
+"""A run's environment: episodes instead of single completions (``grpokit.envs.episodes``), their metrics
 and, with ``turn_advantages``, per-turn rewards as process supervision.
 
 The trainer asks :meth:`EnvironmentEpisodes.generate` where it would call ``generate_groups``; the episodes'
@@ -15,18 +15,18 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from grpokit.envs.tools import ToolEnvironment
-from grpokit.rollout import RolloutBackend, SamplingParams, generate_groups
-from grpokit.rollout.base import GenerationOutput
-from grpokit.rollout.episodes import (
+from grpokit.envs.episodes import (
     Episode,
     EpisodeRunner,
     as_generation_output,
     episode_metrics,
     with_episode_columns,
 )
-from grpokit.rollout.turns import open_session
-from grpokit.train.batch import RolloutBatch, Samples, Scores
+from grpokit.envs.tools import ToolEnvironment
+from grpokit.envs.turns import open_session
+from grpokit.rollout import RolloutBackend, SamplingParams, generate_groups
+from grpokit.rollout.base import GenerationOutput
+from grpokit.rollout.records import RolloutBatch, Samples, Scores
 from grpokit.train.hooks import StepHook
 from grpokit.train.process_supervision import token_abs_mean, token_advantages
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from accelerate.utils import gather_object
 
-from grpokit.train.metrics import reward_means
+from grpokit.reporting.metrics import reward_means
 
 __all__ = ["greedy_reward_means"]
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpokit.train.batch import RolloutBatch, Samples, Scores
+from grpokit.rollout.records import RolloutBatch, Samples, Scores
+from grpokit.sampling.prompt_stats import Curriculum, PromptStats
 from grpokit.train.reference import Reference
 
-__all__ = ["ReferenceSync", "StepHook", "StepHooks", "run_hooks"]
+__all__ = ["PromptStatsHook", "ReferenceSync", "StepHook", "StepHooks", "run_hooks"]
 
 
 class StepHook:
@@ -92,12 +93,37 @@ class ReferenceSync(StepHook):
             self.reference.reset(self.alpha)
 
 
+class PromptStatsHook(StepHook):
+    """Keeps the per-prompt pass-rate estimates (curriculum, adaptive group sizes) and the curriculum's
+    random state in checkpoints, and reports the curriculum's metrics each step."""
+
+    checkpoint_key = "curriculum"
+
+    def __init__(self, stats: PromptStats, curriculum: Curriculum | None) -> None:
+        self.stats, self.curriculum = stats, curriculum
+
+    def metrics(self) -> dict[str, float]:
+        return self.curriculum.metrics() if self.curriculum is not None else {}
+
+    def state_dict(self) -> Any:
+        return (
+            self.curriculum.state_dict()
+            if self.curriculum is not None
+            else {"stats": self.stats.state_dict()}
+        )
+
+    def load_state_dict(self, state: Any) -> None:
+        if self.curriculum is not None:
+            self.curriculum.load_state_dict(state)
+        else:
+            self.stats.load_state_dict(state["stats"])
+
+
 def run_hooks(trainer: Any) -> list[StepHook]:
     """The optional behaviour a ``GRPOTrainer``'s run asked for, in the order it runs: environment episodes'
     metrics and turn advantages, process supervision,
-    reference resets, iterative reward-model updates, the per-prompt pass rates, the completion log."""
-    from grpokit.train.completion_log import CompletionLog
-    from grpokit.train.distributed import gather_across_processes
+    reference resets, iterative reward-model updates, the per-prompt pass rates."""
+    from grpokit.parallel.distributed import gather_across_processes
 
     args, accelerator = trainer.args, trainer.accelerator
     hooks: list[StepHook] = [h for h in (trainer.environment, trainer.process) if h is not None]
@@ -108,18 +134,5 @@ def run_hooks(trainer: Any) -> list[StepHook]:
         trainer.iterative.gather = gather_across_processes(accelerator)
         hooks.append(trainer.iterative)
     if trainer.prompt_stats is not None:  # pass-rate estimates: checkpointed, curriculum metrics
-        from grpokit.train.group_sampling import PromptStatsHook
-
         hooks.append(PromptStatsHook(trainer.prompt_stats, trainer.prompts.curriculum))
-    hooks.append(
-        CompletionLog(
-            args.output_dir,
-            args.log_completions,
-            args.num_completions_to_print,
-            reward_names=trainer.reward_names,
-            is_logged=trainer.schedule.logs,
-            gather=gather_across_processes(accelerator),
-            enabled=accelerator.is_main_process,
-        )
-    )
     return hooks

@@ -23,13 +23,13 @@ from typing import Any
 
 import torch
 
-from grpokit.chat import as_completion
 from grpokit.config import GRPOConfig
+from grpokit.data.chat import as_completion
 from grpokit.data.loading import reward_columns
 from grpokit.rewards import resolve_reward
 from grpokit.rewards.process_rewards import resolve_process_reward_funcs
 from grpokit.rm import IterativeRewardModel, label_samples
-from grpokit.train.batch import Samples, Scores
+from grpokit.rollout.records import Samples, Scores
 from grpokit.train.hooks import StepHook
 from grpokit.train.reference import Reference
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from grpokit.chat import as_completion
 from grpokit.config import GRPOConfig
 from grpokit.core import combine_outcome_and_process, process_advantages
+from grpokit.data.chat import as_completion
 from grpokit.data.loading import reward_columns
 from grpokit.rewards.process_rewards import (
     ProcessRewardModel,
@@ -32,7 +32,7 @@ from grpokit.rewards.process_rewards import (
     score_process,
 )
 from grpokit.rewards.scoring import reward_names, reward_weights
-from grpokit.train.batch import RolloutBatch, Samples, Scores
+from grpokit.rollout.records import RolloutBatch, Samples, Scores
 from grpokit.train.hooks import StepHook
 
 __all__ = ["ProcessSupervision", "token_abs_mean", "token_advantages"]

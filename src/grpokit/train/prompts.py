@@ -7,26 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from grpokit.chat import render_prompt
 from grpokit.config import GRPOConfig
+from grpokit.data.chat import render_prompt
 
 if TYPE_CHECKING:
-    from grpokit.train.prompt_stats import Curriculum
+    from grpokit.sampling.prompt_stats import Curriculum
 
-__all__ = ["PromptSampler", "check_prompt_lengths", "encode_prompt"]
-
-
-def encode_prompt(
-    prompt: Any,
-    tokenizer: Any,
-    max_prompt_length: int | None = None,
-    chat_template_kwargs: dict[str, Any] | None = None,
-) -> list[int]:
-    """Token ids of a prompt (chat template for message lists, without special tokens added twice), cut
-    from the left to ``max_prompt_length``."""
-    text = render_prompt(prompt, tokenizer, chat_template_kwargs)
-    ids = tokenizer(text, add_special_tokens=isinstance(prompt, str))["input_ids"]
-    return ids[-max_prompt_length:] if max_prompt_length is not None and len(ids) > max_prompt_length else ids
+__all__ = ["PromptSampler", "check_prompt_lengths"]
 
 
 def check_prompt_lengths(rows: list[dict[str, Any]], tokenizer: Any, args: GRPOConfig, *, name: str) -> None:
@@ -67,7 +54,7 @@ class PromptSampler:
     """Yields ``prompts_per_step`` row indices per step, epoch after epoch; every process sees the same
     global order and takes its own contiguous share.
 
-    With a ``curriculum`` (``train.prompt_stats.Curriculum``) the sampler walks the same epoch order but
+    With a ``curriculum`` (``sampling.prompt_stats.Curriculum``) the sampler walks the same epoch order but
     consumes each candidate as it goes and keeps only those the curriculum accepts, until the step has
     ``prompts_per_step``. So that a step always ends, after ``num_rows`` consecutive rejections (a full
     pass's worth) the next candidate is taken regardless (``Curriculum.note_forced`` counts it); the count of

@@ -8,7 +8,9 @@ from typing import Any
 
 import torch
 
-from grpokit.train.batch import LogprobPass, RolloutBatch
+from grpokit.rollout.records import RolloutBatch
+from grpokit.train.batch import LogprobPass
+from grpokit.train.forward import PolicyLogprobs
 
 __all__ = ["Reference", "make_reference", "refuse_resets_of_adapter_reference", "sync_reference"]
 
@@ -70,10 +72,9 @@ class Reference:
     def shard(
         self, device: torch.device, sharded_policy: torch.nn.Module, compute_dtype: torch.dtype | None = None
     ) -> None:
-        """Under FSDP: shard the copy like the policy (``train.sharding.shard``); the adapter case runs the
+        """Under FSDP: shard the copy like the policy (``parallel.fsdp.shard``); the adapter case runs the
         sharded policy itself with its adapter disabled."""
-        from grpokit.train.forward import PolicyLogprobs
-        from grpokit.train.sharding import shard
+        from grpokit.parallel.fsdp import shard
 
         if self.offload:
             raise ValueError(
@@ -89,13 +90,16 @@ class Reference:
 
     def partition(self, args: Any, policy_runner: torch.nn.Module) -> None:
         """Under DeepSpeed ZeRO-3: partition the copy like the policy (an inference-only engine,
-        ``train.zero.partitioned_runner``); the adapter case runs the partitioned policy itself."""
-        from grpokit.train.zero import partitioned_runner
+        ``parallel.zero.partitioned_runner``); the adapter case runs the partitioned policy itself."""
+        from grpokit.parallel.zero import partitioned_runner
 
         if self.offload:
             raise ValueError("GRPOConfig.ref_model_offload is not supported with DeepSpeed ZeRO-3")
         self.zero3 = True
-        self.runner = policy_runner if self.model is None else partitioned_runner(self.model, args)
+        if self.model is None:
+            self.runner = policy_runner
+        else:
+            self.runner = partitioned_runner(PolicyLogprobs(self.model), self.model, args)
 
     @classmethod
     def for_run(cls, policy: torch.nn.Module, args: Any, *, adapter_disabled: bool) -> Reference | None:
@@ -131,7 +135,7 @@ class Reference:
         if self.model is None:
             raise ValueError("the reference of a PEFT policy is its base model: it cannot be reset")
         if self.zero3:  # gather both, change the reference's on one process, partition again
-            from grpokit.train.zero import gathered_params
+            from grpokit.parallel.zero import gathered_params
 
             with gathered_params(self.model, modifier_rank=0), gathered_params(self.policy):
                 sync_reference(self.model, self.policy, alpha)
@@ -147,11 +151,11 @@ class Reference:
         if self.model is None:
             return None
         if self.zero3:
-            from grpokit.train.zero import gathered_state
+            from grpokit.parallel.zero import gathered_state
 
             return gathered_state(self.model)
         if self.runner is not None:
-            from grpokit.train.sharding import full_state_dict
+            from grpokit.parallel.fsdp import full_state_dict
 
             return full_state_dict(self.runner)
         return self.model.state_dict()
@@ -160,11 +164,11 @@ class Reference:
         if self.model is None or state is None:
             return
         if self.zero3:
-            from grpokit.train.zero import load_gathered_state
+            from grpokit.parallel.zero import load_gathered_state
 
             load_gathered_state(self.model, state)
         elif self.runner is not None:
-            from grpokit.train.sharding import load_full_state_dict
+            from grpokit.parallel.fsdp import load_full_state_dict
 
             load_full_state_dict(self.runner, state)
         else:

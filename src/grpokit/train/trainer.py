@@ -3,7 +3,7 @@
 DeepSeekMath (arXiv:2402.03300), Algorithm 1: per step set pi_old <- pi_theta, sample G outputs per
 question, score them, normalise rewards per group, then mu policy updates on the same samples. The same step
 without the trainer's machinery is ``examples/grpo_minimal.py``; optional behaviour (process supervision,
-reference resets, iterative reward models, the completion log) is in step hooks (``grpokit.train.hooks``).
+reference resets, iterative reward models) is in step hooks (``grpokit.train.hooks``).
 """
 
 from __future__ import annotations
@@ -16,16 +16,12 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
 from grpokit.config import GRPOConfig
+from grpokit.config.trl_fields import refuse_trainer_arguments
 from grpokit.core import PolicyLoss
+from grpokit.data.chat import encode_prompt
 from grpokit.data.loading import load_dataset_rows
-from grpokit.rollout import RolloutBackend, SamplingParams
-from grpokit.rollout.vllm_backend import require_vllm
-from grpokit.train import environment as episodes
-from grpokit.train.async_rollouts import async_drawer, check_async_generation
-from grpokit.train.batch import LogprobPass, Samples, Scores, pad_samples, score_samples
-from grpokit.train.callbacks import Callbacks
-from grpokit.train.cpu_runtime import apply_cpu_runtime
-from grpokit.train.distributed import (
+from grpokit.parallel.cpu_runtime import apply_cpu_runtime
+from grpokit.parallel.distributed import (
     any_process,
     gather_across_processes,
     make_accelerator,
@@ -33,23 +29,31 @@ from grpokit.train.distributed import (
     placement,
     prepare_policy,
 )
+from grpokit.parallel.run_state import RunState
+from grpokit.parallel.threads import ThreadPolicy
+from grpokit.reporting.callbacks import Callbacks
+from grpokit.reporting.completion_log import CompletionLog
+from grpokit.reporting.metrics import PhaseTimer, progress_fields, step_metrics
+from grpokit.reporting.metrics_log import MetricsLogger, plot_metrics
+from grpokit.reporting.publish import Publisher
+from grpokit.rollout import RolloutBackend, SamplingParams
+from grpokit.rollout.records import Samples, Scores
+from grpokit.rollout.vllm_backend import require_vllm
+from grpokit.sampling.async_draw import async_drawer, check_async_generation
+from grpokit.sampling.groups import GroupDrawer, prompt_statistics
+from grpokit.sampling.off_policy import make_sampler
+from grpokit.train import environment as episodes
+from grpokit.train.batch import LogprobPass, pad_samples, score_samples
 from grpokit.train.evaluation import greedy_reward_means
-from grpokit.train.group_sampling import GroupDrawer, prompt_statistics
+from grpokit.train.forward import PolicyLogprobs
 from grpokit.train.guards import NonfiniteGuard, StopSignals
 from grpokit.train.hooks import StepHooks, run_hooks
-from grpokit.train.metrics import PhaseTimer, progress_fields, step_metrics
-from grpokit.train.metrics_log import MetricsLogger, plot_metrics
-from grpokit.train.off_policy import make_sampler
 from grpokit.train.policy import check_special_tokens, load_policy, load_tokenizer
-from grpokit.train.prompts import PromptSampler, check_prompt_lengths, encode_prompt
-from grpokit.train.publish import Publisher
+from grpokit.train.prompts import PromptSampler, check_prompt_lengths
 from grpokit.train.reference import Reference, refuse_resets_of_adapter_reference
 from grpokit.train.run_rewards import run_rewards
-from grpokit.train.run_state import RunState
 from grpokit.train.schedule import RunSchedule
-from grpokit.train.threads import ThreadPolicy
 from grpokit.train.update import UpdateContext, run_update
-from grpokit.trl_compat import refuse_trainer_arguments
 
 __all__ = ["GRPOTrainer"]
 
@@ -66,7 +70,7 @@ class GRPOTrainer:
         train_dataset: a ``datasets.Dataset``, a list of dicts, or a json/jsonl/csv/parquet path.
         eval_dataset: optional, same forms; mean reward under greedy decoding every ``eval_steps``.
         processing_class: the tokenizer (default: loaded from ``model``).
-        callbacks: ``transformers.TrainerCallback`` objects (``grpokit.train.callbacks``).
+        callbacks: ``transformers.TrainerCallback`` objects (``grpokit.reporting.callbacks``).
         optimizers: TRL's ``(optimizer, lr_scheduler)``; either may be None (default AdamW from ``args``;
             the ``lr_scheduler_type`` schedule over the run's optimizer steps). Not with ``fsdp`` or
             ``deepspeed``, which build the optimizer over the parameters they place.
@@ -154,8 +158,9 @@ class GRPOTrainer:
         self.strategy = placement(self.args, self.accelerator.num_processes)  # ddp, fsdp or zero
         total = self.max_steps * self.plan.optimizer_steps  # optimizer steps of the run
         self.placed = prepare_policy(
-            self.model, self.args, self.accelerator, self.reference, total, self.strategy, optimizers
-        )
+            self.model, PolicyLogprobs(self.model), self.args, self.accelerator, self.reference, total,
+            self.strategy, optimizers,
+        )  # fmt: skip
         placed = self.placed
         self.policy, self.optimizer, self.scheduler = placed.policy, placed.optimizer, placed.scheduler
         self.zero = placed.zero
@@ -175,6 +180,11 @@ class GRPOTrainer:
             self.accelerator, self.loss, placed, self.generator
         )
         self.hooks = StepHooks(run_hooks(self))
+        self.completion_log = CompletionLog(
+            self.args.output_dir, self.args.log_completions, self.args.num_completions_to_print,
+            reward_names=self.reward_names, is_logged=self.schedule.logs, gather=self.gather,
+            enabled=self.accelerator.is_main_process,
+        )  # fmt: skip
         check_async_generation(self.args, self.accelerator.num_processes, self.strategy, rollout_backend)
         # which groups each step trains on (dynamic sampling, adaptive G), drawn ahead with async_generation
         self.groups = async_drawer(self, GroupDrawer(self))
@@ -279,11 +289,12 @@ class GRPOTrainer:
         timer, step = PhaseTimer(), self.step + 1
         # 1-3. sample prompts and G completions for each from the current policy (pi_old = pi_theta), score
         #      them with every reward function, group-relative advantages over all processes; dynamic
-        #      sampling repeats 1-2 until the step holds enough informative groups (train.group_sampling)
+        #      sampling repeats 1-2 until the step holds enough informative groups (sampling.groups)
         draw = self.groups.draw(timer)
         samples, scores = draw.samples, draw.scores
         with timer.phase("reward"):
-            self.hooks.on_scored(step, draw.sampled, draw.sampled_scores)  # process rewards, RM samples, log
+            self.hooks.on_scored(step, draw.sampled, draw.sampled_scores)  # process rewards, RM samples
+            self.completion_log.record(step, draw.sampled, draw.sampled_scores)  # at the logged steps
         update, num_tokens = {}, 0
         if samples.texts:  # empty only when dynamic sampling found no informative group: nothing to train on
             update, num_tokens = self.learn(samples, scores, timer)  # 4-6: batch, fixed log-probs, update
@@ -315,7 +326,9 @@ class GRPOTrainer:
         with timer.phase("old_logprobs"), self.accelerator.autocast():
             off_policy = self.plan.optimizer_steps > 1 or self.correction.applies(batch)
             batch.old_logps = self.logprob_pass(self.placed.scorer, batch) if off_policy else None
-            correction = self.correction(batch)  # batch.importance_weights, their metrics (train.off_policy)
+            correction = self.correction(
+                batch
+            )  # batch.importance_weights, their metrics (sampling.off_policy)
         with timer.phase("reference"), self.accelerator.autocast():
             batch.ref_logps = self.reference.logprobs(batch, self.logprob_pass) if self.reference else None
         # 6. mu epochs of clipped policy-gradient updates
@@ -390,7 +403,7 @@ class GRPOTrainer:
         self.run_state.save_model(path)
 
     def save_checkpoint(self) -> Path:
-        """Everything a resume needs, in ``<output_dir>/checkpoint-<step>`` (``train.run_state``)."""
+        """Everything a resume needs, in ``<output_dir>/checkpoint-<step>`` (``parallel.run_state``)."""
         path = self.run_state.save(self.args.output_dir, self.step, self.args.save_total_limit)
         self.callbacks.event("on_save")
         return path

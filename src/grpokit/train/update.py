@@ -12,8 +12,9 @@ import torch
 
 from grpokit.config import GRPOConfig
 from grpokit.core import PolicyLoss, top_entropy_mask
-from grpokit.train.batch import RolloutBatch, micro_batch_indices
-from grpokit.train.sharding import unwrap_tensor
+from grpokit.parallel.fsdp import unwrap_tensor
+from grpokit.rollout.records import RolloutBatch
+from grpokit.train.batch import micro_batch_indices
 
 __all__ = ["UpdateContext", "keeps_whole_groups", "optimizer_step", "run_update", "shuffled_rows"]
 
@@ -37,8 +38,8 @@ class UpdateContext:
     ) -> UpdateContext:
         """Backward, gradient clipping (the pre-clip global norm, a plain tensor also when the gradients
         are sharded), the optimizer and scheduler steps and cross-process sums through ``accelerator``;
-        backward and step through the DeepSpeed engine when ``placed.zero`` (``train.zero.ZeroEngine``) is
-        set. ``placed``: the ``train.distributed.PreparedPolicy``."""
+        backward and step through the DeepSpeed engine when ``placed.zero`` (``parallel.zero.ZeroEngine``) is
+        set. ``placed``: the ``parallel.distributed.PreparedPolicy``."""
         policy, optimizer, scheduler, zero = placed.policy, placed.optimizer, placed.scheduler, placed.zero
         if zero is None:
             backward = accelerator.backward

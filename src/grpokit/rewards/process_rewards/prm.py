@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from grpokit.chat import completion_text, render_prompt
 from grpokit.core import pad_right
+from grpokit.data.chat import completion_text, render_prompt
 from grpokit.models.loading import load_tokenizer, pad_token_id
 from grpokit.rewards.process_rewards.steps import DEFAULT_STEP_DELIMITER, split_steps, step_token_ends
 

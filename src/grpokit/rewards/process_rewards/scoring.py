@@ -9,7 +9,7 @@ the result has one list per completion with exactly one float per step, or ``Non
 function does not apply to. ``columns`` are the dataset's other columns repeated per completion (as for
 outcome reward functions), plus ``step_spans`` (the character spans of the steps in each completion). Two
 sources implement it: rule-based step verifiers (plain functions, e.g.
-``grpokit.data.tasks.chain.chain_step_reward``) and ``ProcessRewardModel`` (a neural PRM).
+``grpokit.tasks.chain.chain_step_reward``) and ``ProcessRewardModel`` (a neural PRM).
 
 The trainer calls :func:`score_process` once per generation batch and hands ``step_rewards`` and
 ``step_ends`` to ``grpokit.core.process_advantages``. Failures follow the outcome rewards' policy
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpokit.chat import completion_text
+from grpokit.data.chat import completion_text
 from grpokit.rewards.base import ProcessRewardFunc
 from grpokit.rewards.process_rewards.steps import DEFAULT_STEP_DELIMITER, split_steps, step_token_ends
 from grpokit.rewards.scoring import (
@@ -41,8 +41,8 @@ __all__ = ["ProcessScores", "resolve_process_reward_funcs", "score_process"]
 
 # Built-in rule-based step verifiers, by name (resolved lazily: rewards does not import the tasks).
 _BUILTIN = {
-    "chain_steps": ("grpokit.data.tasks.chain", "chain_step_reward"),
-    "chain_steps_local": ("grpokit.data.tasks.chain", "chain_step_reward_local"),
+    "chain_steps": ("grpokit.tasks.chain", "chain_step_reward"),
+    "chain_steps_local": ("grpokit.tasks.chain", "chain_step_reward_local"),
 }
 
 

@@ -1,0 +1,193 @@
+"""TRL's ``GRPOConfig`` fields that grpokit does not have, and what happens when a ported script sets one.
+
+A TRL field is one of three things in grpokit:
+
+1. a ``GRPOConfig`` field with TRL's meaning (most of them; ``grpokit.config``,
+   ``grpokit.config.integrations``);
+2. ``NO_EFFECT``: a field that cannot change what grpokit computes (grpokit has no DataLoader, no
+   ``Trainer`` log levels...). Accepted with any value; setting one logs
+   the reason, so nothing a user sets disappears silently;
+3. ``REFUSED``: a feature grpokit does not implement. Accepted at values that leave the feature off (TRL's
+   default, or an equivalent), otherwise refused with a ``ValueError`` saying why and what to use instead.
+
+Never a ``TypeError``. The list follows TRL 1.16 (``tests/test_trl_parity.py`` holds its field names).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["NO_EFFECT", "REFUSED", "refuse_trainer_arguments", "split_trl_fields"]
+
+logger = logging.getLogger("grpokit")
+
+_DATALOADER = "grpokit indexes the prompts in memory and has no DataLoader"
+_DDP = "grpokit wraps the policy itself (docs/scaling.md) and sets the DDP options it needs"
+_LOGGING = "grpokit logs through Python logging and metrics.jsonl, not the Trainer's log levels"
+_SCRIPT = "it only tells TRL's example scripts what to run; grpokit's train() always trains"
+
+NO_EFFECT: dict[str, str] = {
+    "do_train": _SCRIPT,
+    "do_eval": _SCRIPT,
+    "do_predict": _SCRIPT,
+    "local_rank": "launchers set it; grpokit reads the process layout from accelerate",
+    "dataloader_num_workers": _DATALOADER,
+    "dataloader_pin_memory": _DATALOADER,
+    "dataloader_persistent_workers": _DATALOADER,
+    "dataloader_prefetch_factor": _DATALOADER,
+    "dataloader_multiprocessing_context": _DATALOADER,
+    "dataloader_in_order": _DATALOADER,
+    "label_names": "a GRPO batch has no labels",
+    "length_column_name": "grpokit does not group prompts by length",
+    "ddp_find_unused_parameters": _DDP,
+    "ddp_bucket_cap_mb": _DDP,
+    "ddp_broadcast_buffers": _DDP,
+    "ddp_static_graph": _DDP,
+    "log_level": _LOGGING,
+    "log_level_replica": _LOGGING,
+    "log_on_each_node": "only the main process writes metrics",
+    "skip_memory_metrics": "grpokit does not track memory in its metrics",
+    "use_cache": "grpokit's generation always uses a KV cache and its training passes never do",
+    "eval_do_concat_batches": "grpokit's evaluation reports reward means, not predictions",
+    "eval_use_gather_object": "grpokit's evaluation gathers rewards with gather_object already",
+    "log_multimodal": "grpokit trains text models",
+    "ds3_gather_for_generation": "ZeRO-3 generation always reads a full copy of the weights",
+    "logging_nan_inf_filter": "grpokit logs a NaN/inf metric as null and skips (and counts) NaN/inf steps",
+}
+
+# name -> (values that leave the feature off, why grpokit refuses any other value)
+REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "vllm_structured_outputs_regex": (
+        (None,),
+        "structured outputs (regex-constrained decoding) are not supported by grpokit's vLLM backend",
+    ),
+    "dataloader_drop_last": ((False,), "grpokit never drops prompts: the order wraps into the next epoch"),
+    "remove_unused_columns": ((False,), "grpokit always forwards every column to the reward functions"),
+    "ignore_data_skip": ((False,), "a resume always restores the data position exactly"),
+    "optim_args": ((None, ""), "optim is AdamW with adam_beta1/adam_beta2/adam_epsilon/weight_decay"),
+    "optim_target_modules": ((None,), "only AdamW is supported (optim)"),
+    "average_tokens_across_devices": (
+        (True,),
+        "grpokit's loss_type fixes each loss's normaliser over the global batch (docs/objectives.md)",
+    ),
+    "label_smoothing_factor": ((0, 0.0), "a GRPO loss has no labels to smooth"),
+    "bf16_full_eval": ((False,), "evaluation runs under the training's mixed_precision"),
+    "fp16_full_eval": ((False,), "evaluation runs under the training's mixed_precision"),
+    "tf32": (
+        (None, False),
+        "set torch.backends.cuda.matmul.allow_tf32 in your script; grpokit does not change global torch "
+        "settings",
+    ),
+    "activation_checkpointing": ((None, False), "use gradient_checkpointing"),
+    "activation_checkpointing_kwargs": ((None,), "use gradient_checkpointing_kwargs"),
+    "torch_compile": ((False,), "torch.compile is not supported yet"),
+    "torch_compile_backend": ((None,), "torch.compile is not supported yet"),
+    "torch_compile_mode": ((None,), "torch.compile is not supported yet"),
+    "use_liger_kernel": (
+        (False,),
+        "Liger kernels are not supported; grpokit's chunked log-prob pass "
+        "(docs/performance.md) already avoids the full [B, T, V] logits",
+    ),
+    "liger_kernel_config": ((None,), "Liger kernels are not supported"),
+    "neftune_noise_alpha": ((None,), "NEFTune is a supervised fine-tuning method"),
+    "torch_empty_cache_steps": ((None,), "not supported"),
+    "auto_find_batch_size": ((False,), "set per_device_train_batch_size; `grpokit plan` estimates memory"),
+    "logging_strategy": (("steps",), "metrics are logged every logging_steps GRPO steps"),
+    "include_num_input_tokens_seen": (("no", False), "grpokit logs num_tokens (completion tokens) per step"),
+    "trackio_space_id": ((None,), "trackio runs locally here (report_to='trackio'); sync the space yourself"),
+    "trackio_bucket_id": ((None,), "trackio runs locally here (report_to='trackio')"),
+    "trackio_static_space_id": ((None,), "trackio runs locally here (report_to='trackio')"),
+    "eval_delay": ((0, 0.0), "use eval_strategy/eval_steps"),
+    "prediction_loss_only": ((False,), "grpokit's evaluation reports rewards, not a loss"),
+    "eval_accumulation_steps": ((None,), "grpokit's evaluation reports rewards, not predictions"),
+    "include_for_metrics": (((), []), "grpokit's evaluation reports rewards (eval/reward)"),
+    "batch_eval_metrics": ((False,), "grpokit's evaluation reports rewards (eval/reward)"),
+    "save_only_model": ((False,), "checkpoints always hold what an exact resume needs"),
+    "save_on_each_node": ((False,), "the main process saves; every process can read a shared output_dir"),
+    "enable_jit_checkpoint": ((False,), "SIGTERM/SIGINT already save a checkpoint at the next step boundary"),
+    "hub_always_push": ((False,), "a push waits for the previous one (hub_strategy)"),
+    "load_best_model_at_end": ((False,), "the final model is the last policy; keep checkpoints to compare"),
+    "metric_for_best_model": ((None,), "the final model is the last policy (load_best_model_at_end)"),
+    "greater_is_better": ((None,), "the final model is the last policy (load_best_model_at_end)"),
+    "restore_callback_states_from_checkpoint": ((False,), "callbacks keep no state across a resume"),
+    "full_determinism": (
+        (False,),
+        "runs are reproducible from seed on a fixed machine; deterministic kernels are not forced",
+    ),
+    "accelerator_config": ((None,), "grpokit builds its Accelerator from mixed_precision/use_cpu"),
+    "parallelism_config": ((None,), "use fsdp or deepspeed (docs/scaling.md)"),
+    "train_sampling_strategy": (("random",), "prompts are shuffled per epoch (shuffle_dataset)"),
+    "ddp_backend": ((None,), "accelerate picks nccl on GPUs and gloo on CPUs"),
+    "ddp_timeout": ((1800,), "the process-group timeout is accelerate's default (1800 s)"),
+    "fsdp_config": ((None,), "fsdp='full_shard' shards per decoder layer with the policy's mixed_precision"),
+    "debug": (("", None), "not supported"),
+    "router_aux_loss_coef": ((None,), "mixture-of-experts auxiliary losses are not added to the GRPO loss"),
+    "cast_lm_head_to_fp32": ((False,), "not supported; log-probs use the LM head's dtype"),
+    "num_generations_eval": ((None,), "evaluation is greedy, one completion per prompt"),
+    "pad_to_multiple_of": (("auto", None), "batches are padded to their longest sequence"),
+    "cache_implementation": ((None,), "generation uses the backend's own KV cache"),
+    "vespo_k_pos": ((2.0,), "the VESPO loss is not implemented (loss_type lists what is)"),
+    "vespo_lambda_pos": ((3.0,), "the VESPO loss is not implemented"),
+    "vespo_k_neg": ((3.0,), "the VESPO loss is not implemented"),
+    "vespo_lambda_neg": ((2.0,), "the VESPO loss is not implemented"),
+    "entropy_coef": ((0, 0.0), "an entropy bonus is not implemented (top_entropy_quantile is)"),
+    "use_adaptive_entropy": ((False,), "an entropy bonus is not implemented"),
+    "entropy_coef_min": ((0, 0.0), "an entropy bonus is not implemented"),
+    "entropy_coef_max": ((1, 1.0), "an entropy bonus is not implemented"),
+    "entropy_coef_delta": ((0.005,), "an entropy bonus is not implemented"),
+    "entropy_target": ((0.2,), "an entropy bonus is not implemented"),
+    "off_policy_mask_threshold": ((None,), "off-policy sequence masking is not implemented yet"),
+    "log_unique_prompts": ((False,), "completions.jsonl (log_completions) holds every prompt"),
+    "log_completions_hub_repo": ((None,), "completions go to <output_dir>/completions.jsonl"),
+    "use_transformers_continuous_batching": ((False,), "use generation_backend ('fast' shares the prefill)"),
+    "transformers_continuous_batching_config": ((None,), "use generation_backend"),
+    "use_transformers_paged": ((False,), "use generation_backend"),
+}
+
+
+def split_trl_fields(values: Mapping[str, Any], own_fields: set[str]) -> dict[str, Any]:
+    """``values`` without the TRL-only fields, after checking them: a refused feature that is turned on
+    raises ``ValueError``; a no-effect field set away from TRL's default is logged. Unknown names stay in the
+    result (the dataclass then refuses them)."""
+    kept: dict[str, Any] = {}
+    for name, value in values.items():
+        if name in own_fields or (name not in NO_EFFECT and name not in REFUSED):
+            kept[name] = value
+        elif name in REFUSED:
+            allowed, why = REFUSED[name]
+            if not any(_same(value, ok) for ok in allowed):
+                raise ValueError(f"GRPOConfig.{name}={value!r} is not supported: {why}")
+        else:
+            logger.info("GRPOConfig.%s=%r has no effect in grpokit: %s", name, value, NO_EFFECT[name])
+    return kept
+
+
+def _same(value: Any, allowed: Any) -> bool:
+    """Equal, without True == 1 or [] == () surprises."""
+    if isinstance(allowed, (list, tuple)):
+        return isinstance(value, (list, tuple)) and list(value) == list(allowed)
+    if isinstance(allowed, bool) or isinstance(value, bool) or allowed is None:
+        return value is allowed
+    return value == allowed
+
+
+_TRAINER_ARGUMENTS = {
+    "reward_processing_classes": "reward models given by directory load their own tokenizer; pass reward "
+    "models as directories (or wrap a model in a reward function)",
+    "quantization_config": "quantised (bitsandbytes) policies are not supported yet; load the weights in "
+    "bfloat16 (model_init_kwargs={dtype: bfloat16}) and use peft_config for LoRA",
+    "rollout_func": "pass a rollout_backend (the RolloutBackend protocol, grpokit.rollout) instead",
+    "environment_factory": "TRL's environment protocol (public methods as tools) differs from grpokit's; "
+    "pass environment= (a class with reset(row)/step(action), docs/environments.md), or tools= for "
+    "stateless tools",
+}
+
+
+def refuse_trainer_arguments(**arguments: Any) -> None:
+    """TRL's ``GRPOTrainer`` arguments grpokit does not support: None is accepted, anything else refused
+    with the reason."""
+    for name, value in arguments.items():
+        if value is not None:
+            raise ValueError(f"GRPOTrainer({name}=...) is not supported: {_TRAINER_ARGUMENTS[name]}")

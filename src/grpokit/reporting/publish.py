@@ -1,0 +1,52 @@
+"""What a run publishes besides its weights: the model card (``README.md``) in every saved model folder, and
+with ``push_to_hub`` the uploads (``hub_strategy``: at the end, or also at each checkpoint).
+
+Only the main process writes or pushes. Hub access is checked when the trainer is built, so a missing token
+stops the run before any training rather than after it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from grpokit.reporting.hub import check_hub_access, push_model
+from grpokit.reporting.model_card import base_model_name, dataset_name_of, write_model_card
+
+__all__ = ["Publisher"]
+
+
+class Publisher:
+    """Writes the model card and pushes for one run."""
+
+    def __init__(self, args: Any, model: Any, train_dataset: Any, *, is_main: bool) -> None:
+        self.args, self.is_main = args, is_main
+        self.pushing = bool(args.push_to_hub) and is_main
+        self.repo_id = check_hub_access(args) if self.pushing else None
+        self.base_model = base_model_name(model)
+        self.dataset_name = dataset_name_of(train_dataset)
+
+    def write_card(self, path: str | Path, trainer: Any, eval_summary: dict | None = None) -> None:
+        """``<path>/README.md`` from the run's settings, rewards and logged metrics."""
+        if self.is_main:
+            write_model_card(
+                path, self.args, base_model=self.base_model, dataset_name=self.dataset_name,
+                reward_names=trainer.reward_names, metrics=trainer.logger.read(), eval_summary=eval_summary,
+                model_id=self.repo_id,
+            )  # fmt: skip
+
+    def checkpoint_saved(self, path: Path, trainer: Any) -> None:
+        """``hub_strategy="every_save"``: push the checkpoint's model (no optimizer state) with a card."""
+        if self.pushing and self.args.hub_strategy == "every_save":
+            self.write_card(path, trainer)
+            self.push(path, f"Training in progress, step {trainer.step}")
+
+    def run_finished(self, trainer: Any) -> None:
+        """After the final ``save_model``: the card in output_dir, then the push."""
+        self.write_card(self.args.output_dir, trainer)
+        self.push(self.args.output_dir, "End of training")
+
+    def push(self, path: str | Path, message: str) -> None:
+        """With ``push_to_hub`` (main process): upload ``path`` to the run's repository."""
+        if self.pushing:
+            push_model(path, self.args, commit_message=message)

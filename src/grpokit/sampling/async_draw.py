@@ -1,0 +1,123 @@
+"""Asynchronous rollouts: the next steps' samples are generated while this step's update runs, from
+weights at most ``max_staleness`` steps old (docs/generation.md, "Asynchronous rollouts").
+
+With ``async_generation`` and ``max_staleness = m >= 1``, every time the trainer takes a step's samples, a
+background thread starts drawing (generating and scoring) the samples of the step ``m`` steps later, from a
+frozen copy of the policy taken right then, before this step's update. In steady state the samples a step
+trains on therefore come from the policy of ``m`` updates earlier (their *staleness*, logged as
+``async/staleness``, never above ``m``); the first ``m`` steps use fresher ones (step 1 is drawn in the
+foreground from the current policy, staleness 0). Those samples are off-policy: the trainer computes pi_old
+(the current policy) and weights every token by TRL's truncated importance-sampling correction
+pi_old / pi_sampler (``sampling.off_policy``), exactly as for a vLLM sampler.
+
+``max_staleness = 0`` is the synchronous loop itself (the same code path: identical weights). One process
+only: the draw gathers rewards across processes, which must not run beside the update's collectives.
+"""
+
+from __future__ import annotations
+
+import collections
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from grpokit.reporting.metrics import PhaseTimer
+from grpokit.rollout import make_backend
+from grpokit.sampling.off_policy import OffPolicyCorrection, generation_copy, policy_dtype, refresh_copy
+
+__all__ = ["AsyncDrawer", "async_drawer", "check_async_generation"]
+
+
+def check_async_generation(args: Any, num_processes: int, strategy: str, rollout_backend: Any) -> None:
+    """What asynchronous rollouts do not support, refused with the reason (ValueError naming the field)."""
+    if not args.async_generation or args.max_staleness == 0:
+        return
+    why = None
+    if num_processes > 1:
+        why = "it runs on one process only (the background draw would gather beside the update's collectives)"
+    elif strategy in ("fsdp", "zero"):
+        why = f"the weights are placed by {strategy}; the background sampler needs a full copy"
+    elif rollout_backend is not None or args.use_vllm:
+        why = "it samples from its own copies of the policy, not an outside sampler (rollout_backend, vLLM)"
+    if why is not None:
+        raise ValueError(f"GRPOConfig.async_generation is not supported here: {why}")
+
+
+@dataclass
+class _Pending:
+    """A draw in flight."""
+
+    future: Future
+    copy: nn.Module  # the frozen policy it samples from
+    version: int  # policy updates done when the copy was taken
+    timer: PhaseTimer  # its phases (generate, reward), reported as async/time/...
+
+
+def async_drawer(trainer: Any, groups: Any) -> Any:
+    """``groups`` (a ``GroupDrawer``) drawing ahead when the run asks for asynchronous rollouts; the
+    trainer's off-policy correction is then on for every batch (``vllm_importance_sampling_correction``)."""
+    args = trainer.args
+    if not args.async_generation or args.max_staleness == 0:
+        return groups  # the synchronous loop, exactly
+    trainer.correction = OffPolicyCorrection.from_config(args, off_policy=True)
+    return AsyncDrawer(trainer, groups)
+
+
+class AsyncDrawer:
+    """Draws steps' samples ahead, in a background thread, from frozen copies of the policy (module
+    docstring). ``draw(timer)`` is ``GroupDrawer.draw`` with the staleness bound."""
+
+    def __init__(self, trainer: Any, groups: Any) -> None:
+        args = trainer.args
+        self.trainer, self.groups, self.max_staleness = trainer, groups, args.max_staleness
+        model = trainer.generation_model
+        auto = args.generation_dtype == "auto"
+        dtype = policy_dtype(model) if auto else getattr(torch, args.generation_dtype)
+        # one frozen copy per draw in flight: a copy must not change while its draw runs
+        self.copies: collections.deque[nn.Module] = collections.deque(
+            generation_copy(model, dtype) for _ in range(self.max_staleness)
+        )
+        size = args.generation_micro_batch_size
+        self.backends = {
+            id(c): make_backend(args.generation_backend, c, micro_batch_size=size) for c in self.copies
+        }
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="grpokit-rollouts")
+        self.pending: collections.deque[_Pending] = collections.deque()
+        self.version = 0  # optimizer steps done (trainer steps, one policy update each)
+        self.last_staleness = 0
+
+    def draw(self, timer: PhaseTimer) -> Any:
+        """This step's samples: the oldest draw in flight (waited for), or, before any is, one drawn now
+        from the current policy; then the draw ``max_staleness`` steps ahead is started."""
+        self.version = self.trainer.step
+        if self.pending:
+            pending = self.pending.popleft()
+            with timer.phase("generate_wait"):
+                draw = pending.future.result()
+            self.copies.append(pending.copy)
+            timer.seconds.update(
+                {f"async/{k}": v for k, v in pending.timer.seconds.items()}
+            )  # time/async/...
+            self.last_staleness = self.version - pending.version
+        else:
+            draw = self.groups.draw(timer)
+            self.last_staleness = 0
+        while len(self.pending) < self.max_staleness:
+            self._start()
+        draw.metrics["async/staleness"] = float(self.last_staleness)
+        return draw
+
+    def _start(self) -> None:
+        copy = self.copies.popleft()
+        refresh_copy(copy, self.trainer.generation_model)  # the weights now, before this step's update
+        timer = PhaseTimer()
+        future = self.pool.submit(self.groups.draw, timer, self.backends[id(copy)])
+        self.pending.append(_Pending(future, copy, self.version, timer))
+
+    def close(self) -> None:
+        """Stop drawing ahead (a draw in flight finishes; its samples are dropped)."""
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.pending.clear()

@@ -1,0 +1,232 @@
+"""Samples that do not come from the trainer's pi_old, and the correction for them (docs/generation.md).
+
+The in-process samplers read the live policy: their samples are exactly pi_old's, and nothing here runs.
+Two things make the sampler differ from pi_old:
+
+- ``use_vllm``: vLLM generates, colocated or as a server (``grpokit.rollout.vllm_backend``), from the
+  policy's weights pushed into it; its kernels and dtype are not the trainer's, and it reports the
+  log-probs of the tokens it drew;
+- ``generation_dtype`` other than the policy's: generation reads a copy of the policy in that dtype,
+  refreshed from the policy before every ``generate`` call (:class:`CopiedWeightsBackend`); a bfloat16
+  sampler for an fp32 run, as vLLM would be;
+- a ``rollout_backend`` given to the trainer (an outside engine) that reports sampling log-probs.
+
+Then, with ``vllm_importance_sampling_correction`` (TRL's name, default True), the trainer computes pi_old's
+log-probs even when num_iterations is 1, and the policy term of every token is weighted by the importance
+ratio pi_old / pi_sampler, truncated or masked per ``vllm_importance_sampling_mode``
+(``core.token_weights.importance_sampling_ratio``), as TRL does for vLLM (:class:`OffPolicyCorrection`).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from grpokit.core.token_weights import importance_sampling_ratio, importance_sampling_weights
+from grpokit.rollout import GenerationOutput, RolloutBackend, SamplingParams, make_backend
+from grpokit.rollout.records import RolloutBatch
+
+__all__ = [
+    "CopiedWeightsBackend",
+    "OffPolicyCorrection",
+    "correction_metrics",
+    "generation_copy",
+    "make_sampler",
+    "policy_dtype",
+    "refresh_copy",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def policy_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype holding most of ``model``'s floating-point parameter elements (a bf16 base with fp32 LoRA
+    adapters is bf16)."""
+    counts: Counter[torch.dtype] = Counter()
+    for param in model.parameters():
+        if param.is_floating_point():
+            counts[param.dtype] += param.numel()
+    return counts.most_common(1)[0][0] if counts else torch.float32
+
+
+def generation_copy(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """A frozen copy of ``model`` with its floating-point parameters in ``dtype``, built without a full
+    temporary copy in the policy's dtype. Buffers (rotary frequencies) keep their dtype, as
+    ``from_pretrained(dtype=...)`` keeps them; tied weights stay tied."""
+    memo: dict[int, Any] = {}
+    for param in model.parameters():
+        if id(param) not in memo:
+            data = param.detach().to(dtype) if param.is_floating_point() else param.detach().clone()
+            memo[id(param)] = nn.Parameter(data, requires_grad=False)
+    copied = copy.deepcopy(model, memo)
+    copied.requires_grad_(False)
+    return copied.eval()
+
+
+@torch.no_grad()
+def refresh_copy(copied: nn.Module, model: nn.Module) -> None:
+    """The copy's parameters and buffers <- ``model``'s, by name, cast to the copy's dtypes."""
+    for kind in ("named_parameters", "named_buffers"):
+        source = dict(getattr(model, kind)())
+        for name, target in getattr(copied, kind)():
+            target.copy_(source[name])
+
+
+class CopiedWeightsBackend:
+    """A ``RolloutBackend`` that generates with ``inner`` (built on ``copied``) after refreshing ``copied``
+    from ``source``: the policy's current weights in another dtype, every call."""
+
+    def __init__(self, source: nn.Module, copied: nn.Module, inner: RolloutBackend) -> None:
+        self.source, self.copied, self.inner = source, copied, inner
+
+    def generate(
+        self, prompt_ids: Sequence[Sequence[int]], num_generations: int, params: SamplingParams
+    ) -> GenerationOutput:
+        refresh_copy(self.copied, self.source)
+        return self.inner.generate(prompt_ids, num_generations, params)
+
+    def __getattr__(self, name: str) -> Any:  # the inner backend's attributes (impl, last_stats, ...)
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+def make_sampler(
+    args: Any,
+    model: nn.Module,
+    rollout_backend: RolloutBackend | None,
+    strategy: str,
+    *,
+    step_sync: bool = False,
+) -> tuple[RolloutBackend, OffPolicyCorrection]:
+    """The run's generation backend and its off-policy correction.
+
+    ``rollout_backend`` (an outside sampler): used as is; off-policy. ``use_vllm``: vLLM over ``model``'s
+    weights (``rollout.vllm_backend.make_vllm_backend``); off-policy; without vLLM or CUDA a
+    ``VLLMUnavailableError`` (a RuntimeError) naming ``use_vllm=False`` stops the trainer here, before any
+    step. Else ``generation_backend`` over ``model`` (the policy, pi_old itself: on-policy), or over its copy
+    in ``generation_dtype`` when that differs from the policy's dtype (off-policy). ``strategy``: the
+    placement (``parallel.distributed``); a dtype copy of FSDP-sharded weights is refused. ``step_sync``: the
+    trainer pushes the weights into a vLLM backend itself at step boundaries (``sync_weights()``, within the
+    full-weights context), instead of the backend pushing them at every ``generate`` call."""
+    if args.use_vllm:
+        if rollout_backend is not None:
+            raise ValueError(
+                "GRPOTrainer(rollout_backend=...) and GRPOConfig.use_vllm=True both choose the sampler; "
+                "pass one of them"
+            )
+        from grpokit.rollout.vllm_backend import make_vllm_backend
+
+        backend = make_vllm_backend(args, model, step_sync=step_sync)
+        return backend, OffPolicyCorrection.from_config(args, off_policy=True)
+    if rollout_backend is not None:
+        return rollout_backend, OffPolicyCorrection.from_config(args, off_policy=True)
+    size = args.generation_micro_batch_size
+    dtype = None if args.generation_dtype == "auto" else getattr(torch, args.generation_dtype)
+    if dtype is None or dtype == policy_dtype(model):
+        backend = make_backend(args.generation_backend, model, micro_batch_size=size)
+        return backend, OffPolicyCorrection.from_config(args, off_policy=False)
+    if strategy == "fsdp":
+        raise ValueError(
+            f"GRPOConfig.generation_dtype={args.generation_dtype!r} is not supported with fsdp: the policy's "
+            "weights are sharded; use generation_dtype='auto' (or mixed_precision for bf16 compute)"
+        )
+    copied = generation_copy(model, dtype)
+    inner = make_backend(args.generation_backend, copied, micro_batch_size=size)
+    return CopiedWeightsBackend(model, copied, inner), OffPolicyCorrection.from_config(args, off_policy=True)
+
+
+class OffPolicyCorrection:
+    """TRL's vLLM importance-sampling correction, for any sampler that is not pi_old.
+
+    ``active``: the sampler is off-policy and ``vllm_importance_sampling_correction`` is on. It then applies
+    to every batch whose sampler reported log-probs (``RolloutBatch.sampling_logps``); a backend that reports
+    none gets no correction (logged once).
+    """
+
+    def __init__(
+        self,
+        active: bool,
+        mode: str = "sequence_mask",
+        clip_min: float | None = None,
+        clip_max: float | None = 3.0,
+    ) -> None:
+        self.active, self.mode, self.clip_min, self.clip_max = active, mode, clip_min, clip_max
+        self._warned = False
+
+    @classmethod
+    def from_config(cls, args: Any, *, off_policy: bool) -> OffPolicyCorrection:
+        """The correction of a GRPOConfig for a sampler that is (``off_policy``) or is not pi_old."""
+        return cls(
+            off_policy and args.vllm_importance_sampling_correction,
+            args.vllm_importance_sampling_mode,
+            args.vllm_importance_sampling_clip_min,
+            args.vllm_importance_sampling_clip_max,
+        )
+
+    def applies(self, batch: RolloutBatch) -> bool:
+        """Whether ``batch`` is corrected (then the trainer computes its pi_old log-probs, even at mu = 1)."""
+        if self.active and batch.sampling_logps is None and not self._warned:
+            self._warned = True
+            logger.warning(
+                "vllm_importance_sampling_correction: the sampler reports no log-probs, so its samples are "
+                "trained on without the off-policy correction"
+            )
+        return self.active and batch.sampling_logps is not None
+
+    def __call__(self, batch: RolloutBatch) -> dict[str, float]:
+        """Set ``batch.importance_weights`` [N, C] (needs ``batch.old_logps``) and return the metrics; for a
+        batch it does not apply to: nothing set, no metrics."""
+        if not self.applies(batch):
+            return {}
+        if batch.old_logps is None:
+            raise ValueError("the off-policy correction needs the batch's old_logps (pi_old)")
+        mask = batch.completion_mask  # [N, C]
+        bounds = {"mode": self.mode, "clip_min": self.clip_min, "clip_max": self.clip_max}
+        batch.importance_weights = importance_sampling_weights(
+            batch.old_logps, batch.sampling_logps, mask, **bounds
+        )  # [N, C], 0 on padding
+        ratio = importance_sampling_ratio(batch.old_logps, batch.sampling_logps, mask, **bounds)
+        return correction_metrics(
+            batch.old_logps, batch.sampling_logps, mask, ratio, sequence=self.mode.startswith("sequence")
+        )
+
+
+@torch.no_grad()
+def correction_metrics(
+    old_logps: torch.Tensor,
+    sampling_logps: torch.Tensor,
+    mask: torch.Tensor,
+    ratio: torch.Tensor,
+    *,
+    sequence: bool,
+) -> dict[str, float]:
+    """TRL's metrics of the correction. old_logps, sampling_logps, mask: [N, C]; ratio: the truncated or
+    masked ratio, [N, C] (token modes) or [N, 1] (``sequence`` modes).
+
+    ``sampling/sampling_logp_difference/mean|max``: |log pi_old - log pi_sampler| over masked tokens whose
+    sampler log-prob is known (not NaN). ``sampling/importance_sampling_ratio/min|mean|max``: the ratio
+    applied, over masked tokens (token modes) or over sequences with at least one masked token (sequence
+    modes). Empty selections give 0, as in TRL.
+    """
+    valid = mask.bool()  # [N, C]
+    delta = (old_logps.float() - sampling_logps.float()).abs()  # [N, C]
+    delta = delta[valid & ~torch.isnan(delta)]  # [M]
+    applied = ratio[:, 0][valid.any(dim=-1)] if sequence else ratio[valid]  # [S] or [M]
+
+    def stat(values: torch.Tensor, how: str) -> float:
+        return float(getattr(values, how)()) if values.numel() else 0.0
+
+    return {
+        "sampling/sampling_logp_difference/mean": stat(delta, "mean"),
+        "sampling/sampling_logp_difference/max": stat(delta, "max"),
+        "sampling/importance_sampling_ratio/min": stat(applied, "min"),
+        "sampling/importance_sampling_ratio/mean": stat(applied, "mean"),
+        "sampling/importance_sampling_ratio/max": stat(applied, "max"),
+    }

@@ -1,0 +1,73 @@
+"""Held-out accuracy of a built-in task, graded as the task grades: greedy completions scored by its
+correctness reward (and its answer extractor, for ``format_rate`` and ``maj@k``), or, for a multi-turn task,
+greedy episodes in the task's environment (the solve rate for ``maze``, the exact-answer rate for
+``calculator``). What ``grpokit train`` reports before and after GRPO and what the cold start probes;
+``grpokit eval`` reaches the episode path through ``evaluate_model(episodes=...)``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from grpokit.envs.episodes import EpisodeRunner
+from grpokit.eval import evaluate_accuracy, evaluate_model
+from grpokit.tasks import Task, get_task
+
+__all__ = ["task_accuracy", "task_episode_accuracy", "task_graders"]
+
+
+def task_episode_accuracy(
+    task: Any,
+    model: Any,
+    tokenizer: Any,
+    rows: Sequence[dict[str, Any]],
+    *,
+    max_new_tokens: int,
+    max_turns: int,
+    max_turn_tokens: int | None = None,
+    environment_kwargs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``evaluate_model`` over greedy episodes of ``rows`` in ``task.environment`` (``environment_kwargs``
+    override the task's), graded by ``task``'s correctness reward; ``accuracy`` is the share of episodes it
+    scores >= 1. ``max_new_tokens`` bounds each episode's tokens, ``max_turns`` its policy turns,
+    ``max_turn_tokens`` each turn (None: what is left of ``max_new_tokens``)."""
+    runner = EpisodeRunner.for_rows(
+        task.environment, tokenizer, rows,
+        environment_kwargs={**task.environment_kwargs, **(environment_kwargs or {})},
+        max_turns=max_turns, max_tokens=max_new_tokens, max_turn_tokens=max_turn_tokens, timeout=None,
+        on_error="raise",
+    )  # fmt: skip
+    grader = task.reward_funcs[task.correctness_reward]
+    return evaluate_model(
+        model, tokenizer, rows, reward_funcs=[grader], max_new_tokens=max_new_tokens, episodes=runner
+    )
+
+
+def task_graders(task_name: str) -> dict[str, Any]:
+    """``evaluate_accuracy`` keyword arguments of a built-in task: its correctness reward and its answer
+    extractor (for ``format_rate`` and ``maj@k``)."""
+    task = get_task(task_name)
+    return {"reward_fn": task.reward_funcs[task.correctness_reward], "extract_fn": task.extract_answer}
+
+
+def task_accuracy(
+    model: Any,
+    tokenizer: Any,
+    rows: list[dict[str, Any]],
+    task_name: str,
+    *,
+    max_new_tokens: int,
+    max_turns: int,
+    max_turn_tokens: int | None = None,
+    environment_kwargs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Greedy accuracy of ``model`` on ``rows``, graded as task ``task_name`` grades (a multi-turn task:
+    episodes in its environment, bounded by ``max_turns`` and ``max_turn_tokens``, built with
+    ``environment_kwargs`` over the task's own)."""
+    task: Task = get_task(task_name)
+    if task.environment is not None:
+        return task_episode_accuracy(
+            task, model, tokenizer, rows, max_new_tokens=max_new_tokens, max_turns=max_turns,
+            max_turn_tokens=max_turn_tokens, environment_kwargs=environment_kwargs,
+        )  # fmt: skip
+    return evaluate_accuracy(model, tokenizer, rows, max_new_tokens=max_new_tokens, **task_graders(task_name))
