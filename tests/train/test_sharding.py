@@ -40,11 +40,20 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
     return AutoModelForCausalLM.from_pretrained(path).state_dict()
 
 
-def assert_same_weights(a: Path, b: Path, atol: float = 2e-6) -> None:
+def assert_same_weights(a: Path, b: Path, atol: float = 5e-5) -> None:
+    """Equal up to float rounding. The runs move every weight by ~1.7e-2 on average (lr 1e-2, two AdamW
+    steps); a placement that lost or double-counted gradients would differ by that much. What differs
+    legitimately is the order of float sums (gradients all-reduced, or accumulated over micro-batches), and
+    AdamW's normalised step g / sqrt(v) turns a rounding difference in a near-zero gradient into a visible
+    one: the one-process run itself with 2 micro-batches of 8 rows instead of 1 of 16 differs by up to 6e-6
+    (measured), ZeRO-2 by up to 1.2e-5, in a handful of elements. So: no element beyond ``atol`` (1/200 of
+    the learning rate) and a mean difference below 1e-7 (1/170,000 of the mean move)."""
     first, second = weights(a), weights(b)
     assert set(first) == set(second)
     for name, value in first.items():
-        torch.testing.assert_close(second[name], value, atol=atol, rtol=1e-5, msg=name)
+        torch.testing.assert_close(second[name], value, atol=atol, rtol=0, msg=name)
+    difference = torch.cat([(first[k] - second[k]).flatten() for k in first]).abs()
+    assert float(difference.mean()) < 1e-7
 
 
 @pytest.mark.parametrize("option", ["checkpointing", "resume"])
@@ -123,9 +132,8 @@ def test_deepspeed_zero_on_two_processes_trains_like_one(tiny_model_dir, tmp_pat
     run_two_processes(WORKER, str(tiny_model_dir), str(tmp_path), "2", option)
     ranks = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in (0, 1)]
     assert [r["strategy"] for r in ranks] == ["zero", "zero"] and all(r["step"] == 2 for r in ranks)
-    # the parameters moved by ~4e-2; two micro-batches of 4 rows instead of one of 16 round differently,
-    # and AdamW's normalised step magnifies it where gradients are near zero: up to ~3e-6 measured
-    assert_same_weights(tmp_path, one_process, atol=1e-5)
+    # two micro-batches of 4 rows instead of one of 16 round differently (see assert_same_weights)
+    assert_same_weights(tmp_path, one_process)
     assert (tmp_path / "checkpoint-2" / "deepspeed").is_dir()
     assert (
         ranks[0]["greedy"]
