@@ -20,6 +20,7 @@ from grpokit.config.trl_fields import refuse_trainer_arguments
 from grpokit.core import PolicyLoss
 from grpokit.data.chat import encode_prompt
 from grpokit.data.loading import load_dataset_rows
+from grpokit.models.policy import check_special_tokens, load_policy, tokenizer_of
 from grpokit.parallel.cpu_runtime import apply_cpu_runtime
 from grpokit.parallel.distributed import (
     any_process,
@@ -30,6 +31,7 @@ from grpokit.parallel.distributed import (
     prepare_policy,
 )
 from grpokit.parallel.run_state import RunState
+from grpokit.parallel.stopping import NonfiniteGuard, StopSignals
 from grpokit.parallel.threads import ThreadPolicy
 from grpokit.reporting.callbacks import Callbacks
 from grpokit.reporting.completion_log import CompletionLog
@@ -46,9 +48,7 @@ from grpokit.train import environment as episodes
 from grpokit.train.batch import LogprobPass, pad_samples, score_samples
 from grpokit.train.evaluation import greedy_reward_means
 from grpokit.train.forward import PolicyLogprobs
-from grpokit.train.guards import NonfiniteGuard, StopSignals
 from grpokit.train.hooks import StepHooks, run_hooks
-from grpokit.train.policy import check_special_tokens, load_policy, load_tokenizer
 from grpokit.train.prompts import PromptSampler, check_prompt_lengths
 from grpokit.train.reference import Reference, refuse_resets_of_adapter_reference
 from grpokit.train.run_rewards import run_rewards
@@ -133,7 +133,7 @@ class GRPOTrainer:
         self.publisher = Publisher(self.args, model, train_dataset, is_main=main)  # checks hub access
         self.plan = self.args.batch_plan(self.accelerator.num_processes)
         remote = self.args.trust_remote_code
-        self.tokenizer = processing_class if processing_class is not None else load_tokenizer(model, remote)
+        self.tokenizer = processing_class if processing_class is not None else tokenizer_of(model, remote)
         check_special_tokens(self.tokenizer)
         self.train_rows = self._load_rows(train_dataset, "train_dataset")
         self.eval_rows = self._load_rows(eval_dataset, "eval_dataset") if eval_dataset is not None else None
