@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate.utils import set_seed
+from accelerate.utils import gather_object, set_seed
 from tqdm.auto import tqdm
 
 from grpokit.config import GRPOConfig
@@ -20,6 +20,7 @@ from grpokit.config.trl_fields import refuse_trainer_arguments
 from grpokit.core import PolicyLoss
 from grpokit.data.chat import encode_prompt
 from grpokit.data.loading import load_dataset_rows
+from grpokit.envs.sampler import EpisodeSampler, EpisodeSettings, sample_groups, template_kwargs
 from grpokit.models.policy import check_special_tokens, load_policy, tokenizer_of
 from grpokit.parallel.cpu_runtime import apply_cpu_runtime
 from grpokit.parallel.distributed import (
@@ -35,7 +36,7 @@ from grpokit.parallel.stopping import NonfiniteGuard, StopSignals
 from grpokit.parallel.threads import ThreadPolicy
 from grpokit.reporting.callbacks import Callbacks
 from grpokit.reporting.completion_log import CompletionLog
-from grpokit.reporting.metrics import PhaseTimer, progress_fields, step_metrics
+from grpokit.reporting.metrics import PhaseTimer, progress_fields, reward_means, step_metrics
 from grpokit.reporting.metrics_log import MetricsLogger, plot_metrics
 from grpokit.reporting.publish import Publisher
 from grpokit.rollout import RolloutBackend, SamplingParams
@@ -44,11 +45,10 @@ from grpokit.rollout.vllm_backend import require_vllm
 from grpokit.sampling.async_draw import async_drawer, check_async_generation
 from grpokit.sampling.groups import GroupDrawer, prompt_statistics
 from grpokit.sampling.off_policy import make_sampler
-from grpokit.train import environment as episodes
 from grpokit.train.batch import LogprobPass, pad_samples, score_samples
-from grpokit.train.evaluation import greedy_reward_means
 from grpokit.train.forward import PolicyLogprobs
 from grpokit.train.hooks import StepHooks, run_hooks
+from grpokit.train.process_supervision import EpisodeSupervision
 from grpokit.train.prompts import PromptSampler, check_prompt_lengths
 from grpokit.train.reference import Reference, refuse_resets_of_adapter_reference
 from grpokit.train.run_rewards import run_rewards
@@ -137,21 +137,21 @@ class GRPOTrainer:
         check_special_tokens(self.tokenizer)
         self.train_rows = self._load_rows(train_dataset, "train_dataset")
         self.eval_rows = self._load_rows(eval_dataset, "eval_dataset") if eval_dataset is not None else None
-        self.environment = episodes.EnvironmentEpisodes.for_run(
-            self.args, environment, self.tokenizer, self.train_rows, tools
+        # G episodes per prompt instead of G completions when the run has an environment (grpokit.envs)
+        self.episodes = EpisodeSampler.for_run(
+            environment, tools, self.train_rows, self.tokenizer, EpisodeSettings.from_config(self.args)
         )
+        episode_hook = EpisodeSupervision.for_run(self.args, self.episodes is not None)  # env/*, turn rewards
         self.model = load_policy(model, self.args, peft_config)
-        device = self.accelerator.device
+        self.gather = gather_across_processes(self.accelerator)  # lists from every process, or None
         rewards = run_rewards(
             self.args, reward_funcs, process_reward_funcs, iterative_reward_model, rm_label_func,
-            self.tokenizer, device, has_environment=self.environment is not None,
+            self.tokenizer, self.accelerator.device, has_environment=self.episodes is not None,
+            gather=self.gather,
         )  # fmt: skip
-        self.iterative, self.process, self.reward_weights = (
-            rewards.iterative,
-            rewards.process,
-            rewards.weights,
-        )
+        self.iterative, self.process = rewards.iterative, rewards.process  # optional step hooks
         self.reward_funcs, self.reward_names = rewards.funcs, rewards.names
+        self.reward_weights = rewards.weights  # [F]
         self.reference = Reference.for_run(self.model, self.args, adapter_disabled=peft_config is not None)
         self.schedule = RunSchedule.from_config(self.args, len(self.train_rows), self.plan)
         self.max_steps = self.schedule.max_steps
@@ -170,7 +170,6 @@ class GRPOTrainer:
         )
         self.prompt_stats, curriculum = prompt_statistics(self.args, len(self.train_rows))
         self.prompts = PromptSampler(len(self.train_rows), self.plan.prompts, self.args, curriculum)
-        self.gather = gather_across_processes(self.accelerator)  # lists from every process, or None
         # From here each process draws its own random numbers (sampling, row order): seed + process index.
         set_seed(self.args.seed, device_specific=True)
         self.generator = torch.Generator().manual_seed(self.args.seed + self.accelerator.process_index)
@@ -179,7 +178,10 @@ class GRPOTrainer:
         self.update_context = UpdateContext.from_accelerator(
             self.accelerator, self.loss, placed, self.generator
         )
-        self.hooks = StepHooks(run_hooks(self))
+        self.hooks = StepHooks(run_hooks(
+            self.args, episodes=episode_hook, process=self.process, reference=self.reference,
+            iterative=self.iterative, prompt_stats=self.prompt_stats, curriculum=curriculum,
+        ))  # fmt: skip
         self.completion_log = CompletionLog(
             self.args.output_dir, self.args.log_completions, self.args.num_completions_to_print,
             reward_names=self.reward_names, is_logged=self.schedule.logs, gather=self.gather,
@@ -258,7 +260,8 @@ class GRPOTrainer:
                 if schedule.ends_epoch(self.step):
                     callbacks.event("on_epoch_end")
                 if schedule.saves(self.step) or control.should_save:
-                    self.publisher.checkpoint_saved(self.save_checkpoint(), self)
+                    path = self.save_checkpoint()
+                    self.publisher.checkpoint_saved(path, self.step, self.reward_names, self.logger.read)
                 if control.should_training_stop:
                     break
         bar.close()
@@ -269,7 +272,7 @@ class GRPOTrainer:
                 self.iterative.save(Path(self.args.output_dir) / "reward_model")
             if main:
                 plot_metrics(self.logger.read(), Path(self.args.output_dir) / "metrics.png")
-            self.publisher.run_finished(self)
+            self.publisher.run_finished(self.reward_names, self.logger.read)
         callbacks.event("on_train_end")
         return history
 
@@ -347,13 +350,8 @@ class GRPOTrainer:
         prompt_ids = [self.encode_prompt(row["prompt"]) for row in rows]
         # mixed precision applies to every model pass, not only the update; full weights to generate from
         with self.accelerator.autocast(), self.placed.generation_weights():  # episodes with an environment
-            generated, rows, run = episodes.sample_groups(
-                self.environment,
-                backend or self.backend,
-                rows,
-                prompt_ids,
-                sizes,
-                self.sampling_params(greedy),
+            generated, rows, run = sample_groups(
+                self.episodes, backend or self.backend, rows, prompt_ids, sizes, self.sampling_params(greedy)
             )
         texts = self.tokenizer.batch_decode(generated.completion_ids, skip_special_tokens=True)
         return Samples(rows, prompt_ids, generated, texts, group_sizes=sizes, episodes=run)
@@ -364,12 +362,22 @@ class GRPOTrainer:
         return score_samples(self.reward_funcs, samples, state, self.args.reward_failure)
 
     def evaluate(self, eval_dataset: Any = None, batch_size: int = 64) -> dict[str, float]:
-        """``eval/reward`` and ``eval/rewards/<name>/mean`` of greedy completions of ``eval_dataset``
-        (default: the trainer's), every row counted once across processes (``train.evaluation``)."""
+        """``eval/reward`` and ``eval/rewards/<name>/mean`` of one greedy completion per row of
+        ``eval_dataset`` (default: the trainer's). Each process completes every ``num_processes``-th row
+        and the rewards are gathered, so every row counts once."""
         rows = self.eval_rows if eval_dataset is None else self._load_rows(eval_dataset, "eval_dataset")
         if rows is None:
             raise ValueError("evaluate: no eval_dataset (give one here or to GRPOTrainer)")
-        return greedy_reward_means(self, rows, batch_size)
+        num_funcs, num_processes = len(self.reward_funcs), self.accelerator.num_processes
+        share = rows[self.accelerator.process_index :: num_processes]
+        parts = [torch.empty(0, num_funcs)]
+        for start in range(0, len(share), batch_size):
+            samples = self.sample(share[start : start + batch_size], greedy=True)
+            parts.append(self.reward_matrix(samples)[0])
+        matrix = torch.cat(parts)  # [len(share), F]
+        if num_processes > 1:  # every process's rows, in process order
+            matrix = torch.tensor(gather_object(matrix.tolist()), dtype=torch.float32).reshape(-1, num_funcs)
+        return reward_means(matrix, self.reward_weights, self.reward_names, prefix="eval/")
 
     def _load_rows(self, source: Any, name: str) -> list[dict[str, Any]]:
         """Rows of a data set in any form (``grpokit.data``: names, files, folders, Datasets, lists), with the
@@ -380,9 +388,7 @@ class GRPOTrainer:
 
     def encode_prompt(self, prompt: Any) -> list[int]:
         """Token ids of a prompt (chat template for message lists), cut from the left to max_prompt_length."""
-        kwargs = episodes.template_kwargs(
-            self.environment, self.args.chat_template_kwargs
-        )  # an environment's tools
+        kwargs = template_kwargs(self.episodes, self.args.chat_template_kwargs)  # an environment's tools
         return encode_prompt(prompt, self.tokenizer, self.args.max_prompt_length, kwargs)
 
     def sampling_params(self, greedy: bool = False) -> SamplingParams:
