@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from grpokit.config import GRPOConfig
 from grpokit.config.trl_fields import refuse_trainer_arguments
-from grpokit.core import PolicyLoss
+from grpokit.core import PolicyLoss, multi_reward_advantages
 from grpokit.data.chat import encode_prompt
 from grpokit.data.loading import load_dataset_rows
 from grpokit.envs.sampler import EpisodeSampler, EpisodeSettings, sample_groups, template_kwargs
@@ -40,10 +40,10 @@ from grpokit.reporting.metrics import PhaseTimer, progress_fields, reward_means,
 from grpokit.reporting.metrics_log import MetricsLogger, plot_metrics
 from grpokit.reporting.publish import Publisher
 from grpokit.rollout import RolloutBackend, SamplingParams
-from grpokit.rollout.records import Samples, Scores
+from grpokit.rollout.records import RolloutBatch, Samples
 from grpokit.rollout.vllm_backend import require_vllm
-from grpokit.sampling.async_draw import async_drawer, check_async_generation
-from grpokit.sampling.groups import GroupDrawer, prompt_statistics
+from grpokit.sampling.async_draw import AsyncDrawer, check_async_generation, draws_ahead
+from grpokit.sampling.groups import DrawSettings, GroupDrawer, GroupSizes, Round, prompt_statistics
 from grpokit.sampling.off_policy import make_sampler
 from grpokit.train.batch import LogprobPass, pad_samples, score_samples
 from grpokit.train.forward import PolicyLogprobs
@@ -164,12 +164,16 @@ class GRPOTrainer:
         placed = self.placed
         self.policy, self.optimizer, self.scheduler = placed.policy, placed.optimizer, placed.scheduler
         self.zero = placed.zero
-        # the sampler (the policy, its copy in generation_dtype, or rollout_backend) and its IS correction
+        check_async_generation(self.args, self.accelerator.num_processes, self.strategy, rollout_backend)
+        # the sampler (the policy, its copy in generation_dtype, or rollout_backend) and its IS correction,
+        # on for every batch when the samples are drawn ahead from older copies of the policy
+        ahead = draws_ahead(self.args)
         self.backend, self.correction = make_sampler(
-            self.args, self.generation_model, rollout_backend, self.strategy
+            self.args, self.generation_model, rollout_backend, self.strategy, drawn_ahead=ahead
         )
         self.prompt_stats, curriculum = prompt_statistics(self.args, len(self.train_rows))
         self.prompts = PromptSampler(len(self.train_rows), self.plan.prompts, self.args, curriculum)
+        self.group_sizes = GroupSizes.from_config(self.args, self.prompt_stats)  # G of each prompt
         # From here each process draws its own random numbers (sampling, row order): seed + process index.
         set_seed(self.args.seed, device_specific=True)
         self.generator = torch.Generator().manual_seed(self.args.seed + self.accelerator.process_index)
@@ -187,9 +191,17 @@ class GRPOTrainer:
             reward_names=self.reward_names, is_logged=self.schedule.logs, gather=self.gather,
             enabled=self.accelerator.is_main_process,
         )  # fmt: skip
-        check_async_generation(self.args, self.accelerator.num_processes, self.strategy, rollout_backend)
-        # which groups each step trains on (dynamic sampling, adaptive G), drawn ahead with async_generation
-        self.groups = async_drawer(self, GroupDrawer(self))
+        # which groups each step trains on: rounds of draw_round (dynamic sampling, adaptive G, curriculum)
+        process_rewards = self.process is not None  # dynamic sampling and adaptive G are refused with them
+        settings = DrawSettings.from_config(self.args, self.plan.prompts, process_rewards=process_rewards)
+        self.groups = GroupDrawer(
+            self.draw_round, settings, self.reward_weights, rank=self.accelerator.process_index,
+            num_processes=self.accelerator.num_processes, gather=self.gather, prompt_stats=self.prompt_stats,
+        )  # fmt: skip
+        # with async_generation the steps' groups are drawn ahead, in the background
+        self.draws: GroupDrawer | AsyncDrawer = self.groups
+        if ahead:
+            self.draws = AsyncDrawer.from_config(self.args, self.groups.draw, self.generation_model)
         self.logger = MetricsLogger.from_config(self.args, enabled=self.accelerator.is_main_process)
         self.callbacks = Callbacks(
             callbacks, self.args, model=self.model, processing_class=self.tokenizer,
@@ -265,7 +277,7 @@ class GRPOTrainer:
                 if control.should_training_stop:
                     break
         bar.close()
-        self.groups.close()  # no more draws ahead
+        self.draws.close()  # no more draws ahead
         if self.stopped_by is None:
             self.save_model(self.args.output_dir)
             if self.iterative is not None and main:
@@ -290,54 +302,75 @@ class GRPOTrainer:
     def training_step(self) -> dict[str, float]:
         """One GRPO step on this process's share of the prompts; the metrics of the whole batch."""
         timer, step = PhaseTimer(), self.step + 1
-        # 1-3. sample prompts and G completions for each from the current policy (pi_old = pi_theta), score
-        #      them with every reward function, group-relative advantages over all processes; dynamic
-        #      sampling repeats 1-2 until the step holds enough informative groups (sampling.groups)
-        draw = self.groups.draw(timer)
-        samples, scores = draw.samples, draw.scores
+        # 1-2. draw prompts and G completions of each from the current policy (pi_old = pi_theta) and score
+        #      them, every process's rewards [M, F] in process-major order: ``draw_round`` once, or until the
+        #      step holds enough informative groups (dynamic sampling); drawn ahead with async_generation
+        drawn = self.draws.draw(timer)
+        # 3. group-relative advantages over the groups the step trains on (all of them; with dynamic
+        #    sampling the informative ones, spread evenly over the processes)
         with timer.phase("reward"):
-            self.hooks.on_scored(step, draw.sampled, draw.sampled_scores)  # process rewards, RM samples
-            self.completion_log.record(step, draw.sampled, draw.sampled_scores)  # at the logged steps
+            kept = self.groups.kept_groups(drawn)
+            advantages = multi_reward_advantages(
+                kept.rewards, self.reward_weights, group_sizes=kept.sizes, scale=self.args.scale_rewards,
+                aggregation=self.args.multi_objective_aggregation, eps=self.args.advantage_epsilon,
+            )  # [N]  # fmt: skip
+            scores, drawn_scores = self.groups.scores(drawn, kept, advantages, step)
+            samples = self.groups.local_groups(drawn, kept)  # this process's share of the kept groups
+            self.hooks.on_scored(step, drawn.samples, drawn_scores)  # process rewards, episodes, RM samples
+            self.completion_log.record(step, drawn.samples, drawn_scores)  # at the logged steps
         update, num_tokens = {}, 0
         if samples.texts:  # empty only when dynamic sampling found no informative group: nothing to train on
-            update, num_tokens = self.learn(samples, scores, timer)  # 4-6: batch, fixed log-probs, update
+            # 4. one RolloutBatch: padded ids and masks, this process's advantages
+            with timer.phase("batch"):
+                batch = self.rollout_batch(samples, scores.advantages[scores.local])
+            # 5. fixed log-probs [n, C]: pi_old only when the update is off-policy (mu > 1, several
+            #    optimizer steps per generation, or a sampler that is not pi_old: IS weights
+            #    pi_old / pi_sampler); pi_ref if beta > 0
+            with timer.phase("old_logprobs"), self.accelerator.autocast():
+                off_policy = self.plan.optimizer_steps > 1 or self.correction.applies(batch)
+                batch.old_logps = self.logprob_pass(self.placed.scorer, batch) if off_policy else None
+                correction = self.correction(batch)  # batch.importance_weights [n, C], their metrics
+            with timer.phase("reference"), self.accelerator.autocast():
+                ref = self.reference
+                batch.ref_logps = ref.logprobs(batch, self.logprob_pass) if ref is not None else None
+            # 6. mu epochs of clipped policy-gradient updates on the same samples
+            with timer.phase("update"):
+                update = {**run_update(batch, self.args, self.update_context), **correction}
+            num_tokens = batch.num_completion_tokens()
         # 7. what follows the update (reference reset, RM update), then metrics describing the whole batch
         with timer.phase("after_update"):
             self.hooks.after_update(step)
         metrics = step_metrics(
-            scores=draw.sampled_scores,
-            reward_names=self.reward_names,
-            group_size=None,
-            group_sizes=draw.sampled_scores.group_sizes,
-            generated=draw.sampled.generated,
-            update=update,
-            extra={**self.hooks.metrics(), **draw.metrics},
-            learning_rate=self.scheduler.get_last_lr()[0],
-            num_tokens=num_tokens,
-            timer=timer,
-        )
+            scores=drawn_scores, reward_names=self.reward_names, group_size=None,
+            group_sizes=drawn_scores.group_sizes, generated=drawn.samples.generated, update=update,
+            extra={**self.hooks.metrics(), **self.groups.metrics(drawn, kept, advantages), **drawn.metrics},
+            learning_rate=self.scheduler.get_last_lr()[0], num_tokens=num_tokens, timer=timer,
+        )  # fmt: skip
         return merged_across_processes(self.accelerator, metrics)
 
-    def learn(self, samples: Samples, scores: Scores, timer: PhaseTimer) -> tuple[dict[str, float], int]:
-        """Steps 4-6 on this process's groups; returns the update's metrics and the completion tokens."""
-        # 4. one RolloutBatch: padded ids and masks, this process's advantages
-        with timer.phase("batch"):
-            batch = pad_samples(samples, scores.advantages[scores.local], **self._padding())
-            self.hooks.on_batch(batch)  # process supervision: per-token advantages [n, C]
-        # 5. fixed log-probs: pi_old only when the update is off-policy (mu > 1, several optimizer steps per
-        #    generation, or a sampler that is not pi_old: IS weights pi_old / pi_sampler), pi_ref if beta > 0
-        with timer.phase("old_logprobs"), self.accelerator.autocast():
-            off_policy = self.plan.optimizer_steps > 1 or self.correction.applies(batch)
-            batch.old_logps = self.logprob_pass(self.placed.scorer, batch) if off_policy else None
-            correction = self.correction(
-                batch
-            )  # batch.importance_weights, their metrics (sampling.off_policy)
-        with timer.phase("reference"), self.accelerator.autocast():
-            batch.ref_logps = self.reference.logprobs(batch, self.logprob_pass) if self.reference else None
-        # 6. mu epochs of clipped policy-gradient updates
-        with timer.phase("update"):
-            update = run_update(batch, self.args, self.update_context)
-        return {**update, **correction}, batch.num_completion_tokens()
+    def draw_round(
+        self, count: int | None, timer: PhaseTimer, backend: RolloutBackend | None = None
+    ) -> Round:
+        """Steps 1-2 once (the plain draw): this process's share of the next ``count`` prompts of all
+        processes (None: a step's), G completions of each (``group_sizes``) from the current policy (or
+        ``backend``), their reward matrix, and every process's."""
+        indices = self.prompts.next_local_indices(self.accelerator, count)
+        sizes = self.group_sizes(indices)  # num_generations each, or the adaptive allocation
+        # 1. draw
+        with timer.phase("generate"):
+            samples = self.sample([self.train_rows[i] for i in indices], group_sizes=sizes, backend=backend)
+        # 2. score: every reward function on every completion; the reward matrix of every process
+        with timer.phase("reward"):
+            rewards, failures = self.reward_matrix(samples)  # [n, F], NaN where a function returned None
+            every = self.accelerator.gather(rewards.to(self.accelerator.device)).cpu()  # [P * n, F]
+            return Round(samples, every, self._gathered(sizes), self._gathered(indices), failures)
+
+    def rollout_batch(self, samples: Samples, advantages: torch.Tensor) -> RolloutBatch:
+        """Step 4: prompts left-padded, completions right-padded, ``advantages`` [n] (this process's);
+        the hooks may then change them (process supervision: per-token advantages [n, C])."""
+        batch = pad_samples(samples, advantages, **self._padding())
+        self.hooks.on_batch(batch)
+        return batch
 
     # ------------------------------------------------------------------------------------------------
     def sample(
@@ -395,6 +428,10 @@ class GRPOTrainer:
         return SamplingParams.from_config(self.args, self.tokenizer, greedy=greedy)
 
     # ------------------------------------------------------------------------------------------------
+    def _gathered(self, values: list[int]) -> list[int]:
+        """``values`` of every process, in process order."""
+        return list(values) if self.gather is None else list(self.gather(list(values)))
+
     def _padding(self) -> dict[str, Any]:
         return {
             "pad_token_id": self.sampling_params().pad_token_id,
