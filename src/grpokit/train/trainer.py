@@ -1,9 +1,12 @@
-"""GRPOTrainer: the GRPO loop, one step read top to bottom (sample, score, advantages, batch, update, log).
+"""GRPOTrainer: the GRPO loop, one step read top to bottom (draw, score, advantages, batch, fixed log-probs,
+update, log).
 
 DeepSeekMath (arXiv:2402.03300), Algorithm 1: per step set pi_old <- pi_theta, sample G outputs per
 question, score them, normalise rewards per group, then mu policy updates on the same samples. The same step
-without the trainer's machinery is ``examples/grpo_minimal.py``; optional behaviour (process supervision,
-reference resets, iterative reward models) is in step hooks (``grpokit.train.hooks``).
+without the trainer's machinery is ``examples/grpo_minimal.py``. Which groups a step draws and keeps
+(dynamic sampling, adaptive G, curriculum, drawing ahead) is ``grpokit.sampling``, around the plain draw
+``draw_round``; optional behaviour (process supervision, reference resets, iterative reward models) is in
+step hooks (``grpokit.train.hooks``). Helpers get what they need as arguments; none changes the trainer.
 """
 
 from __future__ import annotations
