@@ -26,9 +26,9 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.cli.memory_plan import plan_memory
 from grpokit.models import build_char_tokenizer, build_tiny_model
+from grpokit.models.policy import enable_gradient_checkpointing
 from grpokit.rollout import FastSampler, SamplingParams, ScriptedBackend
 from grpokit.train.forward import completion_logprobs
-from grpokit.train.policy import enable_gradient_checkpointing
 
 FAILURES: list[str] = []
 ROWS = [{"prompt": f"{a}+{b}+{a}{b}=", "solution": str(a + b)} for a in range(1, 9) for b in range(1, 9)]

@@ -37,13 +37,13 @@ def main(policy_dir: str, out: str) -> None:
     trainer = GRPOTrainer(model=policy_dir, reward_funcs=[exact], args=config, train_dataset=ROWS)
     trainer.backend = ScriptedBackend(trainer.tokenizer, respond)
     trained: list[list[str]] = []
-    learn = trainer.learn
+    rollout_batch = trainer.rollout_batch  # step 4: the groups this process trains on, batched
 
-    def recording(samples, scores, timer):
+    def recording(samples, advantages):
         trained.append([row["prompt"] for row in samples.rows])
-        return learn(samples, scores, timer)
+        return rollout_batch(samples, advantages)
 
-    trainer.learn = recording
+    trainer.rollout_batch = recording
     (metrics,) = trainer.train()
     params = torch.cat([p.detach().flatten() for p in trainer.unwrapped_model.parameters()])
     rank = trainer.accelerator.process_index

@@ -41,7 +41,7 @@ def test_samples_come_from_an_older_policy_within_the_bound(tiny_model_dir, tmp_
     assert gap[0] < 1e-4  # step 1: drawn now, from the current policy (only float noise)
     assert all(g > 1e-3 for g in gap[1:])  # later steps: sampled before the last update(s), lr 1e-2
     assert "time/generate_wait" in history[-1] and "time/async/generate" in history[-1]
-    assert trainer.step == 4 and not trainer.groups.pending  # closed at the end
+    assert trainer.step == 4 and not trainer.draws.pending  # closed at the end
 
 
 def test_async_generation_is_refused_where_it_cannot_run(tiny_model_dir, tmp_path):

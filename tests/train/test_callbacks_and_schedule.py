@@ -12,8 +12,8 @@ import torch
 from transformers import TrainerCallback
 
 from grpokit import GRPOConfig, GRPOTrainer
+from grpokit.models.policy import model_init_kwargs
 from grpokit.rollout import ScriptedBackend
-from grpokit.train.policy import model_init_kwargs
 
 from ..conftest import small_config
 from .conftest import digit_reward

@@ -96,7 +96,7 @@ def test_a_checkpoint_cut_off_mid_write_is_never_the_latest(tmp_path):
 
 
 def test_a_second_signal_stops_at_once():
-    from grpokit.train.guards import StopSignals
+    from grpokit.parallel.stopping import StopSignals
 
     with StopSignals() as signals:
         signals._note(signal.SIGINT, None)

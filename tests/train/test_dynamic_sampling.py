@@ -36,13 +36,13 @@ def make_trainer(tiny_model_dir, tmp_path, **overrides):
     trainer = GRPOTrainer(str(tiny_model_dir), [exact], small_config(tmp_path, **values), train_dataset=ROWS)
     trainer.backend = ScriptedBackend(trainer.tokenizer, respond)
     trained: list[list[str]] = []
-    learn = trainer.learn
+    rollout_batch = trainer.rollout_batch  # step 4: the groups this process trains on, batched
 
-    def recording(samples, scores, timer):
+    def recording(samples, advantages):
         trained.append([row["prompt"] for row in samples.rows])
-        return learn(samples, scores, timer)
+        return rollout_batch(samples, advantages)
 
-    trainer.learn = recording
+    trainer.rollout_batch = recording
     return trainer, trained
 
 

@@ -17,7 +17,7 @@ from grpokit.envs.episodes import EnvironmentFailure, Episode
 from grpokit.envs.observations import ObservationEncoder
 from grpokit.models.tiny import build_char_tokenizer, build_tiny_model
 from grpokit.train.batch import LogprobPass, pad_samples
-from grpokit.train.environment import EnvironmentEpisodes
+from grpokit.train.process_supervision import EpisodeSupervision
 from tests.conftest import small_config
 
 ROWS = [{"prompt": "3+4="}, {"prompt": "1+2="}]
@@ -88,7 +88,7 @@ def test_loss_and_kl_by_hand_ignore_environment_tokens(tmp_path, tokenizer):
 def test_turn_advantages_by_hand(tmp_path, tokenizer):
     trainer = make_trainer(tmp_path, tokenizer, turn_advantages=True, num_generations=2,
                            per_device_train_batch_size=4)  # fmt: skip
-    hook = trainer.environment
+    (hook,) = [h for h in trainer.hooks.hooks if isinstance(h, EpisodeSupervision)]
     # two episodes of one group: turn rewards [1, 0] and [0, None]; turns end at tokens 1, 4 and 2, 5
     hook._episodes = [Episode(turn_rewards=[1.0, 0.0], turn_ends=[1, 4]), Episode(turn_rewards=[0.0, None],
                       turn_ends=[2, 5])]  # fmt: skip
@@ -175,7 +175,7 @@ def test_chat_observations_follow_the_template(tokenizer):
 def test_turn_advantages_need_an_environment(tmp_path):
     config = GRPOConfig(output_dir=str(tmp_path), turn_advantages=True)
     with pytest.raises(ValueError, match="turn_advantages needs an environment"):
-        EnvironmentEpisodes.for_run(config, None, None, ROWS)
+        EpisodeSupervision.for_run(config, has_environment=False)
 
 
 def test_a_tool_environment_puts_its_tools_in_the_chat_template(tmp_path, tokenizer):
@@ -218,7 +218,7 @@ def test_trl_tools_argument_runs_tool_episodes(tmp_path, tokenizer):
         tmp_path, max_completion_length=12, max_turn_tokens=3, max_tool_calling_iterations=2
     )
     trainer = GRPOTrainer(model, None, config, train_dataset=ROWS, processing_class=tokenizer, tools=[lookup])
-    runner = trainer.environment.runner
+    runner = trainer.episodes.runner
     assert runner.max_turns == 3 and isinstance(runner.make_env(), ToolEnvironment)
     samples = trainer.sample(ROWS)  # the random policy calls no tool: each episode ends after one turn
     assert all(e.done and len(e.actions) == 1 and e.info["tool_calls"] == 0 for e in samples.episodes)

@@ -13,9 +13,9 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.models import build_char_tokenizer, build_tiny_model
+from grpokit.models.policy import enable_gradient_checkpointing
 from grpokit.rollout import ScriptedBackend
 from grpokit.train.forward import completion_logprobs
-from grpokit.train.policy import enable_gradient_checkpointing
 
 from .test_forward import G, _batch, _plain
 

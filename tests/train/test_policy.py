@@ -7,7 +7,7 @@ import torch
 
 from grpokit import GRPOConfig
 from grpokit.cli import parse_train_args
-from grpokit.train.policy import load_policy, model_init_kwargs
+from grpokit.models.policy import load_policy, model_init_kwargs
 
 
 @pytest.mark.parametrize(
@@ -57,7 +57,7 @@ def test_recipe_mapping_survives_the_command_line(tmp_path):
 def test_disable_dropout_zeroes_modules_attributes_and_config():
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-    from grpokit.train.policy import disable_dropout
+    from grpokit.models.policy import disable_dropout
 
     llama = LlamaForCausalLM(
         LlamaConfig(

@@ -175,9 +175,9 @@ class MemoryPlan:
 
 
 def weights_dtype(args: GRPOConfig, shape: ModelShape) -> str:
-    """The policy weights' dtype as ``load_policy`` loads them (``train.policy.model_init_kwargs``: the
+    """The policy weights' dtype as ``load_policy`` loads them (``models.policy.model_init_kwargs``: the
     ``dtype``, float32 without one); "auto": the config's dtype (float32 if it names none)."""
-    from grpokit.train.policy import model_init_kwargs
+    from grpokit.models.policy import model_init_kwargs
 
     dtype = model_init_kwargs(args)["dtype"]
     if dtype == "auto":

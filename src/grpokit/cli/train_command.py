@@ -203,7 +203,7 @@ def publish_model_card(args: TrainArgs, config: GRPOConfig, trainer: Any, summar
     publisher = trainer.publisher
     publisher.base_model = args.model
     publisher.dataset_name = args.dataset or (f"the built-in `{args.task}` task" if args.task else None)
-    publisher.write_card(config.output_dir, trainer, summary)
+    publisher.write_card(config.output_dir, trainer.reward_names, trainer.logger.read, summary)
     publisher.push(config.output_dir, "Held-out evaluation")
 
 

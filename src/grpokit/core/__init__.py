@@ -1,5 +1,7 @@
-"""Pure GRPO tensor math: advantages (equal or ragged groups), KL estimators, policy losses, log-probs,
-padding. Imports torch only: no models, files or globals."""
+"""Pure GRPO tensor math: advantages, KL estimators, policy losses, log-probs, padding.
+
+Advantages of equal or ragged groups, objectives and aggregations, token weights. Imports torch only: no
+models, files or globals."""
 
 from .advantages import (
     combine_outcome_and_process,

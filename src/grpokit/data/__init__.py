@@ -1,4 +1,7 @@
-"""Data sets in, validated prompt rows out (``loading``); the built-in generated tasks live in ``tasks``."""
+"""Data sets in, validated prompt rows out; chat rendering of prompts and completions.
+
+``loading`` (names, files, Datasets, column mapping), ``sources``, ``chat``, ``records``; the built-in
+generated tasks live in ``grpokit.tasks``."""
 
 from grpokit.data.loading import load_dataset_rows, load_rows, reward_columns, validate_rows
 

@@ -1,5 +1,9 @@
-"""Multi-turn environments: the protocol (``base``), the built-in environments (``maze``, ``calculator``),
-tool calls (``tools``), and resolving a config entry to an environment factory.
+"""Multi-turn environments and the one home of episodes: environments, tools, the episode runner and sampler.
+
+The protocol (``base``), the built-in environments (``maze``, ``calculator``), tool calls (``tools``),
+episodes (``episodes``: the runner; ``turns``: turn sessions over a backend; ``observations``: encoding
+what the environment says; ``sampler``: a run's G episodes per prompt as its completions), and resolving a
+config entry to an environment factory.
 
 Usage::
 

@@ -1,4 +1,4 @@
-"""Evaluation, for any model, data and grader: held-out accuracy by generation, pass@k, maj@k, mean@k.
+"""Evaluation for any model, data and grader: held-out accuracy by generation, pass@k, maj@k, mean@k.
 
 ``generic`` (``evaluate_model``, ``generate_completions``: any model and rows, through a rollout backend;
 what ``grpokit eval`` runs), ``grading`` (``grade_completions``: reward functions and/or an answer

@@ -1,6 +1,8 @@
-"""What a run tells the world: step metrics and phase timers (``metrics``), the metrics log and its plot
-(``metrics_log``), trackers (``tracking``), completions (``completion_log``), callbacks (``callbacks``),
-the model card (``model_card``) and the hub upload (``hub``, ``publish``)."""
+"""What a run tells the world: metrics, logs, trackers, callbacks, the model card and the hub upload.
+
+Step metrics and phase timers (``metrics``), the metrics log and its plot (``metrics_log``), trackers
+(``tracking``), completions (``completion_log``), callbacks (``callbacks``), the model card
+(``model_card``) and the hub upload (``hub``, ``publish``)."""
 
 from grpokit.reporting.callbacks import Callbacks
 from grpokit.reporting.metrics import PhaseTimer, step_metrics

@@ -7,6 +7,7 @@ stops the run before any training rather than after it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,24 +27,40 @@ class Publisher:
         self.base_model = base_model_name(model)
         self.dataset_name = dataset_name_of(train_dataset)
 
-    def write_card(self, path: str | Path, trainer: Any, eval_summary: dict | None = None) -> None:
-        """``<path>/README.md`` from the run's settings, rewards and logged metrics."""
+    def write_card(
+        self,
+        path: str | Path,
+        reward_names: Sequence[str],
+        read_metrics: Callable[[], list[dict[str, Any]]],
+        eval_summary: dict | None = None,
+    ) -> None:
+        """``<path>/README.md`` from the run's settings, reward names and logged metrics (``read_metrics``:
+        the metrics log so far, read only by the main process)."""
         if self.is_main:
             write_model_card(
                 path, self.args, base_model=self.base_model, dataset_name=self.dataset_name,
-                reward_names=trainer.reward_names, metrics=trainer.logger.read(), eval_summary=eval_summary,
+                reward_names=list(reward_names), metrics=read_metrics(), eval_summary=eval_summary,
                 model_id=self.repo_id,
             )  # fmt: skip
 
-    def checkpoint_saved(self, path: Path, trainer: Any) -> None:
-        """``hub_strategy="every_save"``: push the checkpoint's model (no optimizer state) with a card."""
+    def checkpoint_saved(
+        self,
+        path: Path,
+        step: int,
+        reward_names: Sequence[str],
+        read_metrics: Callable[[], list[dict[str, Any]]],
+    ) -> None:
+        """``hub_strategy="every_save"``: push the checkpoint of ``step`` (its model, no optimizer state)
+        with a card."""
         if self.pushing and self.args.hub_strategy == "every_save":
-            self.write_card(path, trainer)
-            self.push(path, f"Training in progress, step {trainer.step}")
+            self.write_card(path, reward_names, read_metrics)
+            self.push(path, f"Training in progress, step {step}")
 
-    def run_finished(self, trainer: Any) -> None:
+    def run_finished(
+        self, reward_names: Sequence[str], read_metrics: Callable[[], list[dict[str, Any]]]
+    ) -> None:
         """After the final ``save_model``: the card in output_dir, then the push."""
-        self.write_card(self.args.output_dir, trainer)
+        self.write_card(self.args.output_dir, reward_names, read_metrics)
         self.push(self.args.output_dir, "End of training")
 
     def push(self, path: str | Path, message: str) -> None:

@@ -1,5 +1,7 @@
-"""Reward models that grpokit trains: labelled samples, outcome and process reward-model training,
-checkpoints, the replay buffer, and the reward model that keeps learning during iterative GRPO.
+"""Reward models that grpokit trains: outcome and process reward-model training, replay, iterative updates.
+
+Labelled samples, outcome and process reward-model training, checkpoints, the replay buffer, and the
+reward model that keeps learning during iterative GRPO.
 
 ``grpokit train-rm`` (``grpokit.cli.train_rm``) trains one from the command line; the trainer's side of
 iterative GRPO is ``grpokit.train.iterative_grpo``. See docs/process-supervision.md.

@@ -1,6 +1,9 @@
-"""Generation backends behind one protocol (:class:`RolloutBackend`): ``transformers``' ``generate``
-(``hf``), grpokit's fast sampler (``fast``, with ``native_decode`` for Llama-family models and ``logits`` for
-the sampling distribution), and a scripted in-memory backend for tests (``fake``)."""
+"""Generation backends behind one protocol (:class:`RolloutBackend`), and the records of one step.
+
+``transformers``' ``generate`` (``hf``), grpokit's fast sampler (``fast``, with ``native_decode`` for
+Llama-family models and ``logits`` for the sampling distribution), vLLM (``vllm_backend``,
+``vllm_client``), a scripted in-memory backend for tests (``fake``); ``records``: Samples, Scores and
+RolloutBatch, the records a step passes along."""
 
 from grpokit.rollout.backends import GENERATION_BACKENDS, make_backend, resolve_backend_name
 from grpokit.rollout.base import GenerationOutput, RolloutBackend, SamplingParams, generate_groups

@@ -17,6 +17,7 @@ only: the draw gathers rewards across processes, which must not run beside the u
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -25,10 +26,10 @@ import torch
 from torch import nn
 
 from grpokit.reporting.metrics import PhaseTimer
-from grpokit.rollout import make_backend
-from grpokit.sampling.off_policy import OffPolicyCorrection, generation_copy, policy_dtype, refresh_copy
+from grpokit.rollout import RolloutBackend, make_backend
+from grpokit.sampling.off_policy import generation_copy, policy_dtype, refresh_copy
 
-__all__ = ["AsyncDrawer", "async_drawer", "check_async_generation"]
+__all__ = ["AsyncDrawer", "check_async_generation", "draws_ahead"]
 
 
 def check_async_generation(args: Any, num_processes: int, strategy: str, rollout_backend: Any) -> None:
@@ -56,65 +57,81 @@ class _Pending:
     timer: PhaseTimer  # its phases (generate, reward), reported as async/time/...
 
 
-def async_drawer(trainer: Any, groups: Any) -> Any:
-    """``groups`` (a ``GroupDrawer``) drawing ahead when the run asks for asynchronous rollouts; the
-    trainer's off-policy correction is then on for every batch (``vllm_importance_sampling_correction``)."""
-    args = trainer.args
-    if not args.async_generation or args.max_staleness == 0:
-        return groups  # the synchronous loop, exactly
-    trainer.correction = OffPolicyCorrection.from_config(args, off_policy=True)
-    return AsyncDrawer(trainer, groups)
+def draws_ahead(args: Any) -> bool:
+    """Whether the run draws its steps' samples ahead (``async_generation`` with ``max_staleness`` >= 1):
+    then they come from older copies of the policy, so the sampler is not pi_old (``sampling.off_policy``)."""
+    return bool(args.async_generation) and args.max_staleness > 0
 
 
 class AsyncDrawer:
     """Draws steps' samples ahead, in a background thread, from frozen copies of the policy (module
-    docstring). ``draw(timer)`` is ``GroupDrawer.draw`` with the staleness bound."""
+    docstring). ``draw(timer)`` is ``draw(timer, backend)`` (a ``GroupDrawer``'s) with the staleness bound.
 
-    def __init__(self, trainer: Any, groups: Any) -> None:
-        args = trainer.args
-        self.trainer, self.groups, self.max_staleness = trainer, groups, args.max_staleness
-        model = trainer.generation_model
-        auto = args.generation_dtype == "auto"
-        dtype = policy_dtype(model) if auto else getattr(torch, args.generation_dtype)
+    ``model``: the policy generation reads (copied, and refreshed from it before each draw starts);
+    ``dtype``: the copies' dtype; ``backend_name`` and ``micro_batch_size``: the copies' samplers
+    (``rollout.make_backend``)."""
+
+    def __init__(
+        self,
+        draw: Callable[[PhaseTimer, RolloutBackend | None], Any],
+        model: nn.Module,
+        *,
+        max_staleness: int,
+        dtype: torch.dtype,
+        backend_name: str,
+        micro_batch_size: int | None = None,
+    ) -> None:
+        self.draw_now, self.model, self.max_staleness = draw, model, max_staleness
         # one frozen copy per draw in flight: a copy must not change while its draw runs
         self.copies: collections.deque[nn.Module] = collections.deque(
-            generation_copy(model, dtype) for _ in range(self.max_staleness)
+            generation_copy(model, dtype) for _ in range(max_staleness)
         )
-        size = args.generation_micro_batch_size
         self.backends = {
-            id(c): make_backend(args.generation_backend, c, micro_batch_size=size) for c in self.copies
+            id(c): make_backend(backend_name, c, micro_batch_size=micro_batch_size) for c in self.copies
         }
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="grpokit-rollouts")
         self.pending: collections.deque[_Pending] = collections.deque()
-        self.version = 0  # optimizer steps done (trainer steps, one policy update each)
+        self.version = -1  # policy updates done: one per step, so the draws taken before this one
         self.last_staleness = 0
+
+    @classmethod
+    def from_config(
+        cls, args: Any, draw: Callable[[PhaseTimer, RolloutBackend | None], Any], model: nn.Module
+    ) -> AsyncDrawer:
+        """The drawer ``args`` asks for: ``max_staleness`` copies in ``generation_dtype`` ("auto": the
+        policy's) on ``generation_backend``."""
+        auto = args.generation_dtype == "auto"
+        dtype = policy_dtype(model) if auto else getattr(torch, args.generation_dtype)
+        return cls(
+            draw, model, max_staleness=args.max_staleness, dtype=dtype, backend_name=args.generation_backend,
+            micro_batch_size=args.generation_micro_batch_size,
+        )  # fmt: skip
 
     def draw(self, timer: PhaseTimer) -> Any:
         """This step's samples: the oldest draw in flight (waited for), or, before any is, one drawn now
         from the current policy; then the draw ``max_staleness`` steps ahead is started."""
-        self.version = self.trainer.step
+        self.version += 1
         if self.pending:
             pending = self.pending.popleft()
             with timer.phase("generate_wait"):
-                draw = pending.future.result()
+                drawn = pending.future.result()
             self.copies.append(pending.copy)
-            timer.seconds.update(
-                {f"async/{k}": v for k, v in pending.timer.seconds.items()}
-            )  # time/async/...
+            # its phases as time/async/...
+            timer.seconds.update({f"async/{k}": v for k, v in pending.timer.seconds.items()})
             self.last_staleness = self.version - pending.version
         else:
-            draw = self.groups.draw(timer)
+            drawn = self.draw_now(timer, None)
             self.last_staleness = 0
         while len(self.pending) < self.max_staleness:
             self._start()
-        draw.metrics["async/staleness"] = float(self.last_staleness)
-        return draw
+        drawn.metrics["async/staleness"] = float(self.last_staleness)
+        return drawn
 
     def _start(self) -> None:
         copy = self.copies.popleft()
-        refresh_copy(copy, self.trainer.generation_model)  # the weights now, before this step's update
+        refresh_copy(copy, self.model)  # the weights now, before this step's update
         timer = PhaseTimer()
-        future = self.pool.submit(self.groups.draw, timer, self.backends[id(copy)])
+        future = self.pool.submit(self.draw_now, timer, self.backends[id(copy)])
         self.pending.append(_Pending(future, copy, self.version, timer))
 
     def close(self) -> None:

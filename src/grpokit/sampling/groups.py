@@ -1,17 +1,20 @@
-"""Which groups one GRPO step trains on (docs/sampling.md): steps 1-3 of the step, sample -> score ->
-advantages, with the three options that choose the groups.
+"""Which groups one GRPO step trains on (docs/sampling.md): rounds of the plain draw, joined, and the choice
+of the groups to train on.
 
-- plain: the step's prompts, G completions each, every group trained on (the paper);
-- ``dynamic_sampling`` (DAPO): groups whose completions all get the same reward carry no signal and are
-  dropped; further rounds of prompts are sampled until the step holds its configured number of groups, at
-  most ``max_sampling_rounds`` rounds. The first ``prompts`` informative groups (in process order) are
-  kept, rounded down to a multiple of the process count, and spread evenly over the processes, so every
-  process trains on the same number of groups;
-- ``adaptive_num_generations``: each process's completion budget is spread over its prompts by how
-  uncertain their pass rate is (``core.allocate_group_sizes``); groups are ragged and advantages use each
-  group's own size;
+The plain draw (``GRPOTrainer.draw_round``) is steps 1-2 once: this process's prompts, G completions each,
+their reward matrix, and every process's rewards. Around it:
+
+- plain: one round, every group trained on (the paper);
+- ``dynamic_sampling`` (DAPO), a filter: groups whose completions all get the same reward carry no signal
+  and are dropped; further rounds are drawn until the step holds its configured number of groups, at most
+  ``max_sampling_rounds`` rounds. The first ``prompts`` informative groups (in process order) are kept,
+  rounded down to a multiple of the process count, and spread evenly over the processes, so every process
+  trains on the same number of groups;
+- ``adaptive_num_generations`` (:class:`GroupSizes`): each process's completion budget is spread over its
+  prompts by how uncertain their pass rate is (``core.allocate_group_sizes``); groups are ragged and
+  advantages use each group's own size;
 - ``curriculum``: the prompt order skips prompts that are (almost) always or never solved
-  (``sampling.prompt_stats``); every sampled group updates the pass-rate estimates.
+  (``sampling.prompt_stats``); every drawn group updates the pass-rate estimates.
 
 Global order is process-major: process 0's groups of every round, then process 1's, ... (the order in
 which ``gather`` concatenates), so each process's rows are one contiguous slice.
@@ -21,42 +24,150 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from grpokit.core import allocate_group_sizes, combine_rewards, multi_reward_advantages
 from grpokit.reporting.metrics import PhaseTimer
-from grpokit.rollout.base import GenerationOutput
+from grpokit.rollout.base import GenerationOutput, RolloutBackend
 from grpokit.rollout.records import Samples, Scores
 from grpokit.sampling.prompt_stats import Curriculum, PromptStats
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "Draw",
+    "DrawRound",
+    "DrawSettings",
+    "Drawn",
     "GroupDrawer",
+    "GroupSizes",
+    "KeptGroups",
+    "Round",
     "informative_groups",
+    "join_rounds",
     "prompt_statistics",
     "refill_count",
 ]
 
+Gather = Callable[[list[Any]], list[Any]]
+"""Concatenates a list from every process, in process order (``parallel.distributed``)."""
+
 
 @dataclass
-class Draw:
-    """One step's groups: what it trains on, and everything it sampled (for logs and metrics)."""
+class Round:
+    """One plain draw: this process's groups and the rewards of every process's."""
 
     samples: Samples
-    """This process's groups to train on."""
-    scores: Scores
-    """Rewards and advantages of the trained groups of every process ([N] kept rows, process-major)."""
-    sampled: Samples
-    """Every group this process sampled in the step (dropped ones included)."""
-    sampled_scores: Scores
-    """Rewards of everything sampled ([M] rows), ``kept`` marking the trained rows; a dropped row's
-    advantage is 0 (it trains nothing)."""
+    """This process's n completions (k groups)."""
+    rewards: torch.Tensor
+    """[P * n, F] every process's reward matrix, in process order (NaN where a function returned None)."""
+    group_sizes: list[int]
+    """[P * k] every process's group sizes, in process order."""
+    prompt_indices: list[int]
+    """[P * k] the training rows the groups were drawn for."""
+    failures: dict[str, float]
+    """``rewards/<name>/failures`` on this process."""
+
+
+class DrawRound(Protocol):
+    """The plain draw: this process's share of the next ``count`` prompts of all processes (None: a step's),
+    G completions each through ``backend`` (None: the run's sampler), scored."""
+
+    def __call__(
+        self, count: int | None, timer: PhaseTimer, backend: RolloutBackend | None = None
+    ) -> Round: ...
+
+
+@dataclass
+class Drawn:
+    """Steps 1-2 of one step: every round's groups, process-major (M rows over all processes)."""
+
+    samples: Samples
+    """This process's groups of every round, in order."""
+    rewards: torch.Tensor
+    """[M, F] every process's rewards, process-major."""
+    group_sizes: list[int]
+    prompt_indices: list[int]
+    failures: dict[str, float]
+    """Summed over the rounds."""
+    rounds: int
     metrics: dict[str, float] = field(default_factory=dict)
+    """What drawing adds to the step's metrics (``async/staleness``)."""
+
+
+@dataclass
+class KeptGroups:
+    """The drawn groups a step trains on."""
+
+    groups: list[int]
+    """Indices into the drawn groups (process-major)."""
+    rows: torch.Tensor
+    """[N] long: their rows among the M drawn."""
+    sizes: list[int]
+    rewards: torch.Tensor
+    """[N, F] their rewards."""
+
+
+@dataclass(frozen=True)
+class DrawSettings:
+    """What decides a step's groups (the sampling fields of ``GRPOConfig``)."""
+
+    prompts: int
+    """Groups a step trains on, all processes together (``BatchPlan.prompts``)."""
+    dynamic_sampling: bool = False
+    max_rounds: int = 1
+    """Plain draws a step may make (``max_sampling_rounds`` with dynamic sampling, else 1)."""
+    adaptive_group_sizes: bool = False
+    aggregation: str = "sum_then_normalize"
+    """``multi_objective_aggregation``: how several rewards make an advantage (which groups are flat)."""
+    advantage_epsilon: float = 1e-4
+
+    @classmethod
+    def from_config(cls, args: Any, prompts: int, *, process_rewards: bool = False) -> DrawSettings:
+        """The settings of a ``GRPOConfig``. Dynamic sampling and adaptive G are refused with process rewards
+        (``process_rewards``)."""
+        if process_rewards and (args.dynamic_sampling or args.adaptive_num_generations):
+            option = "dynamic_sampling" if args.dynamic_sampling else "adaptive_num_generations"
+            raise ValueError(
+                f"GRPOConfig.{option} is not supported with process_reward_funcs: a group whose outcomes "
+                "agree can still carry process signal, and process advantages take equal groups"
+            )
+        return cls(
+            prompts=prompts,
+            dynamic_sampling=args.dynamic_sampling,
+            max_rounds=args.max_sampling_rounds if args.dynamic_sampling else 1,
+            adaptive_group_sizes=args.adaptive_num_generations,
+            aggregation=args.multi_objective_aggregation,
+            advantage_epsilon=args.advantage_epsilon,
+        )
+
+
+@dataclass(frozen=True)
+class GroupSizes:
+    """G for each of a round's prompts on this process: ``num_generations``, or with adaptive group sizes
+    this process's budget of ``num_generations`` per prompt spread by the prompts' pass rates."""
+
+    num_generations: int
+    stats: PromptStats | None = None
+    """The pass-rate estimates (adaptive group sizes); None: every group has ``num_generations``."""
+    min_size: int = 2
+    max_size: int | None = None
+
+    @classmethod
+    def from_config(cls, args: Any, stats: PromptStats | None) -> GroupSizes:
+        if not args.adaptive_num_generations:
+            return cls(args.num_generations)
+        return cls(args.num_generations, stats, args.min_num_generations, args.max_num_generations)
+
+    def __call__(self, indices: Sequence[int]) -> list[int]:
+        if self.stats is None:
+            return [self.num_generations] * len(indices)
+        rates = [self.stats.pass_rate(i) for i in indices]
+        budget = self.num_generations * len(indices)  # this process's share of the step's completions
+        return allocate_group_sizes(rates, budget, self.min_size, self.max_size)
 
 
 def informative_groups(advantages: torch.Tensor, group_sizes: list[int]) -> list[bool]:
@@ -69,157 +180,135 @@ def informative_groups(advantages: torch.Tensor, group_sizes: list[int]) -> list
 
 
 class GroupDrawer:
-    """Steps 1-3 of a ``GRPOTrainer`` step under the run's sampling options."""
+    """Steps 1-2 of every step under the run's sampling options (module docstring), and which of the drawn
+    groups the step trains on.
 
-    def __init__(self, trainer: Any) -> None:
-        args = trainer.args
-        if trainer.process is not None and (args.dynamic_sampling or args.adaptive_num_generations):
-            option = "dynamic_sampling" if args.dynamic_sampling else "adaptive_num_generations"
-            raise ValueError(
-                f"GRPOConfig.{option} is not supported with process_reward_funcs: a group whose outcomes "
-                "agree can still carry process signal, and process advantages take equal groups"
-            )
-        self.trainer = trainer
-        self.args = args
-        self.rounds = args.max_sampling_rounds if args.dynamic_sampling else 1
+    ``draw_round``: the plain draw. ``reward_weights``: [F]. ``rank``, ``num_processes``: this process and
+    how many there are; ``gather``: lists from every process (None with one process). ``prompt_stats``:
+    the pass-rate estimates every drawn group updates (curriculum, adaptive G), or None."""
 
-    # ------------------------------------------------------------------------------------------------
-    def draw(self, timer: PhaseTimer, backend: Any = None) -> Draw:
-        """The step's groups, sampled through ``backend`` (default: the trainer's sampler)."""
-        t, accelerator = self.trainer, self.trainer.accelerator
-        rounds: list[tuple[Samples, torch.Tensor, list[int], list[int], dict[str, float]]] = []
-        informative, sampled, count = 0, 0, None  # count: prompts of this round (None: a step's)
-        for _ in range(self.rounds):
-            indices = t.prompts.next_local_indices(accelerator, count)
-            rows = [t.train_rows[i] for i in indices]
-            sizes = self._group_sizes(indices)
-            with timer.phase("generate"):
-                samples = t.sample(rows, group_sizes=sizes, backend=backend)
-            with timer.phase("reward"):
-                local, failures = t.reward_matrix(samples)  # [n, F]
-                rewards = accelerator.gather(local.to(accelerator.device)).cpu()  # [P * n, F]
-                all_sizes = self._gathered(sizes)
-                all_indices = self._gathered(indices)
-            rounds.append((samples, rewards, all_sizes, all_indices, failures))
-            if not self.args.dynamic_sampling:  # one round: every group is trained on
+    def __init__(
+        self,
+        draw_round: DrawRound,
+        settings: DrawSettings,
+        reward_weights: torch.Tensor,
+        *,
+        rank: int = 0,
+        num_processes: int = 1,
+        gather: Gather | None = None,
+        prompt_stats: PromptStats | None = None,
+    ) -> None:
+        self.draw_round, self.settings, self.reward_weights = draw_round, settings, reward_weights
+        self.rank, self.num_processes, self.gather = rank, num_processes, gather
+        self.prompt_stats = prompt_stats
+
+    def draw(self, timer: PhaseTimer, backend: RolloutBackend | None = None) -> Drawn:
+        """One plain draw; with dynamic sampling, more until the step holds enough informative groups.
+        ``backend``: the sampler (default: the plain draw's)."""
+        settings = self.settings
+        rounds: list[Round] = []
+        informative, sampled, count = 0, 0, None  # count: prompts of the next round (None: a step's)
+        for _ in range(settings.max_rounds):
+            drawn = self.draw_round(count, timer, backend)
+            rounds.append(drawn)
+            if not settings.dynamic_sampling:
                 break
-            informative += sum(informative_groups(self._advantages(rewards, all_sizes, "none"), all_sizes))
-            sampled += len(all_sizes)
-            if informative >= t.plan.prompts:
+            informative += sum(self._informative(drawn.rewards, drawn.group_sizes))
+            sampled += len(drawn.group_sizes)
+            if informative >= settings.prompts:
                 break
-            count = refill_count(t.plan.prompts - informative, informative / sampled, t.plan.prompts,
-                                 accelerator.num_processes)  # fmt: skip
+            count = refill_count(settings.prompts - informative, informative / sampled, settings.prompts,
+                                 self.num_processes)  # fmt: skip
         with timer.phase("reward"):
-            return self._assemble(rounds)
+            joined = join_rounds(rounds, self.num_processes)
+            if self.prompt_stats is not None:  # every drawn group, kept or not, tells how hard its prompt is
+                combined = combine_rewards(joined.rewards, self.reward_weights)  # [M]
+                self.prompt_stats.update(joined.prompt_indices, combined, joined.group_sizes)
+        return joined
 
     def close(self) -> None:
         """Nothing runs in the background here (``sampling.async_draw.AsyncDrawer`` draws ahead)."""
 
     # ------------------------------------------------------------------------------------------------
-    def _group_sizes(self, indices: list[int]) -> list[int]:
-        """G for each of this process's prompts: num_generations, or the adaptive allocation."""
-        args, t = self.args, self.trainer
-        if not args.adaptive_num_generations:
-            return [args.num_generations] * len(indices)
-        rates = [t.prompt_stats.pass_rate(i) for i in indices]
-        budget = args.num_generations * len(indices)  # this process's share of the step's completions
-        return allocate_group_sizes(rates, budget, args.min_num_generations, args.max_num_generations)
-
-    def _gathered(self, values: list[int]) -> list[int]:
-        gather = self.trainer.gather
-        return list(values) if gather is None else list(gather(list(values)))
-
-    def _advantages(self, rewards: torch.Tensor, sizes: list[int], scale: str | None = None) -> torch.Tensor:
-        t = self.trainer
-        return multi_reward_advantages(
-            rewards,
-            t.reward_weights,
-            group_sizes=sizes,
-            scale=scale or self.args.scale_rewards,
-            aggregation=self.args.multi_objective_aggregation,
-            eps=self.args.advantage_epsilon,
-        )
-
-    def _assemble(self, rounds: list) -> Draw:
-        """Every round's groups in process-major order; the kept ones, spread evenly; their scores."""
-        t = self.trainer
-        num_processes, rank = t.accelerator.num_processes, t.accelerator.process_index
-        sampled = concat_samples([r[0] for r in rounds])
-        # [P * n_r, F] per round -> process-major over the rounds: [P, sum n_r, F] -> [M, F]
-        per_process = [
-            r[1].reshape(num_processes, r[1].shape[0] // num_processes, r[1].shape[1]) for r in rounds
-        ]
-        rewards = torch.cat(per_process, 1).flatten(0, 1)  # [M, F] (F may be 0: process rewards only)
-        sizes = _process_major([r[2] for r in rounds], num_processes)  # [groups]
-        failures = {k: sum(r[4].get(k, 0.0) for r in rounds) for k in rounds[0][4]}
-        if rewards.numel() and bool(rewards.isnan().all()):
-            logger.warning(
-                "step %d: every reward is None/NaN: the step carries no learning signal", t.step + 1
-            )
-        if t.prompt_stats is not None:  # every sampled group, kept or not, tells how hard its prompt is
-            indices = _process_major([r[3] for r in rounds], num_processes)
-            t.prompt_stats.update(indices, combine_rewards(rewards, t.reward_weights), sizes)
-        kept = self._kept_groups(rewards, sizes, num_processes)
+    def kept_groups(self, drawn: Drawn) -> KeptGroups:
+        """Every group; with dynamic sampling the first ``prompts`` informative groups, rounded down to a
+        multiple of the process count."""
+        sizes = drawn.group_sizes
+        groups = list(range(len(sizes)))
+        if self.settings.dynamic_sampling:
+            useful = self._informative(drawn.rewards, sizes)
+            informative = [g for g in groups if useful[g]][: self.settings.prompts]
+            groups = informative[: len(informative) // self.num_processes * self.num_processes]
         starts = [0, *torch.tensor(sizes).cumsum(0).tolist()]  # first row of each group
-        kept_rows = torch.tensor([r for g in kept for r in range(starts[g], starts[g + 1])], dtype=torch.long)
-        kept_sizes = [sizes[g] for g in kept]
-        kept_rewards = rewards[kept_rows]  # [N, F]
-        advantages = self._advantages(kept_rewards, kept_sizes)  # [N]
-        local = self._local_rows(kept_sizes, num_processes, rank)
-        combined = combine_rewards(kept_rewards, t.reward_weights)
-        scores = Scores(kept_rewards, combined, advantages, failures, local, group_sizes=kept_sizes)
-        metrics = {  # gradient signal per generated completion: what dynamic sampling and adaptive G aim at
-            "signal/frac_completions_nonzero_advantage": int((advantages != 0).sum()) / len(rewards),
-            "signal/sampled_completions": float(len(rewards)),
-        }
-        if self.args.adaptive_num_generations:
-            metrics |= {"adaptive/min_group": float(min(sizes)), "adaptive/max_group": float(max(sizes))}
-        if not self.args.dynamic_sampling:  # every group is trained on: what was sampled is what is kept
-            return Draw(sampled, scores, sampled, scores, metrics)
-        metrics |= {
-            "dynamic_sampling/rounds": float(len(rounds)),
-            "dynamic_sampling/kept_groups": float(len(kept)),
-            "dynamic_sampling/dropped_groups": float(len(sizes) - len(kept)),
-        }
-        kept_mask = torch.zeros(len(rewards), dtype=torch.bool)  # [M]
-        kept_mask[kept_rows] = True
-        trained = torch.zeros(len(rewards))  # [M] the advantage each row trains with (0: dropped)
-        trained[kept_rows] = advantages.cpu().float()
-        first = len(sampled.texts) * rank  # every process samples as many rows per round
-        mine_sampled = slice(first, first + len(sampled.texts))
-        combined = combine_rewards(rewards, t.reward_weights)
-        sampled_scores = Scores(rewards, combined, trained, failures, mine_sampled, sizes, kept_mask)
-        mine = self._my_groups(kept, sizes, num_processes, rank, sampled)
-        return Draw(mine, scores, sampled, sampled_scores, metrics)
+        rows = torch.tensor([r for g in groups for r in range(starts[g], starts[g + 1])], dtype=torch.long)
+        return KeptGroups(groups, rows, [sizes[g] for g in groups], drawn.rewards[rows])
 
-    def _kept_groups(self, rewards: torch.Tensor, sizes: list[int], num_processes: int) -> list[int]:
-        """Every group without dynamic sampling; with it the first ``prompts`` informative groups, rounded
-        down to a multiple of the process count."""
-        if not self.args.dynamic_sampling:
-            return list(range(len(sizes)))
-        useful = informative_groups(self._advantages(rewards, sizes, "none"), sizes)
-        informative = [g for g, ok in enumerate(useful) if ok][: self.trainer.plan.prompts]
-        return informative[: len(informative) // num_processes * num_processes]
+    def scores(
+        self, drawn: Drawn, kept: KeptGroups, advantages: torch.Tensor, step: int
+    ) -> tuple[Scores, Scores]:
+        """``(trained, drawn)``: the Scores of the kept groups ([N] rows, this process's share ``local``)
+        and of everything drawn ([M] rows; with dynamic sampling ``kept`` marks the trained rows and a
+        dropped row's advantage is 0). advantages: [N]; ``step``: the step's number (for its warning)."""
+        if drawn.rewards.numel() and bool(drawn.rewards.isnan().all()):
+            logger.warning("step %d: every reward is None/NaN: the step carries no learning signal", step)
+        weights, rank, num_processes = self.reward_weights, self.rank, self.num_processes
+        share = len(kept.sizes) // num_processes
+        first = sum(kept.sizes[: rank * share])
+        local = slice(first, first + sum(kept.sizes[rank * share : (rank + 1) * share]))
+        combined = combine_rewards(kept.rewards, weights)  # [N]
+        trained = Scores(kept.rewards, combined, advantages, drawn.failures, local, group_sizes=kept.sizes)
+        if not self.settings.dynamic_sampling:  # every group is trained on: what was drawn is what is kept
+            return trained, trained
+        rows = len(drawn.rewards)
+        kept_mask = torch.zeros(rows, dtype=torch.bool)  # [M]
+        kept_mask[kept.rows] = True
+        trained_advantages = torch.zeros(rows)  # [M] the advantage each row trains with (0: dropped)
+        trained_advantages[kept.rows] = advantages.cpu().float()
+        mine = len(drawn.samples.texts)  # every process draws as many rows per round
+        combined = combine_rewards(drawn.rewards, weights)  # [M]
+        everything = Scores(drawn.rewards, combined, trained_advantages, drawn.failures,
+                            slice(mine * rank, mine * (rank + 1)), drawn.group_sizes, kept_mask)  # fmt: skip
+        return trained, everything
 
-    def _my_groups(
-        self, kept: list[int], sizes: list[int], num_processes: int, rank: int, sampled: Samples
-    ) -> Samples:
+    def local_groups(self, drawn: Drawn, kept: KeptGroups) -> Samples:
         """This process's share of the kept groups: the k-th block of len(kept)/P groups. When that is not
-        what this process sampled, the groups' samples are gathered from every process."""
-        share = len(kept) // num_processes
-        wanted = kept[rank * share : (rank + 1) * share]
-        per_process = len(sizes) // num_processes
-        own = range(rank * per_process, (rank + 1) * per_process)
-        if num_processes > 1 and (len(kept) != len(sizes)):
-            everything = self.trainer.gather(_group_payloads(sampled))  # every process's groups, in order
+        what this process drew, the groups' samples are gathered from every process."""
+        if not self.settings.dynamic_sampling:
+            return drawn.samples
+        rank, num_processes = self.rank, self.num_processes
+        share = len(kept.groups) // num_processes
+        wanted = kept.groups[rank * share : (rank + 1) * share]
+        if num_processes > 1 and len(kept.groups) != len(drawn.group_sizes):
+            everything = self.gather(_group_payloads(drawn.samples))  # every process's groups, in order
             return _samples_from_payloads([everything[g] for g in wanted])
-        return select_groups(sampled, [g - own.start for g in wanted])
+        own_start = rank * (len(drawn.group_sizes) // num_processes)
+        return select_groups(drawn.samples, [g - own_start for g in wanted])
 
-    @staticmethod
-    def _local_rows(kept_sizes: list[int], num_processes: int, rank: int) -> slice:
-        share = len(kept_sizes) // num_processes
-        first = sum(kept_sizes[: rank * share])
-        return slice(first, first + sum(kept_sizes[rank * share : (rank + 1) * share]))
+    def metrics(self, drawn: Drawn, kept: KeptGroups, advantages: torch.Tensor) -> dict[str, float]:
+        """Gradient signal per drawn completion (what dynamic sampling and adaptive G aim at), the group
+        sizes (adaptive G), the rounds and kept/dropped groups (dynamic sampling)."""
+        rows, sizes = len(drawn.rewards), drawn.group_sizes
+        metrics = {
+            "signal/frac_completions_nonzero_advantage": int((advantages != 0).sum()) / rows,
+            "signal/sampled_completions": float(rows),
+        }
+        if self.settings.adaptive_group_sizes:
+            metrics |= {"adaptive/min_group": float(min(sizes)), "adaptive/max_group": float(max(sizes))}
+        if self.settings.dynamic_sampling:
+            metrics |= {
+                "dynamic_sampling/rounds": float(drawn.rounds),
+                "dynamic_sampling/kept_groups": float(len(kept.groups)),
+                "dynamic_sampling/dropped_groups": float(len(sizes) - len(kept.groups)),
+            }
+        return metrics
+
+    def _informative(self, rewards: torch.Tensor, sizes: list[int]) -> list[bool]:
+        """Which groups' rewards differ: non-zero centred advantages (no scaling)."""
+        advantages = multi_reward_advantages(
+            rewards, self.reward_weights, group_sizes=sizes, scale="none",
+            aggregation=self.settings.aggregation, eps=self.settings.advantage_epsilon,
+        )  # fmt: skip
+        return informative_groups(advantages, sizes)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -230,6 +319,23 @@ def refill_count(missing: int, informative_rate: float, step_prompts: int, num_p
     sampled only to be dropped beyond the batch."""
     expected = math.ceil(missing / max(informative_rate, 0.1))
     return min(step_prompts, math.ceil(expected / num_processes) * num_processes)
+
+
+def join_rounds(rounds: list[Round], num_processes: int) -> Drawn:
+    """Every round's groups in process-major order: this process's samples one after another, every
+    process's rewards, sizes and prompt indices reordered from [round][process] to [process][round]."""
+    # [P * n_r, F] per round -> [P, n_r, F] (F may be 0: process rewards only) -> [P, sum n_r, F] -> [M, F]
+    per_process = [r.rewards.unflatten(0, (num_processes, len(r.rewards) // num_processes)) for r in rounds]
+    rewards = torch.cat(per_process, 1).flatten(0, 1)  # [M, F]
+    failures = {k: sum(r.failures.get(k, 0.0) for r in rounds) for k in rounds[0].failures}
+    return Drawn(
+        samples=concat_samples([r.samples for r in rounds]),
+        rewards=rewards,
+        group_sizes=_process_major([r.group_sizes for r in rounds], num_processes),
+        prompt_indices=_process_major([r.prompt_indices for r in rounds], num_processes),
+        failures=failures,
+        rounds=len(rounds),
+    )
 
 
 def _process_major(per_round: list[list[int]], num_processes: int) -> list[int]:

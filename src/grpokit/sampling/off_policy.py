@@ -104,6 +104,7 @@ def make_sampler(
     strategy: str,
     *,
     step_sync: bool = False,
+    drawn_ahead: bool = False,
 ) -> tuple[RolloutBackend, OffPolicyCorrection]:
     """The run's generation backend and its off-policy correction.
 
@@ -114,7 +115,9 @@ def make_sampler(
     in ``generation_dtype`` when that differs from the policy's dtype (off-policy). ``strategy``: the
     placement (``parallel.distributed``); a dtype copy of FSDP-sharded weights is refused. ``step_sync``: the
     trainer pushes the weights into a vLLM backend itself at step boundaries (``sync_weights()``, within the
-    full-weights context), instead of the backend pushing them at every ``generate`` call."""
+    full-weights context), instead of the backend pushing them at every ``generate`` call. ``drawn_ahead``:
+    steps' samples are drawn ahead from older copies of the policy (``sampling.async_draw``), so they are
+    off-policy whatever the sampler."""
     if args.use_vllm:
         if rollout_backend is not None:
             raise ValueError(
@@ -131,7 +134,7 @@ def make_sampler(
     dtype = None if args.generation_dtype == "auto" else getattr(torch, args.generation_dtype)
     if dtype is None or dtype == policy_dtype(model):
         backend = make_backend(args.generation_backend, model, micro_batch_size=size)
-        return backend, OffPolicyCorrection.from_config(args, off_policy=False)
+        return backend, OffPolicyCorrection.from_config(args, off_policy=drawn_ahead)
     if strategy == "fsdp":
         raise ValueError(
             f"GRPOConfig.generation_dtype={args.generation_dtype!r} is not supported with fsdp: the policy's "

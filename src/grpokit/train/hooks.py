@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from grpokit.config import GRPOConfig
 from grpokit.rollout.records import RolloutBatch, Samples, Scores
 from grpokit.sampling.prompt_stats import Curriculum, PromptStats
 from grpokit.train.reference import Reference
@@ -119,20 +120,26 @@ class PromptStatsHook(StepHook):
             self.stats.load_state_dict(state["stats"])
 
 
-def run_hooks(trainer: Any) -> list[StepHook]:
-    """The optional behaviour a ``GRPOTrainer``'s run asked for, in the order it runs: environment episodes'
-    metrics and turn advantages, process supervision,
-    reference resets, iterative reward-model updates, the per-prompt pass rates."""
-    from grpokit.parallel.distributed import gather_across_processes
-
-    args, accelerator = trainer.args, trainer.accelerator
-    hooks: list[StepHook] = [h for h in (trainer.environment, trainer.process) if h is not None]
-    if trainer.reference is not None and args.sync_ref_model:
-        hooks.append(ReferenceSync(trainer.reference, args.ref_model_sync_steps, args.ref_model_mixup_alpha))
-    if trainer.iterative is not None:
-        trainer.iterative.reference = trainer.reference
-        trainer.iterative.gather = gather_across_processes(accelerator)
-        hooks.append(trainer.iterative)
-    if trainer.prompt_stats is not None:  # pass-rate estimates: checkpointed, curriculum metrics
-        hooks.append(PromptStatsHook(trainer.prompt_stats, trainer.prompts.curriculum))
+def run_hooks(
+    args: GRPOConfig,
+    *,
+    episodes: StepHook | None = None,
+    process: StepHook | None = None,
+    reference: Reference | None = None,
+    iterative: StepHook | None = None,
+    prompt_stats: PromptStats | None = None,
+    curriculum: Curriculum | None = None,
+) -> list[StepHook]:
+    """The optional behaviour a run asked for, in the order it runs: the episodes' metrics and turn
+    advantages, process supervision, reference resets (``sync_ref_model``), the iterative reward model's
+    updates, each followed by a reset of the reference to the policy, the per-prompt pass rates."""
+    hooks: list[StepHook] = [h for h in (episodes, process) if h is not None]
+    if reference is not None and args.sync_ref_model:
+        hooks.append(ReferenceSync(reference, args.ref_model_sync_steps, args.ref_model_mixup_alpha))
+    if iterative is not None:
+        hooks.append(iterative)
+        if reference is not None:  # iterative GRPO: pi_ref <- pi_theta after every reward-model update
+            hooks.append(ReferenceSync(reference, args.iteration_steps, 1.0))
+    if prompt_stats is not None:  # pass-rate estimates: checkpointed, curriculum metrics
+        hooks.append(PromptStatsHook(prompt_stats, curriculum))
     return hooks

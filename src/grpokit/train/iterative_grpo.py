@@ -8,7 +8,8 @@ Every step the hook keeps the step's completions (``on_scored``); every ``iterat
    outcome reward comparing with the dataset's gold answers; a step verifier for a process RM);
 2. trains the reward model on them mixed with replayed history (``replay_ratio``), logging ``rm/*`` (loss
    and accuracy on the fresh samples before and after, replay buffer size);
-3. resets the reference model to the current policy.
+3. then the reference model is reset to the current policy (a ``ReferenceSync`` hook every
+   ``iteration_steps`` steps, right after this one: ``train.hooks.run_hooks``).
 
 Scoring goes on with the same module, now updated (``IterativeRewardModel.reward_func``). The reward model
 itself, its training and its replay buffer are :mod:`grpokit.rm`.
@@ -31,19 +32,23 @@ from grpokit.rewards.process_rewards import resolve_process_reward_funcs
 from grpokit.rm import IterativeRewardModel, label_samples
 from grpokit.rollout.records import Samples, Scores
 from grpokit.train.hooks import StepHook
-from grpokit.train.reference import Reference
 
 __all__ = ["IterativeGRPO", "rm_metric_summary"]
 
 
 class IterativeGRPO(StepHook):
-    """The trainer's side of iterative GRPO: the reward model being trained, its labeller, the completions
-    kept since the last update, and the reference it resets."""
+    """The trainer's side of iterative GRPO: the reward model being trained, its labeller and the completions
+    kept since the last update. ``gather``: collects every process's kept completions (None with one
+    process), so that every process trains the same reward model on the same data."""
 
     checkpoint_key = "iterative"
 
     def __init__(
-        self, reward_model: IterativeRewardModel, label_func: Callable[..., Any], every: int
+        self,
+        reward_model: IterativeRewardModel,
+        label_func: Callable[..., Any],
+        every: int,
+        gather: Callable[[list[Any]], list[Any]] | None = None,
     ) -> None:
         if every < 1:
             raise ValueError(
@@ -54,15 +59,17 @@ class IterativeGRPO(StepHook):
         self.label_func = label_func
         self.every = every
         self.pending: list[tuple[dict[str, Any], str, list[int]]] = []
-        self.reference: Reference | None = None
-        """Reset to the policy after each update (set by the trainer)."""
-        self.gather: Callable[[list[Any]], list[Any]] | None = None
-        """Collects every process's pending completions (set by the trainer under several processes)."""
+        self.gather = gather
         self._metrics: dict[str, float] = {}
 
     @classmethod
     def from_config(
-        cls, spec: Any, label_func: Any, args: GRPOConfig, device: torch.device | str | None = None
+        cls,
+        spec: Any,
+        label_func: Any,
+        args: GRPOConfig,
+        device: torch.device | str | None = None,
+        gather: Callable[[list[Any]], list[Any]] | None = None,
     ) -> IterativeGRPO | None:
         """The hook for ``GRPOTrainer(iterative_reward_model=spec, rm_label_func=label_func)``, or None
         without one; ``iteration_steps`` and an iterative reward model go together."""
@@ -73,11 +80,16 @@ class IterativeGRPO(StepHook):
                     "model alone, use sync_ref_model and ref_model_sync_steps)"
                 )
             return None
-        return cls.build(spec, label_func, args, device)
+        return cls.build(spec, label_func, args, device, gather)
 
     @classmethod
     def build(
-        cls, spec: Any, label_func: Any, args: GRPOConfig, device: torch.device | str | None = None
+        cls,
+        spec: Any,
+        label_func: Any,
+        args: GRPOConfig,
+        device: torch.device | str | None = None,
+        gather: Callable[[list[Any]], list[Any]] | None = None,
     ) -> IterativeGRPO:
         """``spec``: an ``IterativeRewardModel`` (used as is, with its own settings) or a reward-model
         directory (``grpokit train-rm`` output; built with the ``rm_*``/``replay_ratio`` fields of ``args``,
@@ -119,7 +131,7 @@ class IterativeGRPO(StepHook):
                 label_func = resolve_process_reward_funcs([label_func], delimiter=args.step_delimiter)[0]
             else:
                 label_func = resolve_reward(label_func)
-        return cls(reward_model, label_func, args.iteration_steps)
+        return cls(reward_model, label_func, args.iteration_steps, gather)
 
     @property
     def kind(self) -> str:
@@ -140,8 +152,6 @@ class IterativeGRPO(StepHook):
         self._metrics = {}
         if step % self.every == 0:
             self._metrics = self.update()
-            if self.reference is not None:
-                self.reference.reset(1.0)
         self._metrics["rm/replay_size"] = float(len(self.reward_model.buffer))
 
     def metrics(self) -> dict[str, float]:

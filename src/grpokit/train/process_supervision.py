@@ -1,5 +1,6 @@
-"""Process supervision, a step hook: score every step of every completion, then turn the step rewards into
-per-token advantages [n, C], combined with the outcome advantages.
+"""Process supervision, step hooks: score every step of every completion, then turn the step rewards into
+per-token advantages [n, C], combined with the outcome advantages (:class:`ProcessSupervision`); an
+environment's per-turn rewards as the step rewards of its episodes (:class:`EpisodeSupervision`).
 
 DeepSeekMath (arXiv:2402.03300) section 4.1.3; docs/process-supervision.md. For the n local completions
 (whole groups of G), with C the padded completion width of the RolloutBatch:
@@ -25,6 +26,7 @@ from grpokit.config import GRPOConfig
 from grpokit.core import combine_outcome_and_process, process_advantages
 from grpokit.data.chat import as_completion
 from grpokit.data.loading import reward_columns
+from grpokit.envs.episodes import Episode, episode_metrics
 from grpokit.rewards.process_rewards import (
     ProcessRewardModel,
     ProcessScores,
@@ -35,7 +37,7 @@ from grpokit.rewards.scoring import reward_names, reward_weights
 from grpokit.rollout.records import RolloutBatch, Samples, Scores
 from grpokit.train.hooks import StepHook
 
-__all__ = ["ProcessSupervision", "token_abs_mean", "token_advantages"]
+__all__ = ["EpisodeSupervision", "ProcessSupervision", "token_abs_mean", "token_advantages"]
 
 
 class ProcessSupervision(StepHook):
@@ -105,6 +107,43 @@ class ProcessSupervision(StepHook):
         }
 
 
+class EpisodeSupervision(StepHook):
+    """A run's episodes in the step: their ``env/*`` metrics and, with ``turn_advantages``, their per-turn
+    rewards as process supervision. Each policy turn is a step whose reward is the environment's reward for
+    that turn (0 where it gave none), normalised within the group, plus the outcome advantage
+    (:func:`token_advantages`, as for process rewards)."""
+
+    def __init__(self, args: GRPOConfig) -> None:
+        self.args = args
+        self._metrics: dict[str, float] = {}
+        self._episodes: list[Episode] = []
+
+    @classmethod
+    def for_run(cls, args: GRPOConfig, has_environment: bool) -> EpisodeSupervision | None:
+        """The hook of a run with an environment; None without one (``turn_advantages`` then refused)."""
+        if has_environment:
+            return cls(args)
+        if args.turn_advantages:
+            raise ValueError("GRPOConfig.turn_advantages needs an environment (its per-turn rewards)")
+        return None
+
+    def on_scored(self, step: int, samples: Samples, scores: Scores) -> None:
+        self._episodes = list(samples.episodes or [])
+        self._metrics = episode_metrics(self._episodes)
+
+    def on_batch(self, batch: RolloutBatch) -> None:
+        """``turn_advantages``: outcome advantages [n] -> token advantages [n, C] from the turn rewards."""
+        if not self.args.turn_advantages or not self._episodes:
+            return
+        rewards = [[0.0 if r is None else r for r in e.turn_rewards] for e in self._episodes]
+        ends = [e.turn_ends[: len(r)] for e, r in zip(self._episodes, rewards)]  # turns the env answered
+        batch.advantages = token_advantages(rewards, ends, batch.advantages, batch.completion_mask, self.args)
+        self._metrics["advantages/token_abs_mean"] = token_abs_mean(batch.advantages, batch.completion_mask)
+
+    def metrics(self) -> dict[str, float]:
+        return self._metrics
+
+
 def token_advantages(
     step_rewards: Sequence[Sequence[float]],
     step_ends: Sequence[Sequence[int]],
@@ -115,7 +154,7 @@ def token_advantages(
     """Token advantages [n, C] from step rewards (the step ending at token ``step_ends[i][j]`` of
     completion i), normalised within each group of ``num_generations``, combined with the outcome
     advantages [n] by ``outcome_advantage_weight`` / ``process_advantage_weight`` (module docstring).
-    Shared by process rewards and by an environment's per-turn rewards (``train.environment``)."""
+    Shared by process rewards and by an environment's per-turn rewards (:class:`EpisodeSupervision`)."""
     process = process_advantages(
         step_rewards,
         step_ends,

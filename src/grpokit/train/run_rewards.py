@@ -3,6 +3,7 @@ the iterative reward model, and the environment's own reward, resolved from ``GR
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,14 +43,16 @@ def run_rewards(
     device: torch.device,
     *,
     has_environment: bool = False,
+    gather: Callable[[list[Any]], list[Any]] | None = None,
 ) -> RunRewards:
     """Resolve the trainer's reward arguments. A run with an environment and no reward functions is scored
     by the environment's own reward (``environment_reward``). The reward model iterative GRPO trains is the
-    one that scores: appended to the process rewards (process RM) or the outcome rewards (outcome RM)."""
+    one that scores: appended to the process rewards (process RM) or the outcome rewards (outcome RM); it
+    learns from every process's samples (``gather``, None with one process)."""
     empty = reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and not reward_funcs)
     if has_environment and empty:
         reward_funcs = [environment_reward]
-    iterative = IterativeGRPO.from_config(iterative_reward_model, rm_label_func, args, device)
+    iterative = IterativeGRPO.from_config(iterative_reward_model, rm_label_func, args, device, gather)
     process_specs = list(process_reward_funcs or [])
     outcome_specs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     if iterative is not None:

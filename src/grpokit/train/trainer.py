@@ -1,9 +1,12 @@
-"""GRPOTrainer: the GRPO loop, one step read top to bottom (sample, score, advantages, batch, update, log).
+"""GRPOTrainer: the GRPO loop, one step read top to bottom (draw, score, advantages, batch, fixed log-probs,
+update, log).
 
 DeepSeekMath (arXiv:2402.03300), Algorithm 1: per step set pi_old <- pi_theta, sample G outputs per
 question, score them, normalise rewards per group, then mu policy updates on the same samples. The same step
-without the trainer's machinery is ``examples/grpo_minimal.py``; optional behaviour (process supervision,
-reference resets, iterative reward models) is in step hooks (``grpokit.train.hooks``).
+without the trainer's machinery is ``examples/grpo_minimal.py``. Which groups a step draws and keeps
+(dynamic sampling, adaptive G, curriculum, drawing ahead) is ``grpokit.sampling``, around the plain draw
+``draw_round``; optional behaviour (process supervision, reference resets, iterative reward models) is in
+step hooks (``grpokit.train.hooks``). Helpers get what they need as arguments; none changes the trainer.
 """
 
 from __future__ import annotations
@@ -12,14 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate.utils import set_seed
+from accelerate.utils import gather_object, set_seed
 from tqdm.auto import tqdm
 
 from grpokit.config import GRPOConfig
 from grpokit.config.trl_fields import refuse_trainer_arguments
-from grpokit.core import PolicyLoss
+from grpokit.core import PolicyLoss, multi_reward_advantages
 from grpokit.data.chat import encode_prompt
 from grpokit.data.loading import load_dataset_rows
+from grpokit.envs.sampler import EpisodeSampler, EpisodeSettings, sample_groups, template_kwargs
+from grpokit.models.policy import check_special_tokens, load_policy, tokenizer_of
 from grpokit.parallel.cpu_runtime import apply_cpu_runtime
 from grpokit.parallel.distributed import (
     any_process,
@@ -30,25 +35,23 @@ from grpokit.parallel.distributed import (
     prepare_policy,
 )
 from grpokit.parallel.run_state import RunState
+from grpokit.parallel.stopping import NonfiniteGuard, StopSignals
 from grpokit.parallel.threads import ThreadPolicy
 from grpokit.reporting.callbacks import Callbacks
 from grpokit.reporting.completion_log import CompletionLog
-from grpokit.reporting.metrics import PhaseTimer, progress_fields, step_metrics
+from grpokit.reporting.metrics import PhaseTimer, progress_fields, reward_means, step_metrics
 from grpokit.reporting.metrics_log import MetricsLogger, plot_metrics
 from grpokit.reporting.publish import Publisher
 from grpokit.rollout import RolloutBackend, SamplingParams
-from grpokit.rollout.records import Samples, Scores
+from grpokit.rollout.records import RolloutBatch, Samples
 from grpokit.rollout.vllm_backend import require_vllm
-from grpokit.sampling.async_draw import async_drawer, check_async_generation
-from grpokit.sampling.groups import GroupDrawer, prompt_statistics
+from grpokit.sampling.async_draw import AsyncDrawer, check_async_generation, draws_ahead
+from grpokit.sampling.groups import DrawSettings, GroupDrawer, GroupSizes, Round, prompt_statistics
 from grpokit.sampling.off_policy import make_sampler
-from grpokit.train import environment as episodes
 from grpokit.train.batch import LogprobPass, pad_samples, score_samples
-from grpokit.train.evaluation import greedy_reward_means
 from grpokit.train.forward import PolicyLogprobs
-from grpokit.train.guards import NonfiniteGuard, StopSignals
 from grpokit.train.hooks import StepHooks, run_hooks
-from grpokit.train.policy import check_special_tokens, load_policy, load_tokenizer
+from grpokit.train.process_supervision import EpisodeSupervision
 from grpokit.train.prompts import PromptSampler, check_prompt_lengths
 from grpokit.train.reference import Reference, refuse_resets_of_adapter_reference
 from grpokit.train.run_rewards import run_rewards
@@ -133,25 +136,25 @@ class GRPOTrainer:
         self.publisher = Publisher(self.args, model, train_dataset, is_main=main)  # checks hub access
         self.plan = self.args.batch_plan(self.accelerator.num_processes)
         remote = self.args.trust_remote_code
-        self.tokenizer = processing_class if processing_class is not None else load_tokenizer(model, remote)
+        self.tokenizer = processing_class if processing_class is not None else tokenizer_of(model, remote)
         check_special_tokens(self.tokenizer)
         self.train_rows = self._load_rows(train_dataset, "train_dataset")
         self.eval_rows = self._load_rows(eval_dataset, "eval_dataset") if eval_dataset is not None else None
-        self.environment = episodes.EnvironmentEpisodes.for_run(
-            self.args, environment, self.tokenizer, self.train_rows, tools
+        # G episodes per prompt instead of G completions when the run has an environment (grpokit.envs)
+        self.episodes = EpisodeSampler.for_run(
+            environment, tools, self.train_rows, self.tokenizer, EpisodeSettings.from_config(self.args)
         )
+        episode_hook = EpisodeSupervision.for_run(self.args, self.episodes is not None)  # env/*, turn rewards
         self.model = load_policy(model, self.args, peft_config)
-        device = self.accelerator.device
+        self.gather = gather_across_processes(self.accelerator)  # lists from every process, or None
         rewards = run_rewards(
             self.args, reward_funcs, process_reward_funcs, iterative_reward_model, rm_label_func,
-            self.tokenizer, device, has_environment=self.environment is not None,
+            self.tokenizer, self.accelerator.device, has_environment=self.episodes is not None,
+            gather=self.gather,
         )  # fmt: skip
-        self.iterative, self.process, self.reward_weights = (
-            rewards.iterative,
-            rewards.process,
-            rewards.weights,
-        )
+        self.iterative, self.process = rewards.iterative, rewards.process  # optional step hooks
         self.reward_funcs, self.reward_names = rewards.funcs, rewards.names
+        self.reward_weights = rewards.weights  # [F]
         self.reference = Reference.for_run(self.model, self.args, adapter_disabled=peft_config is not None)
         self.schedule = RunSchedule.from_config(self.args, len(self.train_rows), self.plan)
         self.max_steps = self.schedule.max_steps
@@ -164,13 +167,16 @@ class GRPOTrainer:
         placed = self.placed
         self.policy, self.optimizer, self.scheduler = placed.policy, placed.optimizer, placed.scheduler
         self.zero = placed.zero
-        # the sampler (the policy, its copy in generation_dtype, or rollout_backend) and its IS correction
+        check_async_generation(self.args, self.accelerator.num_processes, self.strategy, rollout_backend)
+        # the sampler (the policy, its copy in generation_dtype, or rollout_backend) and its IS correction,
+        # on for every batch when the samples are drawn ahead from older copies of the policy
+        ahead = draws_ahead(self.args)
         self.backend, self.correction = make_sampler(
-            self.args, self.generation_model, rollout_backend, self.strategy
+            self.args, self.generation_model, rollout_backend, self.strategy, drawn_ahead=ahead
         )
         self.prompt_stats, curriculum = prompt_statistics(self.args, len(self.train_rows))
         self.prompts = PromptSampler(len(self.train_rows), self.plan.prompts, self.args, curriculum)
-        self.gather = gather_across_processes(self.accelerator)  # lists from every process, or None
+        self.group_sizes = GroupSizes.from_config(self.args, self.prompt_stats)  # G of each prompt
         # From here each process draws its own random numbers (sampling, row order): seed + process index.
         set_seed(self.args.seed, device_specific=True)
         self.generator = torch.Generator().manual_seed(self.args.seed + self.accelerator.process_index)
@@ -179,15 +185,26 @@ class GRPOTrainer:
         self.update_context = UpdateContext.from_accelerator(
             self.accelerator, self.loss, placed, self.generator
         )
-        self.hooks = StepHooks(run_hooks(self))
+        self.hooks = StepHooks(run_hooks(
+            self.args, episodes=episode_hook, process=self.process, reference=self.reference,
+            iterative=self.iterative, prompt_stats=self.prompt_stats, curriculum=curriculum,
+        ))  # fmt: skip
         self.completion_log = CompletionLog(
             self.args.output_dir, self.args.log_completions, self.args.num_completions_to_print,
             reward_names=self.reward_names, is_logged=self.schedule.logs, gather=self.gather,
             enabled=self.accelerator.is_main_process,
         )  # fmt: skip
-        check_async_generation(self.args, self.accelerator.num_processes, self.strategy, rollout_backend)
-        # which groups each step trains on (dynamic sampling, adaptive G), drawn ahead with async_generation
-        self.groups = async_drawer(self, GroupDrawer(self))
+        # which groups each step trains on: rounds of draw_round (dynamic sampling, adaptive G, curriculum)
+        process_rewards = self.process is not None  # dynamic sampling and adaptive G are refused with them
+        settings = DrawSettings.from_config(self.args, self.plan.prompts, process_rewards=process_rewards)
+        self.groups = GroupDrawer(
+            self.draw_round, settings, self.reward_weights, rank=self.accelerator.process_index,
+            num_processes=self.accelerator.num_processes, gather=self.gather, prompt_stats=self.prompt_stats,
+        )  # fmt: skip
+        # with async_generation the steps' groups are drawn ahead, in the background
+        self.draws: GroupDrawer | AsyncDrawer = self.groups
+        if ahead:
+            self.draws = AsyncDrawer.from_config(self.args, self.groups.draw, self.generation_model)
         self.logger = MetricsLogger.from_config(self.args, enabled=self.accelerator.is_main_process)
         self.callbacks = Callbacks(
             callbacks, self.args, model=self.model, processing_class=self.tokenizer,
@@ -258,18 +275,19 @@ class GRPOTrainer:
                 if schedule.ends_epoch(self.step):
                     callbacks.event("on_epoch_end")
                 if schedule.saves(self.step) or control.should_save:
-                    self.publisher.checkpoint_saved(self.save_checkpoint(), self)
+                    path = self.save_checkpoint()
+                    self.publisher.checkpoint_saved(path, self.step, self.reward_names, self.logger.read)
                 if control.should_training_stop:
                     break
         bar.close()
-        self.groups.close()  # no more draws ahead
+        self.draws.close()  # no more draws ahead
         if self.stopped_by is None:
             self.save_model(self.args.output_dir)
             if self.iterative is not None and main:
                 self.iterative.save(Path(self.args.output_dir) / "reward_model")
             if main:
                 plot_metrics(self.logger.read(), Path(self.args.output_dir) / "metrics.png")
-            self.publisher.run_finished(self)
+            self.publisher.run_finished(self.reward_names, self.logger.read)
         callbacks.event("on_train_end")
         return history
 
@@ -287,54 +305,75 @@ class GRPOTrainer:
     def training_step(self) -> dict[str, float]:
         """One GRPO step on this process's share of the prompts; the metrics of the whole batch."""
         timer, step = PhaseTimer(), self.step + 1
-        # 1-3. sample prompts and G completions for each from the current policy (pi_old = pi_theta), score
-        #      them with every reward function, group-relative advantages over all processes; dynamic
-        #      sampling repeats 1-2 until the step holds enough informative groups (sampling.groups)
-        draw = self.groups.draw(timer)
-        samples, scores = draw.samples, draw.scores
+        # 1-2. draw prompts and G completions of each from the current policy (pi_old = pi_theta) and score
+        #      them, every process's rewards [M, F] in process-major order: ``draw_round`` once, or until the
+        #      step holds enough informative groups (dynamic sampling); drawn ahead with async_generation
+        drawn = self.draws.draw(timer)
+        # 3. group-relative advantages over the groups the step trains on (all of them; with dynamic
+        #    sampling the informative ones, spread evenly over the processes)
         with timer.phase("reward"):
-            self.hooks.on_scored(step, draw.sampled, draw.sampled_scores)  # process rewards, RM samples
-            self.completion_log.record(step, draw.sampled, draw.sampled_scores)  # at the logged steps
+            kept = self.groups.kept_groups(drawn)
+            advantages = multi_reward_advantages(
+                kept.rewards, self.reward_weights, group_sizes=kept.sizes, scale=self.args.scale_rewards,
+                aggregation=self.args.multi_objective_aggregation, eps=self.args.advantage_epsilon,
+            )  # [N]  # fmt: skip
+            scores, drawn_scores = self.groups.scores(drawn, kept, advantages, step)
+            samples = self.groups.local_groups(drawn, kept)  # this process's share of the kept groups
+            self.hooks.on_scored(step, drawn.samples, drawn_scores)  # process rewards, episodes, RM samples
+            self.completion_log.record(step, drawn.samples, drawn_scores)  # at the logged steps
         update, num_tokens = {}, 0
         if samples.texts:  # empty only when dynamic sampling found no informative group: nothing to train on
-            update, num_tokens = self.learn(samples, scores, timer)  # 4-6: batch, fixed log-probs, update
+            # 4. one RolloutBatch: padded ids and masks, this process's advantages
+            with timer.phase("batch"):
+                batch = self.rollout_batch(samples, scores.advantages[scores.local])
+            # 5. fixed log-probs [n, C]: pi_old only when the update is off-policy (mu > 1, several
+            #    optimizer steps per generation, or a sampler that is not pi_old: IS weights
+            #    pi_old / pi_sampler); pi_ref if beta > 0
+            with timer.phase("old_logprobs"), self.accelerator.autocast():
+                off_policy = self.plan.optimizer_steps > 1 or self.correction.applies(batch)
+                batch.old_logps = self.logprob_pass(self.placed.scorer, batch) if off_policy else None
+                correction = self.correction(batch)  # batch.importance_weights [n, C], their metrics
+            with timer.phase("reference"), self.accelerator.autocast():
+                ref = self.reference
+                batch.ref_logps = ref.logprobs(batch, self.logprob_pass) if ref is not None else None
+            # 6. mu epochs of clipped policy-gradient updates on the same samples
+            with timer.phase("update"):
+                update = {**run_update(batch, self.args, self.update_context), **correction}
+            num_tokens = batch.num_completion_tokens()
         # 7. what follows the update (reference reset, RM update), then metrics describing the whole batch
         with timer.phase("after_update"):
             self.hooks.after_update(step)
         metrics = step_metrics(
-            scores=draw.sampled_scores,
-            reward_names=self.reward_names,
-            group_size=None,
-            group_sizes=draw.sampled_scores.group_sizes,
-            generated=draw.sampled.generated,
-            update=update,
-            extra={**self.hooks.metrics(), **draw.metrics},
-            learning_rate=self.scheduler.get_last_lr()[0],
-            num_tokens=num_tokens,
-            timer=timer,
-        )
+            scores=drawn_scores, reward_names=self.reward_names, group_size=None,
+            group_sizes=drawn_scores.group_sizes, generated=drawn.samples.generated, update=update,
+            extra={**self.hooks.metrics(), **self.groups.metrics(drawn, kept, advantages), **drawn.metrics},
+            learning_rate=self.scheduler.get_last_lr()[0], num_tokens=num_tokens, timer=timer,
+        )  # fmt: skip
         return merged_across_processes(self.accelerator, metrics)
 
-    def learn(self, samples: Samples, scores: Scores, timer: PhaseTimer) -> tuple[dict[str, float], int]:
-        """Steps 4-6 on this process's groups; returns the update's metrics and the completion tokens."""
-        # 4. one RolloutBatch: padded ids and masks, this process's advantages
-        with timer.phase("batch"):
-            batch = pad_samples(samples, scores.advantages[scores.local], **self._padding())
-            self.hooks.on_batch(batch)  # process supervision: per-token advantages [n, C]
-        # 5. fixed log-probs: pi_old only when the update is off-policy (mu > 1, several optimizer steps per
-        #    generation, or a sampler that is not pi_old: IS weights pi_old / pi_sampler), pi_ref if beta > 0
-        with timer.phase("old_logprobs"), self.accelerator.autocast():
-            off_policy = self.plan.optimizer_steps > 1 or self.correction.applies(batch)
-            batch.old_logps = self.logprob_pass(self.placed.scorer, batch) if off_policy else None
-            correction = self.correction(
-                batch
-            )  # batch.importance_weights, their metrics (sampling.off_policy)
-        with timer.phase("reference"), self.accelerator.autocast():
-            batch.ref_logps = self.reference.logprobs(batch, self.logprob_pass) if self.reference else None
-        # 6. mu epochs of clipped policy-gradient updates
-        with timer.phase("update"):
-            update = run_update(batch, self.args, self.update_context)
-        return {**update, **correction}, batch.num_completion_tokens()
+    def draw_round(
+        self, count: int | None, timer: PhaseTimer, backend: RolloutBackend | None = None
+    ) -> Round:
+        """Steps 1-2 once (the plain draw): this process's share of the next ``count`` prompts of all
+        processes (None: a step's), G completions of each (``group_sizes``) from the current policy (or
+        ``backend``), their reward matrix, and every process's."""
+        indices = self.prompts.next_local_indices(self.accelerator, count)
+        sizes = self.group_sizes(indices)  # num_generations each, or the adaptive allocation
+        # 1. draw
+        with timer.phase("generate"):
+            samples = self.sample([self.train_rows[i] for i in indices], group_sizes=sizes, backend=backend)
+        # 2. score: every reward function on every completion; the reward matrix of every process
+        with timer.phase("reward"):
+            rewards, failures = self.reward_matrix(samples)  # [n, F], NaN where a function returned None
+            every = self.accelerator.gather(rewards.to(self.accelerator.device)).cpu()  # [P * n, F]
+            return Round(samples, every, self._gathered(sizes), self._gathered(indices), failures)
+
+    def rollout_batch(self, samples: Samples, advantages: torch.Tensor) -> RolloutBatch:
+        """Step 4: prompts left-padded, completions right-padded, ``advantages`` [n] (this process's);
+        the hooks may then change them (process supervision: per-token advantages [n, C])."""
+        batch = pad_samples(samples, advantages, **self._padding())
+        self.hooks.on_batch(batch)
+        return batch
 
     # ------------------------------------------------------------------------------------------------
     def sample(
@@ -347,13 +386,8 @@ class GRPOTrainer:
         prompt_ids = [self.encode_prompt(row["prompt"]) for row in rows]
         # mixed precision applies to every model pass, not only the update; full weights to generate from
         with self.accelerator.autocast(), self.placed.generation_weights():  # episodes with an environment
-            generated, rows, run = episodes.sample_groups(
-                self.environment,
-                backend or self.backend,
-                rows,
-                prompt_ids,
-                sizes,
-                self.sampling_params(greedy),
+            generated, rows, run = sample_groups(
+                self.episodes, backend or self.backend, rows, prompt_ids, sizes, self.sampling_params(greedy)
             )
         texts = self.tokenizer.batch_decode(generated.completion_ids, skip_special_tokens=True)
         return Samples(rows, prompt_ids, generated, texts, group_sizes=sizes, episodes=run)
@@ -364,12 +398,22 @@ class GRPOTrainer:
         return score_samples(self.reward_funcs, samples, state, self.args.reward_failure)
 
     def evaluate(self, eval_dataset: Any = None, batch_size: int = 64) -> dict[str, float]:
-        """``eval/reward`` and ``eval/rewards/<name>/mean`` of greedy completions of ``eval_dataset``
-        (default: the trainer's), every row counted once across processes (``train.evaluation``)."""
+        """``eval/reward`` and ``eval/rewards/<name>/mean`` of one greedy completion per row of
+        ``eval_dataset`` (default: the trainer's). Each process completes every ``num_processes``-th row
+        and the rewards are gathered, so every row counts once."""
         rows = self.eval_rows if eval_dataset is None else self._load_rows(eval_dataset, "eval_dataset")
         if rows is None:
             raise ValueError("evaluate: no eval_dataset (give one here or to GRPOTrainer)")
-        return greedy_reward_means(self, rows, batch_size)
+        num_funcs, num_processes = len(self.reward_funcs), self.accelerator.num_processes
+        share = rows[self.accelerator.process_index :: num_processes]
+        parts = [torch.empty(0, num_funcs)]
+        for start in range(0, len(share), batch_size):
+            samples = self.sample(share[start : start + batch_size], greedy=True)
+            parts.append(self.reward_matrix(samples)[0])
+        matrix = torch.cat(parts)  # [len(share), F]
+        if num_processes > 1:  # every process's rows, in process order
+            matrix = torch.tensor(gather_object(matrix.tolist()), dtype=torch.float32).reshape(-1, num_funcs)
+        return reward_means(matrix, self.reward_weights, self.reward_names, prefix="eval/")
 
     def _load_rows(self, source: Any, name: str) -> list[dict[str, Any]]:
         """Rows of a data set in any form (``grpokit.data``: names, files, folders, Datasets, lists), with the
@@ -380,15 +424,17 @@ class GRPOTrainer:
 
     def encode_prompt(self, prompt: Any) -> list[int]:
         """Token ids of a prompt (chat template for message lists), cut from the left to max_prompt_length."""
-        kwargs = episodes.template_kwargs(
-            self.environment, self.args.chat_template_kwargs
-        )  # an environment's tools
+        kwargs = template_kwargs(self.episodes, self.args.chat_template_kwargs)  # an environment's tools
         return encode_prompt(prompt, self.tokenizer, self.args.max_prompt_length, kwargs)
 
     def sampling_params(self, greedy: bool = False) -> SamplingParams:
         return SamplingParams.from_config(self.args, self.tokenizer, greedy=greedy)
 
     # ------------------------------------------------------------------------------------------------
+    def _gathered(self, values: list[int]) -> list[int]:
+        """``values`` of every process, in process order."""
+        return list(values) if self.gather is None else list(self.gather(list(values)))
+
     def _padding(self) -> dict[str, Any]:
         return {
             "pad_token_id": self.sampling_params().pad_token_id,

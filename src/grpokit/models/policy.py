@@ -4,24 +4,34 @@ adapters, ``disable_dropout``."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from grpokit.config import GRPOConfig
-from grpokit.models.loading import load_tokenizer as load_saved_tokenizer
+from grpokit.models.loading import load_tokenizer
 
 __all__ = [
+    "PolicyOptions",
     "check_model_source",
     "check_special_tokens",
     "check_target_modules",
     "disable_dropout",
     "enable_gradient_checkpointing",
     "load_policy",
-    "load_tokenizer",
     "model_init_kwargs",
+    "tokenizer_of",
 ]
+
+
+class PolicyOptions(Protocol):
+    """The fields of ``GRPOConfig`` that say how the policy loads."""
+
+    model_init_kwargs: dict[str, Any] | None
+    trust_remote_code: bool
+    gradient_checkpointing: bool
+    gradient_checkpointing_kwargs: dict[str, Any] | None
+    disable_dropout: bool
 
 
 def check_model_source(model: str | Path | torch.nn.Module) -> None:
@@ -50,18 +60,19 @@ def check_special_tokens(tokenizer: Any) -> None:
         tokenizer.pad_token = tokenizer.eos_token
 
 
-def load_tokenizer(model: str | Path | torch.nn.Module, trust_remote_code: bool = False) -> Any:
-    """The tokenizer saved with ``model`` (a path/hub id, or a model whose config names its path)."""
+def tokenizer_of(model: str | Path | torch.nn.Module, trust_remote_code: bool = False) -> Any:
+    """The tokenizer saved with the policy ``model`` (a path/hub id, or a model whose config names its
+    path), loaded by :func:`grpokit.models.loading.load_tokenizer`, with a pad token."""
     check_model_source(model)
     source = model if isinstance(model, (str, Path)) else getattr(model, "name_or_path", None)
     if not source:
         raise ValueError("processing_class is required when model is an in-memory module without a path")
-    tokenizer = load_saved_tokenizer(str(source), trust_remote_code=trust_remote_code)
+    tokenizer = load_tokenizer(str(source), trust_remote_code=trust_remote_code)
     check_special_tokens(tokenizer)
     return tokenizer
 
 
-def model_init_kwargs(args: GRPOConfig) -> dict[str, Any]:
+def model_init_kwargs(args: PolicyOptions) -> dict[str, Any]:
     """``from_pretrained`` keyword arguments: ``args.model_init_kwargs`` with ``dtype`` (or TRL's older
     ``torch_dtype``) as a torch dtype (``"auto"`` kept; default float32), "true"/"false" as booleans, and
     ``trust_remote_code`` when the config's field says so."""
@@ -124,7 +135,7 @@ def check_target_modules(model: torch.nn.Module, peft_config: Any) -> None:
 
 
 def load_policy(
-    model: str | Path | torch.nn.Module, args: GRPOConfig, peft_config: Any = None
+    model: str | Path | torch.nn.Module, args: PolicyOptions, peft_config: Any = None
 ) -> torch.nn.Module:
     """A causal LM from a path / hub id (``from_pretrained`` with ``args.model_init_kwargs``; float32 weights
     unless they name a ``dtype``; accelerate handles mixed precision) or the module as given."""

@@ -1,0 +1,139 @@
+"""A run's episodes as its completions: where a step would sample G completions of a prompt, an environment
+run plays G episodes (``grpokit.envs.episodes``).
+
+The episodes' columns (``env_reward``, ``env_actions``, ...) join each row, so reward functions read them
+like any column, and the built-in ``environment_reward`` is the environment's own reward.
+:func:`sample_groups` is what a step calls either way: ``rollout.generate_groups`` without an environment,
+:meth:`EpisodeSampler.generate` with one.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpokit.envs.episodes import Episode, EpisodeRunner, as_generation_output, with_episode_columns
+from grpokit.envs.tools import ToolEnvironment
+from grpokit.envs.turns import open_session
+from grpokit.rollout import RolloutBackend, SamplingParams, generate_groups
+from grpokit.rollout.base import GenerationOutput
+
+__all__ = ["EpisodeSampler", "EpisodeSettings", "sample_groups", "template_kwargs"]
+
+
+@dataclass(frozen=True)
+class EpisodeSettings:
+    """How a run's episodes run (the environment fields of ``GRPOConfig``, docs/environments.md)."""
+
+    environment: Any = None
+    """The environment when the trainer is given none: a built-in name or an import path; None: none."""
+    environment_kwargs: dict[str, Any] = field(default_factory=dict)
+    max_turns: int = 8
+    max_tokens: int = 256
+    """Completion tokens (policy and environment) per episode at most (``max_completion_length``)."""
+    max_turn_tokens: int | None = None
+    timeout: float | None = 30.0
+    on_error: str = "raise"
+    """``reward_failure``: an environment that raises or hangs raises, or ends its episode ("none")."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    max_tool_calling_iterations: int | None = None
+    """With TRL's ``tools``: tool-calling turns per episode at most (then ``max_turns`` is this + 1)."""
+
+    @classmethod
+    def from_config(cls, args: Any) -> EpisodeSettings:
+        """The settings of a ``GRPOConfig``."""
+        return cls(
+            environment=args.environment,
+            environment_kwargs=args.environment_kwargs,
+            max_turns=args.max_turns,
+            max_tokens=args.max_completion_length,
+            max_turn_tokens=args.max_turn_tokens,
+            timeout=args.environment_timeout,
+            on_error=args.reward_failure,
+            chat_template_kwargs=args.chat_template_kwargs,
+            max_tool_calling_iterations=args.max_tool_calling_iterations,
+        )
+
+
+class EpisodeSampler:
+    """G episodes per prompt through a rollout backend: the run's episode runner."""
+
+    def __init__(self, runner: EpisodeRunner) -> None:
+        self.runner = runner
+
+    @classmethod
+    def for_run(
+        cls,
+        environment: Any,
+        tools: Sequence[Callable[..., Any]] | None,
+        rows: Sequence[dict[str, Any]],
+        tokenizer: Any,
+        settings: EpisodeSettings,
+    ) -> EpisodeSampler | None:
+        """None unless the run has an environment: ``environment`` (given to the trainer), else TRL's
+        ``tools`` (a ``ToolEnvironment`` over them, at most ``max_tool_calling_iterations`` calling turns),
+        else ``settings.environment``."""
+        spec = environment if environment is not None else settings.environment
+        max_turns = settings.max_turns
+        if tools:
+            if spec is not None:
+                raise ValueError("GRPOTrainer: give tools= or an environment, not both (a ToolEnvironment "
+                                 "subclass can hold tools and state)")  # fmt: skip
+            spec = functools.partial(ToolEnvironment, list(tools))
+            if settings.max_tool_calling_iterations is not None:
+                max_turns = settings.max_tool_calling_iterations + 1
+        if spec is None:
+            return None
+        runner = EpisodeRunner.for_rows(
+            spec,
+            tokenizer,
+            rows,
+            environment_kwargs=settings.environment_kwargs,
+            max_turns=max_turns,
+            max_tokens=settings.max_tokens,
+            max_turn_tokens=settings.max_turn_tokens,
+            timeout=settings.timeout,
+            on_error=settings.on_error,
+            chat_template_kwargs=settings.chat_template_kwargs,
+        )
+        return cls(runner)
+
+    def generate(
+        self,
+        backend: RolloutBackend,
+        rows: list[dict[str, Any]],
+        prompt_ids: list[list[int]],
+        sizes: list[int],
+        params: SamplingParams,
+    ) -> tuple[GenerationOutput, list[dict[str, Any]], list[Episode]]:
+        """``sizes[k]`` episodes from each prompt: the completions (with ``policy_mask``), the rows (one
+        per episode) with the episodes' columns, and the episodes."""
+        session = open_session(backend, prompt_ids, sizes)
+        episode_rows = [row for row, size in zip(rows, sizes) for _ in range(size)]
+        episodes = self.runner.run(session, episode_rows, params)
+        return as_generation_output(episodes), with_episode_columns(episode_rows, episodes), episodes
+
+
+def sample_groups(
+    episodes: EpisodeSampler | None,
+    backend: RolloutBackend,
+    rows: list[dict[str, Any]],
+    prompt_ids: list[list[int]],
+    sizes: list[int],
+    params: SamplingParams,
+) -> tuple[GenerationOutput, list[dict[str, Any]], list[Episode] | None]:
+    """``sizes[k]`` completions of prompt k (``generate_groups``), or with an environment ``sizes[k]``
+    episodes: (the completions, one row per completion, the episodes or None)."""
+    if episodes is None:
+        generated = generate_groups(backend, prompt_ids, sizes, params)
+        return generated, [row for row, size in zip(rows, sizes) for _ in range(size)], None
+    return episodes.generate(backend, rows, prompt_ids, sizes, params)
+
+
+def template_kwargs(episodes: EpisodeSampler | None, kwargs: dict[str, Any] | None) -> Any:
+    """``chat_template_kwargs`` with an environment's tool schemas added (``tools``; the user's win)."""
+    if episodes is None or not episodes.runner.template_kwargs:
+        return kwargs
+    return {**episodes.runner.template_kwargs, **(kwargs or {})}
