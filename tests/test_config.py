@@ -88,14 +88,15 @@ def test_unknown_yaml_field_is_named(tmp_path):
 
 
 def test_trl_precision_and_warmup_names():
-    assert GRPOConfig(bf16=True).mixed_precision == "bf16"
-    assert GRPOConfig(fp16=True).mixed_precision == "fp16"
-    assert GRPOConfig(bf16=True, mixed_precision="bf16").mixed_precision == "bf16"
+    assert GRPOConfig(bf16=True).resolved().mixed_precision == "bf16"
+    assert GRPOConfig(fp16=True).resolved().mixed_precision == "fp16"
+    assert GRPOConfig(bf16=True, mixed_precision="bf16").resolved().mixed_precision == "bf16"
+    assert GRPOConfig(bf16=True).mixed_precision == "no"  # as set: derived only when resolved
     assert GRPOConfig().num_warmup_steps(100) == 0
     assert GRPOConfig(warmup_ratio=0.1).num_warmup_steps(95) == 10  # ceil(9.5)
-    assert (
-        GRPOConfig(warmup_ratio=0.1, warmup_steps=3).num_warmup_steps(95) == 3
-    )  # steps win, as in transformers
+    assert GRPOConfig(warmup_steps=3).num_warmup_steps(95) == 3
+    with pytest.raises(ValueError, match=r"warmup_steps \(3\) and warmup_ratio \(0.1\) are both set"):
+        GRPOConfig(warmup_ratio=0.1, warmup_steps=3)  # transformers lets steps win silently
 
 
 def test_yaml_round_trip_keeps_model_init_kwargs_and_precision(tmp_path):

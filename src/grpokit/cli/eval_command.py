@@ -17,7 +17,7 @@ import tyro
 
 from grpokit.cli.recipes import TYRO_MARKERS, to_flag_arguments
 from grpokit.cli.train_command import resolve_model, task_splits
-from grpokit.config.integrations import typed_value
+from grpokit.config.values import typed_value
 
 __all__ = [
     "EvalArgs",

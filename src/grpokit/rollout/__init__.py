@@ -35,4 +35,3 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value
     return value
-
