@@ -27,9 +27,10 @@ MAX_SEED = 2**32 - 1
 
 
 def require(condition: bool, name: str, why: str) -> None:
-    """Raise ``ValueError("GRPOConfig.<name> <why>")`` unless ``condition``."""
+    """Raise ``ValueError("GRPOConfig.<name> <why>")`` unless ``condition`` (``why`` may start with the
+    value: ``"=True needs ..."``)."""
     if not condition:
-        raise ValueError(f"GRPOConfig.{name} {why}")
+        raise ValueError(f"GRPOConfig.{name}{'' if why.startswith('=') else ' '}{why}")
 
 
 def validate(config: Any) -> None:
@@ -123,7 +124,7 @@ def _check_intervals(c: Any) -> None:
     if c.eval_steps is not None:
         _interval(c, "eval_steps", c.eval_steps)
     if c.save_steps != 0:
-        _interval(c, "save_steps", c.save_steps, zero="; 0 saves no periodic checkpoint")
+        _interval(c, "save_steps", c.save_steps, zero="0 (no periodic checkpoint), ")
 
 
 def _interval(c: Any, name: str, value: int | float, zero: str = "") -> None:
@@ -132,7 +133,7 @@ def _interval(c: Any, name: str, value: int | float, zero: str = "") -> None:
     require(
         ratio or whole,
         name,
-        f"must be a whole number of steps >= 1 or a ratio in (0, 1) of the run's steps{zero}, got {value!r}",
+        f"must be {zero}a whole number of steps >= 1 or a ratio in (0, 1) of the run's steps, got {value!r}",
     )
 
 

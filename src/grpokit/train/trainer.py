@@ -116,8 +116,9 @@ class GRPOTrainer:
         iterative_reward_model: Any = None,
         rm_label_func: Any = None,
     ) -> None:
-        self.args = (args or GRPOConfig()).resolved()  # every derived value written out, once
-        self.args.check_eval_dataset(eval_dataset is not None, "pass eval_dataset to GRPOTrainer")
+        args = args or GRPOConfig()
+        args.check_eval_dataset(eval_dataset is not None, "pass eval_dataset to GRPOTrainer")
+        self.args = args.resolved()  # every derived value written out, once
         refuse_trainer_arguments(
             reward_processing_classes=reward_processing_classes, quantization_config=quantization_config,
             rollout_func=rollout_func, environment_factory=environment_factory,
