@@ -104,3 +104,44 @@ def test_yaml_round_trip_keeps_model_init_kwargs_and_precision(tmp_path):
     path = tmp_path / "config.yaml"
     config.to_yaml(path)
     assert GRPOConfig.from_yaml(path) == config
+
+
+def test_each_enumerated_field_is_made_from_its_one_source_list():
+    """One list per concept, in the code that acts on the names; the field types are made from it."""
+    import typing
+
+    from grpokit.config import choices
+    from grpokit.config.values import field_types
+    from grpokit.core.choices import (
+        IMPORTANCE_SAMPLING_LEVELS,
+        IS_MODES,
+        LOSS_PRESETS,
+        MULTI_REWARD_AGGREGATIONS,
+        SCALES,
+    )
+    from grpokit.rewards.scoring import ON_ERROR
+    from grpokit.rollout.choices import GENERATION_BACKENDS, VLLM_MODEL_IMPLS, VLLM_MODES
+
+    sources = {
+        "loss_type": tuple(LOSS_PRESETS), "scale_rewards": SCALES,
+        "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,
+        "multi_objective_aggregation": MULTI_REWARD_AGGREGATIONS, "vllm_importance_sampling_mode": IS_MODES,
+        "generation_backend": GENERATION_BACKENDS, "vllm_mode": VLLM_MODES, "vllm_model_impl": VLLM_MODEL_IMPLS,
+        "eval_strategy": choices.STRATEGIES, "save_strategy": choices.STRATEGIES,
+        "mixed_precision": choices.MIXED_PRECISIONS, "generation_dtype": choices.DTYPES,
+        "ref_model_dtype": choices.DTYPES, "lr_scheduler_type": choices.LR_SCHEDULER_TYPES,
+        "optim": choices.OPTIMIZERS, "hub_strategy": choices.HUB_STRATEGIES,
+        "max_steps_unit": choices.MAX_STEPS_UNITS, "prompt_truncation": choices.PROMPT_TRUNCATIONS,
+        "reward_failure": ON_ERROR,  # rewards' list, mirrored by choices.REWARD_FAILURES
+    }  # fmt: skip
+
+    def choices_of(annotation):
+        literals = [a for a in typing.get_args(annotation) if typing.get_origin(a) is typing.Literal]
+        return typing.get_args(literals[0] if literals else annotation)
+
+    types = field_types(GRPOConfig)
+    enumerated = {name for name, annotation in types.items() if "Literal" in str(annotation)}
+    assert enumerated == set(sources) == set(choices.LITERALS)
+    for name, source in sources.items():
+        assert choices_of(types[name]) == tuple(source), name
+    assert choices.REWARD_FAILURES == ON_ERROR
