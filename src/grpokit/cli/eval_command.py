@@ -3,8 +3,7 @@ file, graded by any reward functions and/or an answer extractor; or a built-in t
 (``task=arithmetic``, the default when no eval_dataset is given, with its ``tiny:<task>`` policy).
 
 Options are ``key=value`` (typed by each option's declared type, as for ``grpokit train``) or ``--key
-value``. What the output keys
-mean: :func:`grpokit.eval.grade_completions` and docs/evaluation.md.
+value``. What the output keys mean: :func:`grpokit.eval.grade_completions` and docs/evaluation.md.
 """
 
 from __future__ import annotations
