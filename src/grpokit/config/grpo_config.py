@@ -141,7 +141,7 @@ class GRPOConfig:
     if ``save_steps`` > 0, else "no". The final model is saved either way."""
     save_steps: int | float = 0
     """Save a resumable checkpoint every this many steps (the same forms as ``logging_steps``); 0: no
-    periodic checkpoint, whatever ``save_strategy`` says (the final model is saved either way)."""
+    periodic checkpoint, under ``save_strategy="steps"`` too (the final model is saved either way)."""
     save_total_limit: int | None = None
     """Keep at most this many checkpoints (>= 1; the oldest are deleted first); None keeps all."""
 

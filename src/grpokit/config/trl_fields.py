@@ -2,15 +2,15 @@
 
 A TRL field is one of three things in grpokit:
 
-1. a ``GRPOConfig`` field with TRL's meaning (most of them; ``grpokit.config``,
-   ``grpokit.config.integrations``);
+1. a ``GRPOConfig`` field with TRL's meaning (most of them; ``grpokit.config.grpo_config``);
 2. ``NO_EFFECT``: a field that cannot change what grpokit computes (grpokit has no DataLoader, no
    ``Trainer`` log levels...). Accepted with any value; setting one logs
    the reason, so nothing a user sets disappears silently;
 3. ``REFUSED``: a feature grpokit does not implement. Accepted at values that leave the feature off (TRL's
    default, or an equivalent), otherwise refused with a ``ValueError`` saying why and what to use instead.
 
-Never a ``TypeError``. The list follows TRL 1.16 (``tests/test_trl_parity.py`` holds its field names).
+Never a ``TypeError``: ``GRPOConfig``'s constructor passes its keywords through ``split_trl_fields`` before
+setting its own fields. The list follows TRL 1.16 (``tests/test_trl_parity.py`` holds its field names).
 """
 
 from __future__ import annotations
