@@ -32,7 +32,7 @@ from grpokit.data import reward_columns
 from grpokit.data.chat import as_completion, encode_prompt
 from grpokit.models import pad_token_id
 from grpokit.rewards import score_completions
-from grpokit.rollout import RolloutBackend, SamplingParams
+from grpokit.rollout import RolloutBackend
 from grpokit.train.forward import completion_logprobs, no_grad_logprobs
 
 Phase = Callable[[str], contextlib.AbstractContextManager]
@@ -60,7 +60,7 @@ def grpo_step(
     # 1. sample G completions per prompt from the current policy, which is pi_old for this step
     with phase("generate"):
         prompt_ids = [encode_prompt(r["prompt"], tokenizer, args.max_prompt_length) for r in rows]
-        out = backend.generate(prompt_ids, G, SamplingParams.from_config(args, tokenizer))
+        out = backend.generate(prompt_ids, G, args.sampling_params(tokenizer))
         texts = tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True)
 
     # 2. score every completion with every reward function (TRL's signature), weighted sum -> [N]

@@ -88,14 +88,15 @@ def test_unknown_yaml_field_is_named(tmp_path):
 
 
 def test_trl_precision_and_warmup_names():
-    assert GRPOConfig(bf16=True).mixed_precision == "bf16"
-    assert GRPOConfig(fp16=True).mixed_precision == "fp16"
-    assert GRPOConfig(bf16=True, mixed_precision="bf16").mixed_precision == "bf16"
+    assert GRPOConfig(bf16=True).resolved().mixed_precision == "bf16"
+    assert GRPOConfig(fp16=True).resolved().mixed_precision == "fp16"
+    assert GRPOConfig(bf16=True, mixed_precision="bf16").resolved().mixed_precision == "bf16"
+    assert GRPOConfig(bf16=True).mixed_precision == "no"  # as set: derived only when resolved
     assert GRPOConfig().num_warmup_steps(100) == 0
     assert GRPOConfig(warmup_ratio=0.1).num_warmup_steps(95) == 10  # ceil(9.5)
-    assert (
-        GRPOConfig(warmup_ratio=0.1, warmup_steps=3).num_warmup_steps(95) == 3
-    )  # steps win, as in transformers
+    assert GRPOConfig(warmup_steps=3).num_warmup_steps(95) == 3
+    with pytest.raises(ValueError, match=r"warmup_steps \(3\) and warmup_ratio \(0.1\) are both set"):
+        GRPOConfig(warmup_ratio=0.1, warmup_steps=3)  # transformers lets steps win silently
 
 
 def test_yaml_round_trip_keeps_model_init_kwargs_and_precision(tmp_path):
@@ -103,3 +104,45 @@ def test_yaml_round_trip_keeps_model_init_kwargs_and_precision(tmp_path):
     path = tmp_path / "config.yaml"
     config.to_yaml(path)
     assert GRPOConfig.from_yaml(path) == config
+
+
+def test_each_enumerated_field_is_made_from_its_one_source_list():
+    """One list per concept, in the code that acts on the names; the field types are made from it."""
+    import typing
+
+    from grpokit.config import choices
+    from grpokit.config.values import field_types
+    from grpokit.core.choices import (
+        IMPORTANCE_SAMPLING_LEVELS,
+        IS_MODES,
+        LOSS_PRESETS,
+        MULTI_REWARD_AGGREGATIONS,
+        SCALES,
+    )
+    from grpokit.rewards.scoring import ON_ERROR
+    from grpokit.rollout.choices import GENERATION_BACKENDS, VLLM_MODEL_IMPLS, VLLM_MODES
+
+    sources = {
+        "loss_type": tuple(LOSS_PRESETS), "scale_rewards": SCALES,
+        "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,
+        "multi_objective_aggregation": MULTI_REWARD_AGGREGATIONS, "vllm_importance_sampling_mode": IS_MODES,
+        "generation_backend": GENERATION_BACKENDS, "vllm_mode": VLLM_MODES,
+        "vllm_model_impl": VLLM_MODEL_IMPLS,
+        "eval_strategy": choices.STRATEGIES, "save_strategy": choices.STRATEGIES,
+        "mixed_precision": choices.MIXED_PRECISIONS, "generation_dtype": choices.DTYPES,
+        "ref_model_dtype": choices.DTYPES, "lr_scheduler_type": choices.LR_SCHEDULER_TYPES,
+        "optim": choices.OPTIMIZERS, "hub_strategy": choices.HUB_STRATEGIES,
+        "max_steps_unit": choices.MAX_STEPS_UNITS, "prompt_truncation": choices.PROMPT_TRUNCATIONS,
+        "reward_failure": ON_ERROR,  # rewards' list, mirrored by choices.REWARD_FAILURES
+    }  # fmt: skip
+
+    def choices_of(annotation):
+        literals = [a for a in typing.get_args(annotation) if typing.get_origin(a) is typing.Literal]
+        return typing.get_args(literals[0] if literals else annotation)
+
+    types = field_types(GRPOConfig)
+    enumerated = {name for name, annotation in types.items() if "Literal" in str(annotation)}
+    assert enumerated == set(sources) == set(choices.LITERALS)
+    for name, source in sources.items():
+        assert choices_of(types[name]) == tuple(source), name
+    assert choices.REWARD_FAILURES == ON_ERROR

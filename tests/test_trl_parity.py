@@ -89,7 +89,9 @@ def test_report_to_names_an_unknown_sink():
 
 def test_generation_kwargs_take_precedence_over_the_sampling_fields():
     config = GRPOConfig(temperature=1.0, generation_kwargs={"temperature": 0.7, "max_new_tokens": 33})
-    assert config.temperature == 0.7 and config.max_completion_length == 33
+    assert (config.temperature, config.max_completion_length) == (1.0, 256)  # as set
+    resolved = config.resolved()  # as a run uses it
+    assert resolved.temperature == 0.7 and resolved.max_completion_length == 33
     with pytest.raises(ValueError, match=r"generation_kwargs key 'num_beams' is not supported"):
         GRPOConfig(generation_kwargs={"num_beams": 4})
     with pytest.raises(ValueError, match="temperature must be > 0"):  # still validated
@@ -102,15 +104,15 @@ def test_generation_kwargs_take_precedence_over_the_sampling_fields():
      "steps", 3), ({"eval_strategy": "epoch"}, "epoch", None)],
 )  # fmt: skip
 def test_eval_strategy_resolves_like_trl(fields, strategy, steps):
-    config = GRPOConfig(**fields)
+    config = GRPOConfig(**fields).resolved()
     assert (config.eval_strategy, config.eval_steps) == (strategy, steps)
 
 
 def test_save_strategy_resolves_like_trl():
-    assert GRPOConfig().save_strategy == "no"
-    assert GRPOConfig(save_steps=10).save_strategy == "steps"
-    with pytest.raises(ValueError, match="save_steps must be >= 1 with save_strategy='steps'"):
-        GRPOConfig(save_strategy="steps", save_steps=0)
+    assert GRPOConfig().resolved().save_strategy == "no"
+    assert GRPOConfig(save_steps=10).resolved().save_strategy == "steps"
+    # save_steps=0 means no periodic checkpoint under "steps" too, as in transformers
+    assert GRPOConfig(save_strategy="steps", save_steps=0).resolved().save_strategy == "no"
 
 
 def test_unsupported_trainer_arguments_are_refused_with_the_reason():

@@ -148,7 +148,7 @@ def part_sampling(tmp: Path) -> None:
 
     directory = build_policy(tmp / "policy")
     model, exact = load(directory, torch.bfloat16), load(directory, torch.float32)
-    backend = make_vllm_backend(vllm_config(tmp / "run"), model)
+    backend = make_vllm_backend(vllm_config(tmp / "run").vllm_settings(), model)
     fast = FastSampler(model)
     prompts, greedy = prompts_and_params(directory, greedy=True)
     compare_greedy(

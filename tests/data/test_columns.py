@@ -8,8 +8,7 @@ import json
 import datasets
 import pytest
 
-from grpokit import GRPOConfig
-from grpokit.data.loading import load_dataset_rows, reward_columns
+from grpokit.data.loading import DataSettings, load_dataset_rows, reward_columns
 
 GSM_LIKE = [
     {"question": "1+1=", "answer": "2", "id": 0},
@@ -18,7 +17,7 @@ GSM_LIKE = [
 
 
 def test_column_mapping_renames_for_the_reward_functions():
-    args = GRPOConfig(column_mapping={"question": "prompt", "answer": "solution"})
+    args = DataSettings(column_mapping={"question": "prompt", "answer": "solution"})
     rows = load_dataset_rows(datasets.Dataset.from_list(GSM_LIKE), args)
     assert rows == [
         {"prompt": "1+1=", "solution": "2", "id": 0},
@@ -32,13 +31,13 @@ def test_column_mapping_renames_for_the_reward_functions():
 def test_prompt_column_becomes_the_prompt(tmp_path):
     path = tmp_path / "train.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in GSM_LIKE))
-    rows = load_dataset_rows(str(path), GRPOConfig(prompt_column="question"))
+    rows = load_dataset_rows(str(path), DataSettings(prompt_column="question"))
     assert rows == [{"prompt": "1+1=", "answer": "2", "id": 0}, {"prompt": "2+3=", "answer": "5", "id": 1}]
     assert reward_columns(rows) == {"answer": ["2", "5"], "id": [0, 1]}
 
 
 def test_prompt_column_names_a_column_after_the_mapping_and_swaps_are_allowed():
-    args = GRPOConfig(
+    args = DataSettings(
         column_mapping={"question": "query", "answer": "id", "id": "answer"}, prompt_column="query"
     )
     rows = load_dataset_rows(GSM_LIKE, args)
@@ -47,7 +46,7 @@ def test_prompt_column_names_a_column_after_the_mapping_and_swaps_are_allowed():
 
 def test_conversational_prompts_in_a_renamed_column():
     messages = [{"role": "system", "content": "Add."}, {"role": "user", "content": "1+1="}]
-    rows = load_dataset_rows([{"messages": messages, "answer": "2"}], GRPOConfig(prompt_column="messages"))
+    rows = load_dataset_rows([{"messages": messages, "answer": "2"}], DataSettings(prompt_column="messages"))
     assert rows == [{"prompt": messages, "answer": "2"}]
 
 
@@ -84,7 +83,7 @@ def test_conversational_prompts_in_a_renamed_column():
 )
 def test_bad_column_settings(settings, message):
     with pytest.raises(ValueError, match=message):
-        load_dataset_rows(GSM_LIKE, GRPOConfig(**settings))
+        load_dataset_rows(GSM_LIKE, DataSettings(**settings))
 
 
 def test_a_row_without_the_prompt_column():
@@ -94,11 +93,11 @@ def test_a_row_without_the_prompt_column():
         match=r"eval_dataset row 1: missing the prompt column 'question' "
         r"\(prompt_column; columns: \['query'\]\)",
     ):
-        load_dataset_rows(rows, GRPOConfig(prompt_column="question"), name="eval_dataset")
+        load_dataset_rows(rows, DataSettings(prompt_column="question"), name="eval_dataset")
     with pytest.raises(
         ValueError, match=r"train_dataset row 1: missing the 'prompt' field \(columns: \['query'\]\)"
     ):
-        load_dataset_rows([{"prompt": "1+1="}, {"query": "2+2="}], GRPOConfig())
+        load_dataset_rows([{"prompt": "1+1="}, {"query": "2+2="}], DataSettings())
 
 
 @pytest.mark.parametrize(
@@ -124,11 +123,11 @@ def test_a_row_without_the_prompt_column():
 def test_empty_or_malformed_prompts_name_the_row_and_field(prompt, message):
     rows = [{"prompt": "1+1="}, {"prompt": "2+2="}, {"prompt": prompt}]
     with pytest.raises(ValueError, match=r"^train_dataset row 2 field 'prompt': " + message):
-        load_dataset_rows(rows, GRPOConfig())
+        load_dataset_rows(rows, DataSettings())
 
 
 def test_multimodal_parts_with_text_and_non_dict_rows_pass_or_fail_clearly():
     prompt = [{"role": "user", "content": [{"type": "text", "text": "1+1="}]}]
-    assert load_dataset_rows([{"prompt": prompt}], GRPOConfig())[0]["prompt"] == prompt
+    assert load_dataset_rows([{"prompt": prompt}], DataSettings())[0]["prompt"] == prompt
     with pytest.raises(ValueError, match=r"train_dataset row 1: expected a dict, got str"):
-        load_dataset_rows([{"prompt": "1+1="}, "2+2="], GRPOConfig(prompt_column="prompt"))
+        load_dataset_rows([{"prompt": "1+1="}, "2+2="], DataSettings(prompt_column="prompt"))

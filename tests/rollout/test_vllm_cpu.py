@@ -160,7 +160,7 @@ def test_colocate_engine_kwargs_and_config_directory(tmp_path):
     directory = engine_config_dir(model)
     saved = json.loads((Path(directory) / "config.json").read_text())
     assert saved["architectures"] == ["LlamaForCausalLM"] and saved["vocab_size"] == model.config.vocab_size
-    kwargs = colocate_engine_kwargs(args, directory, rank=3)
+    kwargs = colocate_engine_kwargs(args.vllm_settings(), directory, rank=3)
     assert kwargs["model"] == directory and kwargs["load_format"] == "dummy"
     assert kwargs["enable_prefix_caching"] is True and kwargs["logprobs_mode"] == "processed_logprobs"
     assert (
@@ -377,7 +377,7 @@ def test_an_unreachable_server_is_a_clear_error_after_the_timeout(tmp_path):
     with pytest.raises(
         ConnectionError, match=r"no vLLM server answered at http://127\.0\.0\.1:\d+/health"
     ) as err:
-        make_server_backend(args, tiny())
+        make_server_backend(args.vllm_settings(), tiny())
     assert "trl vllm-serve" in str(err.value) and "use_vllm=False" in str(err.value)
 
 
@@ -385,7 +385,7 @@ def test_server_mode_under_several_processes_needs_step_sync(tmp_path, monkeypat
     monkeypatch.setenv("WORLD_SIZE", "2")
     args = GRPOConfig(output_dir=str(tmp_path), use_vllm=True, vllm_mode="server")
     with pytest.raises(ValueError, match="2 training processes is not supported yet"):
-        make_server_backend(args, tiny())
+        make_server_backend(args.vllm_settings(), tiny())
 
 
 # ---- error paths at construction ---------------------------------------------------------------------------
@@ -411,7 +411,7 @@ def test_vllm_and_a_rollout_backend_are_refused_together(tmp_path):
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"vllm_mode": "remote"}, r"vllm_mode must be one of \('colocate', 'server'\)"),
+        ({"vllm_mode": "remote"}, r"vllm_mode must be one of 'colocate', 'server', got 'remote'"),
         ({"vllm_gpu_memory_utilization": 1.5}, r"vllm_gpu_memory_utilization must be in \(0, 1\]"),
         ({"use_vllm": True, "vllm_tensor_parallel_size": 2}, "vllm_tensor_parallel_size must be 1"),
         ({"vllm_server_base_url": "localhost:8000"}, "vllm_server_base_url must start with http"),
@@ -436,7 +436,7 @@ def test_colocated_vllm_greedy_matches_the_fast_sampler(tmp_path):
     model = tiny().to("cuda")
     args = GRPOConfig(output_dir=str(tmp_path), use_vllm=True, vllm_gpu_memory_utilization=0.2,
                       vllm_max_model_length=128, generation_dtype="float32")  # fmt: skip
-    backend = make_vllm_backend(args, model)
+    backend = make_vllm_backend(args.vllm_settings(), model)
     params = SamplingParams(max_new_tokens=8, do_sample=False, eos_token_ids=(EOS,))
     prompts = [[5, 6, 7], [9, 10, 11, 12]]
     assert (

@@ -270,7 +270,8 @@ def test_trl_defaults_and_the_deprecated_cap(caplog):
     assert config.generation_dtype == "auto"
     with caplog.at_level(logging.WARNING, logger="grpokit"):
         capped = GRPOConfig(vllm_importance_sampling_cap=5.0)
-    assert capped.vllm_importance_sampling_clip_max == 5.0
+    assert capped.vllm_importance_sampling_clip_max == 3.0  # as set; a run uses the cap:
+    assert capped.resolved().vllm_importance_sampling_clip_max == 5.0
     assert "vllm_importance_sampling_cap is deprecated" in caplog.text
     # masking with only a lower bound is allowed (TRL: "set clip_max=None"); so is a switched-off truncation
     GRPOConfig(vllm_importance_sampling_clip_min=0.5, vllm_importance_sampling_clip_max=None)

@@ -41,7 +41,7 @@ def test_policy_loads_in_the_requested_dtype(tiny_model_dir):
 def test_command_line_mapping_and_precision_alias():
     args = parse_train_args(["model_init_kwargs={dtype: bfloat16, attn_implementation: sdpa}", "bf16=true"])
     assert args.config.model_init_kwargs == {"dtype": "bfloat16", "attn_implementation": "sdpa"}
-    assert args.config.mixed_precision == "bf16"
+    assert args.config.resolved().mixed_precision == "bf16"
 
 
 def test_recipe_mapping_survives_the_command_line(tmp_path):

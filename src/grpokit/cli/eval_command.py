@@ -2,8 +2,8 @@
 file, graded by any reward functions and/or an answer extractor; or a built-in task's held-out split
 (``task=arithmetic``, the default when no eval_dataset is given, with its ``tiny:<task>`` policy).
 
-Options are ``key=value`` (YAML-typed, as for ``grpokit train``) or ``--key value``. What the output keys
-mean: :func:`grpokit.eval.grade_completions` and docs/evaluation.md.
+Options are ``key=value`` (typed by each option's declared type, as for ``grpokit train``) or ``--key
+value``. What the output keys mean: :func:`grpokit.eval.grade_completions` and docs/evaluation.md.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import tyro
 
 from grpokit.cli.recipes import TYRO_MARKERS, to_flag_arguments
 from grpokit.cli.train_command import resolve_model, task_splits
-from grpokit.config.integrations import typed_value
+from grpokit.config.values import field_types, typed_value
 
 __all__ = [
     "EvalArgs",
@@ -297,7 +297,7 @@ def parse_eval_args(argv: list[str]) -> EvalArgs:
     """``key=value`` / ``--key value`` arguments -> EvalArgs (tyro; ``--help`` lists every option)."""
     return tyro.cli(
         EvalArgs,
-        args=to_flag_arguments(argv),
+        args=to_flag_arguments(argv, field_types(EvalArgs)),
         prog="grpokit eval",
         description="Evaluate a model. Options below may also be given as key=value.",
         use_underscores=True,

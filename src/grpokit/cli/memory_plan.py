@@ -212,6 +212,7 @@ def plan_memory(
         raise ValueError(f"num_processes must be an integer >= 1, got {num_processes!r}")
     if device_type not in ("cuda", "cpu"):
         raise ValueError(f"device_type must be 'cuda' or 'cpu', got {device_type!r}")
+    args = args.resolved()  # as the run will use it: bf16 -> mixed_precision, generation_kwargs
     shape = ModelShape.from_config(model_config)
     # fsdp: the weights (and everything with them) split; ZeRO-3 splits them the same way
     n, fsdp, lora = num_processes, strategy in ("fsdp", "zero3"), lora_r is not None

@@ -1,17 +1,27 @@
 """Recipes: flat YAML files of TrainArgs and GRPOConfig fields (``base: other-recipe`` extends another), and
-the ``grpokit train`` command line on top of them (``key=value`` overrides, parsed by ``tyro``)."""
+the ``grpokit train`` command line on top of them (``key=value`` or ``--key value`` overrides, parsed by
+``tyro``).
+
+Every source is merged as raw values first: the ``base:`` chain, the recipe, then the command line; the
+``GRPOConfig`` is built once, from the merged values, so an override of a source (``save_steps=4`` over a
+recipe) is never met by a value derived from the recipe alone. Recipes are read by YAML 1.2's rules and each
+value is typed by its field's declared type (``grpokit.config.values``): ``save_strategy: no`` is the
+strategy "no", ``learning_rate: 1e-5`` a number.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
 import tyro
-import yaml
 
 from grpokit.cli.train_command import TrainArgs
 from grpokit.config import GRPOConfig
+from grpokit.config.trl_fields import NO_EFFECT, REFUSED, split_trl_fields
+from grpokit.config.values import YAMLError, admits_none, field_types, load_yaml, load_yaml_file, typed
 
 __all__ = [
     "DEFAULT_RECIPE",
@@ -19,6 +29,7 @@ __all__ = [
     "TYRO_MARKERS",
     "find_recipe",
     "load_recipe",
+    "option_types",
     "parse_train_args",
     "recipe_values",
     "to_flag_arguments",
@@ -27,6 +38,12 @@ __all__ = [
 RECIPES_DIR = Path(__file__).parent.parent / "recipes"
 DEFAULT_RECIPE = "arithmetic-tiny"
 TYRO_MARKERS = (tyro.conf.FlagConversionOff,)
+_TRL_ONLY = set(NO_EFFECT) | set(REFUSED)
+_BOOL_WORDS = {
+    **dict.fromkeys(("true", "yes", "on", "y", "t", "1"), "True"),
+    **dict.fromkeys(("false", "no", "off", "n", "f", "0"), "False"),
+}
+"""A boolean option's words -> the text tyro reads."""
 
 
 def find_recipe(name_or_path: str) -> Path:
@@ -42,8 +59,12 @@ def find_recipe(name_or_path: str) -> Path:
 
 
 def recipe_values(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """The option: value mapping of a recipe; ``base: NAME`` first loads that recipe, then overrides it."""
-    values = yaml.safe_load(path.read_text()) or {}
+    """The option: value mapping of a recipe, as written; ``base: NAME`` first loads that recipe, then this
+    one's values override it. A file that is not valid YAML stops with one line naming the file and line."""
+    try:
+        values = load_yaml_file(path) or {}
+    except YAMLError as err:
+        raise SystemExit(f"grpokit: {err}") from None
     if not isinstance(values, dict):
         raise SystemExit(f"grpokit: {path} must be a mapping of option: value")
     base = values.pop("base", None)
@@ -55,55 +76,36 @@ def recipe_values(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     return {**recipe_values(base_path, (*seen, path.resolve())), **values}
 
 
+def option_types() -> dict[str, Any]:
+    """``{option: declared type}`` of every ``grpokit train`` option (TrainArgs' and GRPOConfig's fields)."""
+    top = {name: kind for name, kind in field_types(TrainArgs).items() if name != "config"}
+    return {**field_types(GRPOConfig), **top}
+
+
 def load_recipe(path: Path) -> TrainArgs:
-    """TrainArgs from a flat recipe YAML; unknown keys are an error naming them."""
-    values = recipe_values(path)
-    top_fields = {f.name for f in dataclasses.fields(TrainArgs)} - {"config"}
-    config_fields = {f.name for f in dataclasses.fields(GRPOConfig)}
-    unknown = sorted(set(values) - top_fields - config_fields)
-    if unknown:
-        raise SystemExit(
-            f"grpokit: {path}: unknown option(s) {', '.join(unknown)}; see `grpokit train --help`"
-        )
-    config = GRPOConfig(**{k: v for k, v in values.items() if k in config_fields})
-    return TrainArgs(**{k: v for k, v in values.items() if k in top_fields}, config=config)
-
-
-def to_flag_arguments(overrides: list[str]) -> list[str]:
-    """``key=value`` -> ``--key value`` (YAML-typed: a list or a mapping value becomes several arguments)."""
-    arguments: list[str] = []
-    for item in overrides:
-        if item.startswith("-") or "=" not in item:
-            arguments.append(item)
-            continue
-        key, raw = item.split("=", 1)
-        arguments.append(f"--{key.strip()}")
-        value = yaml.safe_load(raw) if raw.strip() else raw
-        if isinstance(value, list):
-            arguments.extend(_scalar_text(v) for v in value)
-        elif isinstance(value, dict):  # {dtype: bfloat16, ...} -> key value pairs
-            arguments.extend(_scalar_text(v) for pair in value.items() for v in pair)
-        elif isinstance(value, bool):  # YAML's true/false/yes/no -> the True/False tyro expects
-            arguments.append(str(value))
-        elif value is None and raw.strip():  # YAML's null / ~ -> the None tyro expects (not the text "null")
-            arguments.append("None")
-        else:
-            arguments.append(raw)
-    return arguments
-
-
-def _scalar_text(value: Any) -> str:
-    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+    """TrainArgs from a recipe file (its ``base:`` chain first), the GRPOConfig built once; unknown keys and
+    values that do not convert to their option's type are an error naming the file."""
+    defaults = _recipe_defaults(recipe_values(path), path)
+    try:
+        config = GRPOConfig(**_field_values(defaults.config))
+        return TrainArgs(**{**_field_values(defaults), "config": config})
+    except ValueError as err:
+        raise SystemExit(f"grpokit: {path}: {err}") from None
 
 
 def parse_train_args(argv: list[str]) -> TrainArgs:
+    """``[RECIPE] [key=value | --key value ...]``: the recipe's values, the command line's over them, typed
+    by each option's declared type; the GRPOConfig built once from the merged values (by tyro)."""
     recipe_arg = argv[0] if argv and not argv[0].startswith("-") and "=" not in argv[0] else None
     overrides = argv[1:] if recipe_arg is not None else argv
-    defaults = load_recipe(find_recipe(recipe_arg or DEFAULT_RECIPE))
-    flat = Annotated[TrainArgs, tyro.conf.OmitArgPrefixes]
+    path = find_recipe(recipe_arg or DEFAULT_RECIPE)
+    values = recipe_values(path)
+    overrides, trl_only = _split_trl_only(overrides)
+    _check_trl_only(trl_only, "the command line")
+    defaults = _recipe_defaults(values, path)
     try:
         return tyro.cli(
-            flat,
+            Annotated[TrainArgs, tyro.conf.OmitArgPrefixes],
             default=defaults,
             args=to_flag_arguments(overrides),
             prog="grpokit train [RECIPE.yaml]",
@@ -111,5 +113,125 @@ def parse_train_args(argv: list[str]) -> TrainArgs:
             use_underscores=True,
             config=TYRO_MARKERS,
         )
-    except ValueError as err:  # GRPOConfig validation
-        raise SystemExit(f"grpokit: {err}") from err
+    except ValueError as err:  # GRPOConfig / TrainArgs validation
+        raise SystemExit(f"grpokit: {err}") from None
+
+
+def to_flag_arguments(overrides: list[str], types: Mapping[str, Any] | None = None) -> list[str]:
+    """``key=value`` -> ``--key value``, each value written as tyro reads its option's declared type
+    (``types``, default ``option_types()``): a list or a mapping (YAML flow syntax) becomes several
+    arguments; YAML's null is None where the type admits it; a boolean option takes true/false, yes/no,
+    on/off, 1/0. Words stay words everywhere else (``save_strategy=no`` is the strategy "no")."""
+    types = option_types() if types is None else types
+    arguments: list[str] = []
+    key: str | None = None  # the option whose values follow (``--key v1 v2``)
+    for item in overrides:
+        name, equals, raw = item.removeprefix("--").partition("=")
+        if item.startswith("--") or (equals and not item.startswith("-")):
+            arguments.append(f"--{name.strip()}")
+            key = None if equals else name.strip()
+            if equals:
+                arguments.extend(_flag_values(types.get(name.strip()), raw))
+        elif key is not None and not item.startswith("-"):
+            arguments.append(_scalar_flag(types.get(key), item, _parsed(item)))
+        else:
+            arguments.append(item)
+    return arguments
+
+
+def _parsed(raw: str) -> Any:
+    """``raw`` as YAML 1.2 reads it (the text itself when it is no valid YAML)."""
+    try:
+        return load_yaml(raw) if raw.strip() else raw
+    except YAMLError:
+        return raw
+
+
+def _flag_values(annotation: Any, raw: str) -> list[str]:
+    """The arguments tyro reads for ``raw``, one option's value from ``key=value``."""
+    value = _parsed(raw)
+    if isinstance(value, list):
+        return [_scalar_text(v) for v in value]
+    if isinstance(value, dict):  # {dtype: bfloat16, ...} -> key value pairs
+        return [_scalar_text(v) for pair in value.items() for v in pair]
+    return [_scalar_flag(annotation, raw, value)]
+
+
+def _scalar_flag(annotation: Any, raw: str, value: Any) -> str:
+    """One scalar value as tyro reads it for ``annotation``: "None" for null, "True"/"False" for a boolean
+    option's words, else the text as given."""
+    if value is None and admits_none(annotation):
+        return "None"
+    if _is_bool(annotation) and raw.strip().lower() in _BOOL_WORDS:
+        return _BOOL_WORDS[raw.strip().lower()]
+    return raw
+
+
+def _is_bool(annotation: Any) -> bool:
+    return annotation is bool or (admits_none(annotation) and bool in getattr(annotation, "__args__", ()))
+
+
+def _scalar_text(value: Any) -> str:
+    if value is None:
+        return "None"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _split_trl_only(overrides: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """TRL's fields that grpokit does not have, given as ``key=value``, apart from the other arguments (they
+    are checked with the recipe's: refused when turned on, logged when without effect)."""
+    kept, trl_only = [], {}
+    for item in overrides:
+        name, equals, raw = item.removeprefix("--").partition("=")
+        if equals and name.strip() in _TRL_ONLY and not item.startswith("-"):
+            trl_only[name.strip()] = _parsed(raw)
+        else:
+            kept.append(item)
+    return kept, trl_only
+
+
+def _recipe_defaults(values: Mapping[str, Any], path: Path) -> TrainArgs:
+    """TrainArgs carrying the recipe's ``values`` (typed by their options' types) as tyro's defaults, not
+    constructed: nothing is validated or derived before the command line is merged in. TRL's fields that
+    grpokit does not have are checked here (``config.trl_fields``). Unknown options and values that do not
+    convert stop with a message naming ``path``."""
+    top_types = {name: kind for name, kind in field_types(TrainArgs).items() if name != "config"}
+    config_types = field_types(GRPOConfig)
+    unknown = sorted(set(values) - set(top_types) - set(config_types) - _TRL_ONLY)
+    if unknown:
+        names = ", ".join(unknown)
+        raise SystemExit(f"grpokit: {path}: unknown option(s) {names}; see `grpokit train --help`")
+    _check_trl_only({k: v for k, v in values.items() if k in _TRL_ONLY}, str(path))
+    try:
+        config = _unconstructed(GRPOConfig, config_types, values, "GRPOConfig")
+        return _unconstructed(TrainArgs, top_types, {**values, "config": config}, "TrainArgs")
+    except ValueError as err:
+        raise SystemExit(f"grpokit: {path}: {err}") from None
+
+
+def _check_trl_only(values: Mapping[str, Any], source: str) -> None:
+    """TRL's fields that grpokit does not have: refused (naming ``source``) when they turn a feature on,
+    logged when without effect (``config.trl_fields``)."""
+    try:
+        split_trl_fields(values, set())
+    except ValueError as err:
+        raise SystemExit(f"grpokit: {source}: {err}") from None
+
+
+def _unconstructed(cls: type, types: Mapping[str, Any], values: Mapping[str, Any], owner: str) -> Any:
+    """An instance of the dataclass ``cls`` holding ``values`` (typed) and the defaults of the other fields,
+    made without calling its constructor (tyro reads its fields as defaults, then builds the real one)."""
+    instance = object.__new__(cls)
+    for spec in dataclasses.fields(cls):
+        default = spec.default_factory() if spec.default_factory is not dataclasses.MISSING else spec.default
+        value = values.get(spec.name, default)
+        if spec.name in types:
+            if value is None and not admits_none(types[spec.name]):
+                value = default  # None for "not set" (TRL's convention)
+            value = typed(types[spec.name], value, f"{owner}.{spec.name}")
+        setattr(instance, spec.name, value)
+    return instance
+
+
+def _field_values(instance: Any) -> dict[str, Any]:
+    return {spec.name: getattr(instance, spec.name) for spec in dataclasses.fields(instance)}

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpokit.config import GRPOConfig
+from grpokit.config import GRPOConfig, resolution
+from grpokit.config.values import field_types, typed
 
 
 @dataclass
@@ -64,6 +65,32 @@ class TrainArgs:
     head (peft's ``all-linear``)."""
     config: GRPOConfig = field(default_factory=GRPOConfig)
     """GRPOConfig (flattened on the command line)."""
+
+    def __post_init__(self) -> None:
+        """Each option typed by its declared type (``grpokit.config.values``), then the counts checked."""
+        types = field_types(TrainArgs)
+        for spec in dataclasses.fields(self):
+            if spec.name != "config":
+                setattr(self, spec.name, typed(types[spec.name], getattr(self, spec.name), spec.name))
+        for name, none_means in _COUNTS.items():
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 (or None: {none_means}), got {value}")
+        if self.lora_r < 1:
+            raise ValueError(f"lora_r must be >= 1 (the adapters' rank), got {self.lora_r}")
+        if self.lora_alpha <= 0:
+            raise ValueError(f"lora_alpha must be > 0 (the adapters' scale is lora_alpha / lora_r), got "
+                             f"{self.lora_alpha}")  # fmt: skip
+        if not 0 <= self.lora_dropout < 1:
+            raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
+
+
+_COUNTS = {
+    "num_train_examples": "the task's default",
+    "num_eval_examples": "the task's default; evaluate=false skips the evaluation",
+    "eval_max_new_tokens": "max_completion_length",
+}
+"""TrainArgs' counts -> what None means for each."""
 
 
 def peft_config(args: TrainArgs) -> Any:
@@ -213,18 +240,26 @@ def run_training(args: TrainArgs) -> dict[str, Any]:
     from grpokit.train import GRPOTrainer
 
     started = time.perf_counter()
+    held_out = args.task is not None or args.eval_dataset is not None
+    try:  # an eval_strategy without held-out rows: refused before the cold start
+        args.config.check_eval_dataset(held_out, "give eval_dataset=FILE, or a task (its held-out split)")
+    except ValueError as err:
+        raise SystemExit(f"grpokit: {err}") from None
     print_memory_plan(args)
     model_path = resolve_model(args.model, seed=args.task_seed)
     train_rows, eval_rows, rewards, weights = training_data(args)
     config = with_task_environment(dataclasses.replace(args.config, reward_weights=weights), args.task)
+    in_training = resolution.eval_strategy(config) != "no" or config.eval_on_start  # eval_steps, ...
     trainer = GRPOTrainer(
         model=model_path,
         reward_funcs=rewards,
         args=config,
         train_dataset=train_rows,
+        eval_dataset=eval_rows if in_training else None,
         peft_config=peft_config(args),
         **process_supervision(args),
     )
+    config = trainer.args  # resolved: what the run uses, recorded in config.yaml
     output_dir = Path(config.output_dir)
     if trainer.accelerator.is_main_process:
         print(f"grpokit: {trainer.plan.describe()}; {trainer.max_steps} steps; output in {output_dir}")
@@ -242,7 +277,7 @@ def run_training(args: TrainArgs) -> dict[str, Any]:
     if evaluating:
         from grpokit.tasks.evaluation import task_accuracy
 
-        eval_rows = load_dataset_rows(eval_rows, config, name="eval_dataset")
+        eval_rows = load_dataset_rows(eval_rows, config.data_settings(), name="eval_dataset")
         summary["before"] = task_accuracy(
             trainer.unwrapped_model, trainer.tokenizer, eval_rows, args.task, **grading
         )

@@ -1,8 +1,21 @@
-"""GRPOConfig: every knob of a GRPO run in one typed dataclass, validated at construction, YAML in and out.
+"""GRPOConfig: every knob of a GRPO run, declared as data in one dataclass, YAML in and out.
 
 Field names follow TRL's ``GRPOConfig`` where TRL has the concept, so a TRL config migrates unchanged.
 Defaults follow the DeepSeekMath paper (loss_type "grpo", beta 0.04, epsilon 0.2, scale_rewards "group",
 num_iterations 1, learning_rate 1e-6) with G = 8; TRL's defaults differ (see docs/migrating-from-trl.md).
+
+What a config holds is what was set: construction types each value by its field's declared type
+(``config.values``) and validates the whole (``config.validation``), and never writes one field from
+another. Derived values (``save_strategy`` from ``save_steps``, ``mixed_precision`` from ``bf16``, the
+sampling fields from ``generation_kwargs``, ...) are computed where they are needed (``config.resolution``),
+and written out once by ``resolved()`` when a run starts.
+
+TRL's other fields (``config.trl_fields``) are accepted by the constructor, checked and not stored: a feature
+grpokit does not implement is refused with the reason when turned on, a field without effect is logged. That
+is why ``GRPOConfig`` defines its own ``__init__`` (keyword-only; every field from its keyword or its
+declared default, then ``__post_init__``) instead of the dataclass's: the constructor has to accept
+keywords that are not fields, and declaring ~80 unused TRL names as fields would put them in every
+``to_dict``, ``--help`` and ``config.yaml``.
 
 Batch sizing, in one place (see ``GRPOConfig.batch_plan``). One *step* (the unit of ``max_steps``,
 ``logging_steps`` and ``save_steps``) is one round of: sample ``generation_batch_size / num_generations``
@@ -19,67 +32,120 @@ steps; each optimizer step accumulates gradients over ``gradient_accumulation_st
 from __future__ import annotations
 
 import dataclasses
-import functools
+import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from grpokit.config import resolution
 from grpokit.config.batch_plan import BatchPlan, plan_batch
-from grpokit.config.environment import EnvironmentFields, validate_environment_fields
-from grpokit.config.generation import GenerationFields, validate_generation_fields
-from grpokit.config.integrations import IntegrationFields, resolve_integration_fields
-from grpokit.config.sampling import SamplingFields, validate_sampling_fields
-from grpokit.config.trl_fields import split_trl_fields
-from grpokit.config.validation import require, validate_fields
+from grpokit.config.choices import (
+    Dtype,
+    GenerationBackend,
+    HubStrategy,
+    ImportanceSamplingLevel,
+    ImportanceSamplingMode,
+    LossType,
+    LRSchedulerType,
+    MaxStepsUnit,
+    MixedPrecision,
+    MultiObjectiveAggregation,
+    Optimizer,
+    PromptTruncation,
+    RewardFailure,
+    ScaleRewards,
+    Strategy,
+    VLLMMode,
+    VLLMModelImpl,
+)
+from grpokit.config.trl_fields import NO_EFFECT, REFUSED, split_trl_fields
+from grpokit.config.validation import check_eval_dataset, validate
+from grpokit.config.values import admits_none, field_types, load_yaml_file, typed
 
-LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
-ScaleRewards = Literal["group", "batch", "none"]
+if TYPE_CHECKING:
+    from grpokit.data.loading import DataSettings
+    from grpokit.rollout.base import SamplingParams
+    from grpokit.rollout.vllm_backend import VLLMSettings
+
+__all__ = ["GRPOConfig"]
+
+logger = logging.getLogger("grpokit")
+
+ScalarMapping = dict[str, str | int | float | bool]
+"""A ``*_kwargs`` mapping: text, number or boolean values (text typed as YAML reads it, ``config.values``)."""
 
 
-@dataclass
-class GRPOConfig(IntegrationFields, EnvironmentFields, SamplingFields, GenerationFields):
-    """Configuration of a GRPO run. Invalid combinations raise ``ValueError`` saying why.
+@dataclass(init=False)
+class GRPOConfig:
+    """Configuration of a GRPO run, by keyword (``GRPOConfig(beta=0.0, loss_type="dapo")``). Invalid values
+    and combinations raise ``ValueError`` naming the field, the value and what to do.
 
     Also accepts every other field of TRL's ``GRPOConfig``: one grpokit does not implement is refused with
-    the reason when set to turn its feature on, never with a TypeError (``config.trl_fields``). The data,
-    evaluation, checkpoint, tracking and hub fields are in ``grpokit.config.integrations``; the fields
-    choosing which groups a step trains on (dynamic sampling, curriculum, adaptive G) in
-    ``grpokit.config.sampling``; the sampler's dtype and the off-policy correction in
-    ``grpokit.config.generation``."""
+    the reason when set to turn its feature on, never with a TypeError (``config.trl_fields``)."""
 
-    # ---- output and schedule -------------------------------------------------------------------
+    # ---- output and run length -----------------------------------------------------------------------------
     output_dir: str = "runs/grpo"
     """Directory for metrics.jsonl, checkpoints and the final model."""
-    max_steps: int = -1
-    """Number of GRPO steps (generation rounds; see ``max_steps_unit``) to run; -1 derives it from
-    ``num_train_epochs``."""
-    num_train_epochs: float = 1.0
-    """Passes over the training prompts, used when ``max_steps`` is -1."""
-    logging_steps: int = 1
-    """Write metrics every this many steps."""
-    save_steps: int = 0
-    """Save a resumable checkpoint every this many steps; 0 saves none until the end."""
-    save_total_limit: int | None = None
-    """Keep at most this many checkpoints (oldest deleted first); None keeps all."""
-    seed: int = 42
-    """Seed for model init, data order and sampling."""
-    resume_from_checkpoint: str | None = None
-    """Path of a checkpoint-<step> directory (or "latest" in output_dir) to continue a run from."""
     overwrite_output_dir: bool = False
     """Start a new run in an output_dir that holds another run's checkpoints (TRL's name); without it such
     a start is refused (resume it with ``resume_from_checkpoint``, or choose another output_dir)."""
+    resume_from_checkpoint: str | None = None
+    """Path of a checkpoint-<step> directory (or "latest" in output_dir) to continue a run from."""
+    max_steps: int = -1
+    """Number of GRPO steps (generation rounds; see ``max_steps_unit``) to run, >= 1; -1 derives it from
+    ``num_train_epochs``."""
+    max_steps_unit: MaxStepsUnit = "grpo_steps"
+    """What ``max_steps`` counts. grpo_steps: generation rounds (grpokit's step). optimizer_steps: TRL's
+    ``global_step``; the run takes ceil(max_steps / optimizer steps per GRPO step) GRPO steps. Use it to port
+    a TRL step count unchanged. logging/eval/save intervals always count GRPO steps."""
+    num_train_epochs: float = 1.0
+    """Passes over the training prompts, used when ``max_steps`` is -1."""
+    seed: int = 42
+    """Seed for model init, data order and sampling, in [0, 2**32 - 1]."""
+    data_seed: int | None = None
+    """Seed of the training prompts' order (None: ``seed``)."""
+
+    # ---- logging -------------------------------------------------------------------------------------------
+    logging_steps: int | float = 1
+    """Write metrics every this many steps (and at the last step): a whole number >= 1, or a ratio in (0, 1)
+    of the run's steps (TRL's form: every ceil(ratio x steps) steps)."""
+    logging_first_step: bool = False
+    """Also log the first step when ``logging_steps`` would skip it."""
     disable_tqdm: bool = False
     """Hide the progress bar."""
     log_completions: bool = False
     """At each logged step, append every completion (prompt, text, each reward, advantage) to
     ``<output_dir>/completions.jsonl`` (TRL's name; TRL sends them to W&B as a table)."""
     num_completions_to_print: int | None = None
-    """At each logged step, print this many of the step's completions with their rewards (None: none)."""
+    """At each logged step, print this many of the step's completions with their rewards (None or 0:
+    none)."""
 
-    # ---- batch sizing -----------------------------------------------------------------------------
+    # ---- evaluation and checkpoints ------------------------------------------------------------------------
+    eval_strategy: Strategy | None = None
+    """When to evaluate on the eval set: "no", every ``eval_steps`` steps ("steps"), or at the end of each
+    pass over the training prompts ("epoch"). None: "steps" if ``eval_steps`` is set, else "no". "steps" and
+    "epoch" need an eval set (refused at the start without one)."""
+    eval_steps: int | float | None = None
+    """Steps between evaluations with ``eval_strategy="steps"`` (the same forms as ``logging_steps``);
+    None: ``logging_steps`` (as in TRL). Setting it alone turns evaluation on; with eval_strategy "no" or
+    "epoch" it is refused (it would do nothing)."""
+    eval_on_start: bool = False
+    """Evaluate once before the first step (a baseline); needs an eval set."""
+    per_device_eval_batch_size: int = 64
+    """Prompts per greedy generation call in evaluation."""
+    save_strategy: Strategy | None = None
+    """When to save a resumable checkpoint: "no", every ``save_steps`` steps, or each epoch. None: "steps"
+    if ``save_steps`` > 0, else "no". The final model is saved either way."""
+    save_steps: int | float = 0
+    """Save a resumable checkpoint every this many steps (the same forms as ``logging_steps``); 0: no
+    periodic checkpoint, under ``save_strategy="steps"`` too (the final model is saved either way)."""
+    save_total_limit: int | None = None
+    """Keep at most this many checkpoints (>= 1; the oldest are deleted first); None keeps all."""
+
+    # ---- batch sizing --------------------------------------------------------------------------------------
     num_generations: int = 8
     """G: completions sampled per prompt (the group). At least 2."""
     per_device_train_batch_size: int = 8
@@ -95,7 +161,32 @@ class GRPOConfig(IntegrationFields, EnvironmentFields, SamplingFields, Generatio
     shuffle_dataset: bool = True
     """Shuffle the training prompts each epoch."""
 
-    # ---- GRPO objective -----------------------------------------------------------------------------
+    # ---- data sets (docs/data.md) --------------------------------------------------------------------------
+    dataset_config: str | None = None
+    """Configuration (subset) name when ``train_dataset`` / ``eval_dataset`` is a data set name that
+    ``datasets.load_dataset`` resolves (a hub id, or a local folder of data files; configs from its
+    README.md)."""
+    dataset_train_split: str = "train"
+    """Split of a named (or folder) ``train_dataset`` to train on (TRL ScriptArguments' name)."""
+    dataset_test_split: str = "test"
+    """Split of a named (or folder) ``eval_dataset`` to evaluate on (TRL ScriptArguments' name)."""
+    prompt_column: str = "prompt"
+    """The column that holds the prompt (a string, or a list of chat messages)."""
+    column_mapping: dict[str, str] | None = None
+    """Rename columns before use, ``{source: target}``, e.g. ``{question: prompt, answer: solution}``;
+    the renamed columns reach the reward functions under their new names."""
+    max_prompt_length: int | None = 512
+    """Prompts longer than this many tokens (>= 1) are cut from the left (or refused, ``prompt_truncation``);
+    None keeps them whole."""
+    prompt_truncation: PromptTruncation = "left"
+    """A prompt longer than ``max_prompt_length`` tokens: cut from the left (keeps the end of the prompt,
+    where the question and the generation prompt are; TRL's behaviour) or refuse it with an error naming the
+    row."""
+    chat_template_kwargs: ScalarMapping | None = None
+    """Extra variables for the chat template of conversational prompts (TRL's name), e.g.
+    ``{"enable_thinking": False}`` for Qwen3."""
+
+    # ---- GRPO objective ------------------------------------------------------------------------------------
     beta: float = 0.04
     """KL coefficient (k3 estimator, added to the loss). 0 means no reference model is loaded or run."""
     epsilon: float = 0.2
@@ -108,8 +199,9 @@ class GRPOConfig(IntegrationFields, EnvironmentFields, SamplingFields, Generatio
     """grpo: per-sequence token mean, then mean over sequences (paper). bnpo: token mean over the local
     batch. dr_grpo: token sum / (sequences x max_completion_length). dapo: token sum / completion tokens in
     the whole global batch. cispo: clipped, stop-gradient IS weight (MiniMax-M1). sapo: soft gate (Qwen)."""
-    importance_sampling_level: Literal["token", "sequence"] = "token"
-    """token: one ratio per token. sequence: GSPO, one length-normalised ratio per sequence."""
+    importance_sampling_level: ImportanceSamplingLevel = "token"
+    """token: one ratio per token. sequence: GSPO, one length-normalised ratio per sequence. sequence_token:
+    GSPO-token, the sequence ratio's value with a per-token gradient (for per-token advantages)."""
     use_bias_correction_kl: bool = False
     """Weight the per-token KL by the importance ratio pi_theta / pi_old (TRL's name; TRL defaults to True,
     grpokit to the paper's plain k3 KL). It changes the gradient even on-policy (KL * grad log pi)."""
@@ -127,26 +219,30 @@ class GRPOConfig(IntegrationFields, EnvironmentFields, SamplingFields, Generatio
     """SAPO gate temperature for negative advantages."""
     reward_weights: list[float] | None = None
     """One weight per reward function (default all 1.0)."""
-    multi_objective_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = "sum_then_normalize"
+    multi_objective_aggregation: MultiObjectiveAggregation = "sum_then_normalize"
     """How several reward functions become one advantage: weighted sum then group-normalise (default), or
     normalise each reward within its group, then weighted sum (GDPO)."""
-    reward_failure: Literal["raise", "none"] = "raise"
+    reward_failure: RewardFailure = "raise"
     """A reward function that raises or returns NaN/inf: stop with an error ("raise"), or count and log
     it as rewards/<name>/failures and treat the value as None ("none")."""
     advantage_epsilon: float = 1e-4
-    """Added to the std before dividing."""
+    """Added to the std before dividing (>= 0)."""
 
-    # ---- reference model ---------------------------------------------------------------------------------
+    # ---- reference model -----------------------------------------------------------------------------------
     sync_ref_model: bool = False
     """Periodically reset (or mix) the reference model towards the current policy."""
     ref_model_sync_steps: int = 400
     """Steps between reference syncs (R1-Zero replaced the reference every 400 steps)."""
     ref_model_mixup_alpha: float = 1.0
     """ref <- alpha * policy + (1 - alpha) * ref at each sync; 1.0 is a hard reset."""
+    ref_model_dtype: Dtype = "auto"
+    """Dtype of the reference model's weights. auto: the policy's weights' dtype (a bf16 policy gets a bf16
+    reference, never an fp32 copy); bfloat16/float16 halve an fp32 policy's reference."""
+    ref_model_offload: bool = False
+    """Keep the reference model's weights on the CPU and move them to the device only for its log-prob pass
+    (frees one copy of the weights on the device between uses, costs two host<->device copies per step)."""
 
-    # ---- generation --------------------------------------------------------------------------------------
-    max_prompt_length: int | None = 512
-    """Prompts longer than this many tokens are cut from the left; None keeps them whole."""
+    # ---- generation ----------------------------------------------------------------------------------------
     max_completion_length: int = 256
     """Completion limit in tokens."""
     temperature: float = 1.0
@@ -159,47 +255,163 @@ class GRPOConfig(IntegrationFields, EnvironmentFields, SamplingFields, Generatio
     """Min-p filter; 0 disables."""
     repetition_penalty: float = 1.0
     """Repetition penalty (1.0 disables)."""
-    chat_template_kwargs: dict[str, str | int | float | bool] | None = None
-    """Extra variables for the chat template of conversational prompts (TRL's name), e.g.
-    ``{"enable_thinking": False}`` for Qwen3."""
-    generation_backend: Literal["auto", "transformers", "fast"] = "auto"
+    generation_kwargs: ScalarMapping | None = None
+    """Sampling settings that take precedence over the fields of the same meaning (TRL's name):
+    ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty``, ``max_new_tokens`` (=
+    max_completion_length). Other keys are refused: the fast sampler has no other knobs."""
+    generation_backend: GenerationBackend = "auto"
     """auto: the fast sampler where its shared-prefix decode supports the model (Llama, Qwen2/3, Mistral
     without a sliding window, plain or LoRA, any dtype), else ``model.generate``; the choice is logged
     once. transformers: ``model.generate``. fast: grpokit's sampler (shared prompt prefill, KV cache)."""
     generation_micro_batch_size: int | None = None
-    """Prompts per generation call (None: all prompts of the step at once)."""
+    """Prompts per generation call (>= 1; None: all prompts of the step at once)."""
+    generation_dtype: Dtype = "auto"
+    """Dtype of the weights the sampler generates from. auto: the policy itself (no copy). Another dtype
+    than the policy's: a copy of the policy in that dtype, refreshed from the policy before each generation
+    (one more copy of the weights in memory), so that e.g. a bfloat16 sampler feeds an fp32 training run,
+    as vLLM does. The samples are then off-policy with respect to pi_old, and the correction below
+    applies. With ``use_vllm`` in colocate mode: the dtype of the vLLM engine (auto: the checkpoint's)."""
 
-    # ---- optimisation ------------------------------------------------------------------------------------
+    # ---- vLLM (docs/generation.md, "The vLLM backend"; untested on GPU) ------------------------------------
+    use_vllm: bool = False
+    """Generate with vLLM (``pip install 'grpokit[vllm]'``, a CUDA GPU) instead of ``generation_backend``. The
+    engine's log-probs differ slightly from the trainer's, so its samples are off-policy and the
+    ``vllm_importance_sampling_*`` correction applies. On a machine without vLLM or without CUDA the trainer
+    refuses to start, naming the alternative (``use_vllm=False``: ``generation_backend``)."""
+    vllm_mode: VLLMMode = "colocate"
+    """colocate: an in-process ``vllm.LLM`` on the training GPU, sharing its memory
+    (``vllm_gpu_memory_utilization``). server: a vLLM server on other GPUs, started with ``trl vllm-serve``
+    (TRL 1.16) or ``VLLM_SERVER_DEV_MODE=1 vllm serve ... --weight-transfer-config '{"backend": "nccl"}'``;
+    the trainer pushes its weights to it over NCCL."""
+    vllm_model_impl: VLLMModelImpl = "vllm"
+    """colocate: the engine's model implementation (vLLM's own, or ``transformers``' through vLLM). In server
+    mode it is the server's ``--model-impl``."""
+    vllm_enable_sleep_mode: bool = False
+    """colocate: offload the engine's weights to CPU memory and free its KV cache between generations
+    (vLLM sleep level 1), so that the update has the GPU memory; waking costs a host-device copy."""
+    vllm_server_base_url: str | None = None
+    """server: the server's URL (e.g. ``http://10.0.0.5:8000``); when set, ``vllm_server_host`` and
+    ``vllm_server_port`` are ignored."""
+    vllm_server_host: str = "0.0.0.0"
+    """server: the server's host (TRL's default ``0.0.0.0`` reaches a server on this machine)."""
+    vllm_server_port: int = 8000
+    """server: the server's HTTP port."""
+    vllm_server_timeout: float = 240.0
+    """server: seconds to wait for the server's ``/health`` to answer at construction (a server still loading
+    its model), after which the trainer stops with a ConnectionError naming the URL."""
+    vllm_group_port: int = 51216
+    """server: the TCP port of the NCCL weight-transfer group's rendezvous, opened on the trainer's main
+    process, which the server's workers connect to."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """colocate: the fraction of the GPU's memory the engine takes (weights and KV cache); the rest is the
+    trainer's. In server mode it is the server's ``--gpu-memory-utilization``."""
+    vllm_max_model_length: int | None = None
+    """colocate: the engine's context length (prompt + completion); None: the model config's. Set it to the
+    longest prompt plus ``max_completion_length`` to size the KV cache to what the run needs."""
+    vllm_tensor_parallel_size: int = 1
+    """colocate: GPUs per engine (tensor parallelism). Only 1 is supported in colocate mode; for a model that
+    needs several GPUs, use server mode (``--tensor-parallel-size`` on the server)."""
+
+    # ---- off-policy correction (a sampler that is not pi_old) ----------------------------------------------
+    vllm_importance_sampling_correction: bool = True
+    """Correct for the mismatch between the sampler's log-probs and the trainer's pi_old (TRL's name and
+    default) with importance-sampling weights pi_old / pi_sampler on the policy term. Applies only where the
+    sampler is not pi_old: ``use_vllm``, ``generation_dtype`` different from the policy's, or a
+    ``rollout_backend`` given to the trainer that reports log-probs. Then old log-probs are computed even when
+    num_iterations is 1."""
+    vllm_importance_sampling_mode: ImportanceSamplingMode = "sequence_mask"
+    """token_truncate / token_mask: one ratio per token; sequence_truncate / sequence_mask: one ratio per
+    sequence, exp(sum_t (log pi_old - log pi_sampler)), on all its tokens. truncate clamps the ratio to
+    [clip_min, clip_max]; mask zeroes it outside (TRL's default: sequence_mask)."""
+    vllm_importance_sampling_clip_max: float | None = 3.0
+    """Upper bound C_max of the ratio (None: none)."""
+    vllm_importance_sampling_clip_min: float | None = None
+    """Lower bound C_min of the ratio (None: none)."""
+    vllm_importance_sampling_cap: float | None = None
+    """Deprecated in TRL: when set, it is the ``vllm_importance_sampling_clip_max`` a run uses (logged)."""
+
+    # ---- asynchronous rollouts (docs/generation.md, "Asynchronous rollouts") -------------------------------
+    async_generation: bool = False
+    """Generate (and score) the next steps' samples in a background thread while this step's update runs,
+    from frozen copies of the policy at most ``max_staleness`` updates old; those samples are off-policy and
+    the ``vllm_importance_sampling_*`` correction weights them. One process, in-process samplers only."""
+    max_staleness: int = 1
+    """With ``async_generation``: how many policy updates old the samples a step trains on may be (the
+    number of draws kept in flight, one copy of the weights each). 0 is the synchronous loop exactly."""
+
+    # ---- which groups a step trains on (docs/sampling.md) --------------------------------------------------
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: drop groups whose rewards all agree (no learning signal) and sample further
+    prompts until the step holds its configured number of groups, at most ``max_sampling_rounds``
+    generation rounds; then train on the informative groups there are."""
+    max_sampling_rounds: int = 4
+    """Most generation rounds one step may take with ``dynamic_sampling`` (the first included)."""
+    curriculum: bool = False
+    """Online difficulty curriculum: estimate each training prompt's pass rate from its past groups and skip
+    prompts that are (almost) always or never solved, except with probability ``curriculum_explore``."""
+    curriculum_pass_threshold: float = 1.0
+    """A completion *passes* when its (weighted) reward is at least this (curriculum and adaptive G)."""
+    curriculum_min_pass_rate: float = 0.05
+    """Skip a prompt whose estimated pass rate is below this (never solved)."""
+    curriculum_max_pass_rate: float = 0.95
+    """Skip a prompt whose estimated pass rate is above this (always solved)."""
+    curriculum_min_samples: int = 8
+    """Completions a prompt needs before its estimate is trusted enough to skip it."""
+    curriculum_explore: float = 0.1
+    """Probability that a prompt the curriculum would skip is trained anyway, so it comes back (and its
+    estimate follows the policy)."""
+    adaptive_num_generations: bool = False
+    """Spread each step's completion budget (the ``generation_batch_size``) over its prompts by how uncertain
+    their pass rate is: settled prompts get fewer samples, uncertain and unseen ones more, each between
+    ``min_num_generations`` and ``max_num_generations``; advantages use each group's own size."""
+    min_num_generations: int = 2
+    """Smallest group with ``adaptive_num_generations`` (at least 2: a group of one has no baseline)."""
+    max_num_generations: int | None = None
+    """Largest group with ``adaptive_num_generations`` (refused without it); None: 2 x num_generations."""
+
+    # ---- optimisation --------------------------------------------------------------------------------------
     learning_rate: float = 1e-6
     """AdamW peak learning rate (DeepSeekMath-RL: 1e-6; R1-Zero: 3e-6)."""
-    lr_scheduler_type: Literal["constant", "constant_with_warmup", "linear", "cosine"] = "constant"
+    lr_scheduler_type: LRSchedulerType = "constant"
     """Learning-rate schedule over the optimizer steps of the run."""
+    lr_scheduler_kwargs: ScalarMapping | None = None
+    """Extra arguments of the learning-rate schedule (``transformers.get_scheduler``'s
+    ``scheduler_specific_kwargs``), e.g. ``{num_cycles: 0.5}`` for cosine."""
     warmup_ratio: float = 0.0
     """Fraction of optimizer steps spent warming up linearly from 0."""
     warmup_steps: int = 0
-    """Optimizer steps of linear warm-up; when > 0 it replaces warmup_ratio (as in transformers)."""
+    """Optimizer steps of linear warm-up (instead of ``warmup_ratio``: setting both is refused)."""
+    optim: Optimizer = "adamw_torch_fused"
+    """Optimizer: AdamW's fused kernel (the default, as TRL's: one pass per parameter, no temporaries; CUDA
+    and CPU, the plain kernel elsewhere) or the plain ``adamw_torch`` (same update up to float rounding)."""
     weight_decay: float = 0.0
-    """AdamW weight decay."""
+    """AdamW weight decay (>= 0)."""
     adam_beta1: float = 0.9
-    """AdamW beta1."""
+    """AdamW beta1, in [0, 1)."""
     adam_beta2: float = 0.999
-    """AdamW beta2."""
+    """AdamW beta2, in [0, 1)."""
+    adam_epsilon: float = 1e-8
+    """AdamW epsilon (> 0)."""
     max_grad_norm: float = 1.0
     """Gradient clipping by global norm; 0 disables."""
     max_nonfinite_steps: int = 3
     """An optimizer step whose loss or gradient is NaN/inf is skipped (counted as ``nonfinite_steps``);
     this many GRPO steps in a row with such a skip stop the run with an error saying what to check."""
-    mixed_precision: Literal["no", "fp16", "bf16"] = "no"
+
+    # ---- precision, memory and placement -------------------------------------------------------------------
+    mixed_precision: MixedPrecision = "no"
     """accelerate mixed precision (autocast over generation, log-prob passes and the update)."""
     bf16: bool = False
     """TRL/transformers name for ``mixed_precision="bf16"``."""
     fp16: bool = False
     """TRL/transformers name for ``mixed_precision="fp16"``."""
-    model_init_kwargs: dict[str, str | int | float | bool] | None = None
+    model_init_kwargs: ScalarMapping | None = None
     """Keyword arguments of ``from_pretrained`` when the policy is given as a path or hub id (TRL's name),
     e.g. ``{"dtype": "bfloat16", "attn_implementation": "sdpa"}``. Without ``dtype`` the weights load in
     float32. Strings ``"true"``/``"false"`` become booleans. Command line:
     ``model_init_kwargs={dtype: bfloat16}``."""
+    trust_remote_code: bool = False
+    """Allow a model directory's own modelling code (``from_pretrained(trust_remote_code=True)``)."""
     use_cpu: bool = False
     """Train on the CPU even when a GPU is present (TRL's name). A multi-process launch (``torchrun``,
     ``accelerate launch``) on a machine without an accelerator runs on CPU processes talking over gloo
@@ -216,22 +428,16 @@ class GRPOConfig(IntegrationFields, EnvironmentFields, SamplingFields, Generatio
     gradient_checkpointing: bool = False
     """Trade compute for memory in the policy's backward: each decoder layer keeps only its input and is run
     again in the backward. Exact on every forward path (the shared-prefix one included)."""
-    gradient_checkpointing_kwargs: dict[str, str | int | float | bool] | None = None
+    gradient_checkpointing_kwargs: ScalarMapping | None = None
     """Keyword arguments of ``torch.utils.checkpoint.checkpoint`` (TRL's name). ``use_reentrant`` must stay
     False (the default): reentrant checkpointing gives no gradient to the prompt keys/values that the
     shared-prefix forward passes from the prompt to the completions."""
-    ref_model_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """Dtype of the reference model's weights. auto: the policy's weights' dtype (a bf16 policy gets a bf16
-    reference, never an fp32 copy); bfloat16/float16 halve an fp32 policy's reference."""
-    ref_model_offload: bool = False
-    """Keep the reference model's weights on the CPU and move them to the device only for its log-prob pass
-    (frees one copy of the weights on the device between uses, costs two host<->device copies per step)."""
     fsdp: str = ""
     """Fully sharded data parallel (TRL/transformers name): ``"full_shard"`` shards the weights, gradients
     and optimizer state of the policy (and the reference) over the processes with PyTorch FSDP2
     (``fully_shard`` per decoder layer); "" replicates them (DDP). ``accelerate launch`` with an FSDP config
     (``recipes/accelerate/fsdp.yaml``) turns it on too. See docs/scaling.md."""
-    deepspeed: str | None = None
+    deepspeed: str | ScalarMapping | None = None
     """DeepSpeed ZeRO (TRL/transformers name): ``"zero1"`` / ``"zero2"`` / ``"zero3"``, or a DeepSpeed JSON
     file (from Python also a dict) whose ``zero_optimization`` stage partitions AdamW's state (1), the
     gradients (2) and the weights (3) over the processes; grpokit sets the batch sizes, clipping and
@@ -241,7 +447,31 @@ class GRPOConfig(IntegrationFields, EnvironmentFields, SamplingFields, Generatio
     """Set every dropout probability of the policy to 0 (TRL's name), so the update's log-probs match the
     sampling ones."""
 
-    # ---- process supervision (docs/process-supervision.md) ---------------------------------------------
+    # ---- multi-turn environments (docs/environments.md) ----------------------------------------------------
+    environment: str | None = None
+    """The environment each prompt's G episodes run in: a built-in name (``maze``, ``calculator``) or an
+    import path (``my_envs.Grid``: a class with ``reset(row)``/``step(action)``, or a function
+    ``step(row, actions)``). None: single-turn completions (``GRPOTrainer(environment=...)`` also takes a
+    class, factory or function)."""
+    environment_kwargs: ScalarMapping = field(default_factory=dict)
+    """Keyword arguments the environment class is built with (one instance per episode)."""
+    max_turns: int = 8
+    """Policy turns per episode at most; an episode still running after them is truncated."""
+    max_turn_tokens: int | None = None
+    """Tokens one policy turn may generate at most; None: what is left of ``max_completion_length``, which
+    bounds the whole episode (policy and environment tokens)."""
+    environment_timeout: float | None = 30.0
+    """Seconds one environment call (``reset`` or ``step``) may take; a slower call fails its episode, as a
+    raising one does (``reward_failure``: raise, or count it and skip the episode's environment reward)."""
+    max_tool_calling_iterations: int | None = None
+    """TRL's name, with ``GRPOTrainer(tools=...)``: tool-calling turns per episode at most (``max_turns`` is
+    then this + 1, the answer's turn); None: ``max_turns``."""
+    turn_advantages: bool = False
+    """Per-turn environment rewards as process supervision (each policy turn a step): token advantages from
+    the group-normalised turn rewards (``process_advantage_weight``) plus the outcome advantage
+    (``outcome_advantage_weight``). False: only the episode's summed reward counts, as an outcome."""
+
+    # ---- process supervision (docs/process-supervision.md) -------------------------------------------------
     step_delimiter: str = "\n"
     """What ends a reasoning step in a completion (default: one step per line; or a step tag such as
     "<step>"). Used by process rewards, process reward models and iterative reward-model labels."""
@@ -254,7 +484,7 @@ class GRPOConfig(IntegrationFields, EnvironmentFields, SamplingFields, Generatio
     process_advantage_weight: float = 1.0
     """Weight of the process part of the token advantage (see outcome_advantage_weight)."""
 
-    # ---- iterative GRPO (reward model keeps learning; DeepSeekMath section 4.2) ---------------------------
+    # ---- iterative GRPO (reward model keeps learning; DeepSeekMath section 4.2) ----------------------------
     iteration_steps: int = 0
     """Every this many steps, label the policy's recent samples, update the iterative reward model on them
     (with replay) and reset the reference model to the current policy. 0 = off (static reward model)."""
@@ -269,73 +499,145 @@ class GRPOConfig(IntegrationFields, EnvironmentFields, SamplingFields, Generatio
     rm_buffer_capacity: int | None = None
     """Most samples the replay buffer keeps (a uniform reservoir of all history); None keeps all."""
 
+    # ---- experiment tracking -------------------------------------------------------------------------------
+    report_to: str | list[str] = "none"
+    """Metric sinks besides metrics.jsonl: "tensorboard", "wandb", "trackio", "mlflow", a list of them,
+    "all" (every one installed) or "none". Held as the list of names ("none" -> [])."""
+    run_name: str | None = None
+    """Name of the run in W&B / trackio / MLflow; None: the output_dir's last component."""
+    project: str = "grpokit"
+    """Project (W&B, trackio) or experiment (MLflow) the run is logged under."""
+    logging_dir: str | None = None
+    """TensorBoard event directory; None: ``<output_dir>/tensorboard``."""
+
+    # ---- the hub and the model card ------------------------------------------------------------------------
+    push_to_hub: bool = False
+    """Upload the saved model (with its model card) to the Hugging Face Hub with ``huggingface_hub``."""
+    hub_model_id: str | None = None
+    """Repository to push to, ``user/name``; None: the output_dir's last component under your account."""
+    hub_strategy: HubStrategy = "every_save"
+    """Push at the end only, or also each time a checkpoint is saved (the model, not the optimizer state)."""
+    hub_token: str | None = None
+    """Token for the push; None: the one ``huggingface-cli login`` stored (or ``HF_TOKEN``)."""
+    hub_private_repo: bool | None = None
+    """Create the repository private (None: the hub's default)."""
+    hub_revision: str | None = None
+    """Branch to push to (None: main)."""
+
+    # ---- construction --------------------------------------------------------------------------------------
+    def __init__(self, **values: Any) -> None:
+        """Every field from its keyword, or its declared default. TRL's fields that grpokit does not have are
+        checked and dropped (``config.trl_fields``); any other unknown name is a TypeError, as from a
+        dataclass."""
+        fields = {spec.name: spec for spec in dataclasses.fields(self)}
+        values = split_trl_fields(values, set(fields))
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            raise TypeError(f"GRPOConfig.__init__() got an unexpected keyword argument {unknown[0]!r}")
+        for name, spec in fields.items():
+            setattr(self, name, values[name] if name in values else _default(spec))
+        self.__post_init__()
+
     def __post_init__(self) -> None:
-        self._none_means_default()
-        self._resolve_precision_aliases()
-        resolve_integration_fields(self)
-        self._validate()
+        self._type_values()
+        validate(self)
+        if self.vllm_importance_sampling_cap is not None:
+            logger.warning(
+                "GRPOConfig.vllm_importance_sampling_cap is deprecated (as in TRL): it sets "
+                "vllm_importance_sampling_clip_max=%r; use vllm_importance_sampling_clip_max instead",
+                self.vllm_importance_sampling_cap,
+            )
 
-    def _none_means_default(self) -> None:
-        """TRL writes None for "not set" where grpokit has a concrete default (``output_dir``, ``min_p``,
-        ``fsdp``, ``bf16``, ``disable_tqdm``): None there means grpokit's default."""
-        for f in dataclasses.fields(self):
-            if getattr(self, f.name) is None and "None" not in str(f.type):
-                default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-                setattr(self, f.name, default)
+    def _type_values(self) -> None:
+        """Each value as its field's declared type (``config.values.typed``); None where the type does not
+        admit it means the default (TRL writes None for "not set"); ``report_to`` as a list of names."""
+        for spec in dataclasses.fields(self):
+            value = getattr(self, spec.name)
+            annotation = field_types(type(self))[spec.name]
+            if value is None and not admits_none(annotation):
+                setattr(self, spec.name, _default(spec))
+                continue
+            setattr(self, spec.name, typed(annotation, value, f"GRPOConfig.{spec.name}"))
+        names = [self.report_to] if isinstance(self.report_to, str) else list(self.report_to)
+        self.report_to = [name.strip() for name in names if name.strip() not in ("none", "")]
 
-    def _resolve_precision_aliases(self) -> None:
-        """bf16/fp16 (TRL's booleans) -> mixed_precision, refusing contradictions."""
-        require(not (self.bf16 and self.fp16), "bf16", "and fp16 cannot both be true")
-        for flag, mode in ((self.bf16, "bf16"), (self.fp16, "fp16")):
-            if flag:
-                require(
-                    self.mixed_precision in ("no", mode),
-                    mode,
-                    f"=True contradicts mixed_precision={self.mixed_precision!r}",
-                )
-                self.mixed_precision = mode
+    # ---- what a run uses -----------------------------------------------------------------------------------
+    def resolved(self) -> GRPOConfig:
+        """This config with every derived field written out (``config.resolution.derived_values``): the
+        strategies, ``eval_steps``, ``mixed_precision``, ``max_num_generations``, the importance-sampling
+        bound and the sampling fields under ``generation_kwargs``. What a run uses (``GRPOTrainer`` resolves
+        its ``args`` once) and what ``grpokit train`` records in config.yaml. Change a source on the config
+        you built, then resolve again: a resolved config states its derived fields explicitly."""
+        return dataclasses.replace(self, **resolution.derived_values(self))
 
-    def num_warmup_steps(self, total_optimizer_steps: int) -> int:
-        """Warm-up length in optimizer steps: warmup_steps if > 0, else ceil(warmup_ratio * total)."""
-        return self.warmup_steps or math.ceil(self.warmup_ratio * total_optimizer_steps)
-
-    def _validate_loss(self) -> None:
-        """The loss fields are validated where the loss is defined: by building the run's PolicyLoss.
-        (Imported here, not at the top, so that ``import grpokit`` does not import torch.)"""
-        from grpokit.core.losses import LossConfigError, PolicyLoss
-
-        try:
-            PolicyLoss.from_config(self)
-        except LossConfigError as err:
-            raise ValueError(f"GRPOConfig.{err.field} {err.why}") from None
-
-    # -- validation ------------------------------------------------------------------------------------------
-    def _validate(self) -> None:
-        """Every field's range and the fields' agreement (``grpokit.config.validation``); the loss fields by
-        building the run's loss; the batch sizes by planning a step."""
-        validate_fields(self)
-        validate_sampling_fields(self)
-        validate_generation_fields(self)
-        validate_environment_fields(self)
-        self._validate_loss()
-        self.batch_plan(num_processes=1)  # checks the sizes fit together
+    def check_eval_dataset(self, has_eval_dataset: bool, what_to_do: str = "pass eval_dataset") -> None:
+        """Refuse an evaluation schedule (``eval_strategy``, ``eval_steps``, ``eval_on_start``) without an
+        eval set, saying ``what_to_do`` (``config.validation.check_eval_dataset``)."""
+        check_eval_dataset(self, has_eval_dataset, what_to_do)
 
     def batch_plan(self, num_processes: int = 1) -> BatchPlan:
         """The counts of one step (``config.batch_plan``). Raises ValueError when the batch sizes do not fit
         together."""
         return plan_batch(self, num_processes)
 
-    # -- YAML ------------------------------------------------------------------------------------------------
+    def num_warmup_steps(self, total_optimizer_steps: int) -> int:
+        """Warm-up length in optimizer steps: warmup_steps if > 0, else ceil(warmup_ratio * total)."""
+        return self.warmup_steps or math.ceil(self.warmup_ratio * total_optimizer_steps)
+
+    # ---- the settings lower layers take (never the whole config) -------------------------------------------
+    def data_settings(self) -> DataSettings:
+        """The data set fields, for ``grpokit.data.load_dataset_rows``."""
+        from grpokit.data.loading import DataSettings
+
+        return DataSettings(
+            dataset_config=self.dataset_config,
+            dataset_train_split=self.dataset_train_split,
+            dataset_test_split=self.dataset_test_split,
+            prompt_column=self.prompt_column,
+            column_mapping=self.column_mapping,
+        )
+
+    def sampling_params(self, tokenizer: Any, *, greedy: bool = False) -> SamplingParams:
+        """How the samplers sample (``generation_kwargs`` taking precedence over the fields), with the
+        tokenizer's EOS and pad ids; ``greedy``: argmax decoding, for evaluation."""
+        from grpokit.rollout.base import SamplingParams
+
+        fields = resolution.sampling_fields(self)
+        return SamplingParams.for_tokenizer(
+            tokenizer,
+            greedy=greedy,
+            max_new_tokens=fields["max_completion_length"],
+            temperature=fields["temperature"],
+            top_p=fields["top_p"],
+            top_k=fields["top_k"],
+            min_p=fields["min_p"],
+            repetition_penalty=fields["repetition_penalty"],
+        )
+
+    def vllm_settings(self) -> VLLMSettings:
+        """The ``vllm_*`` fields and what the engine shares with the run (dtype, seed, remote code), for
+        ``grpokit.rollout.vllm_backend``."""
+        from grpokit.rollout.vllm_backend import VLLMSettings
+
+        url = self.vllm_server_base_url
+        return VLLMSettings(
+            mode=self.vllm_mode,
+            dtype=self.generation_dtype,
+            model_impl=self.vllm_model_impl,
+            gpu_memory_utilization=self.vllm_gpu_memory_utilization,
+            max_model_length=self.vllm_max_model_length,
+            enable_sleep_mode=self.vllm_enable_sleep_mode,
+            server_url=url.rstrip("/") if url else f"http://{self.vllm_server_host}:{self.vllm_server_port}",
+            server_timeout=self.vllm_server_timeout,
+            group_port=self.vllm_group_port,
+            seed=self.seed,
+            trust_remote_code=self.trust_remote_code,
+        )
+
+    # ---- YAML ----------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """Every field, the GRPO knobs first, then the generation, sampling and data/tracking/hub ones."""
-        values = dataclasses.asdict(self)
-        integration = [
-            f.name
-            for group in (GenerationFields, SamplingFields, EnvironmentFields, IntegrationFields)
-            for f in dataclasses.fields(group)
-        ]
-        order = [name for name in values if name not in integration] + integration
-        return {name: values[name] for name in order}
+        """Every field, in declaration order."""
+        return dataclasses.asdict(self)
 
     def to_yaml(self, path: str | Path | None = None) -> str:
         text = yaml.safe_dump(self.to_dict(), sort_keys=False)
@@ -345,28 +647,23 @@ class GRPOConfig(IntegrationFields, EnvironmentFields, SamplingFields, Generatio
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> GRPOConfig:
-        values = split_trl_fields(values, _FIELD_NAMES)
-        unknown = sorted(set(values) - _FIELD_NAMES)
+        """A config from a mapping of fields (and TRL's other fields); unknown names are a ValueError naming
+        them."""
+        known = {spec.name for spec in dataclasses.fields(cls)} | set(NO_EFFECT) | set(REFUSED)
+        unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"unknown GRPOConfig field(s): {', '.join(unknown)}")
         return cls(**values)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> GRPOConfig:
-        values = yaml.safe_load(Path(path).read_text()) or {}
+        """A config from a YAML file (read by YAML 1.2's rules: ``config.values.load_yaml``)."""
+        values = load_yaml_file(path) or {}
         if not isinstance(values, dict):
             raise ValueError(f"{path}: expected a mapping of GRPOConfig fields, got {type(values).__name__}")
         return cls.from_dict(values)
 
 
-_FIELD_NAMES = {f.name for f in dataclasses.fields(GRPOConfig)}
-_dataclass_init = GRPOConfig.__init__
-
-
-@functools.wraps(_dataclass_init)
-def _init_accepting_trl_fields(self: GRPOConfig, *args: Any, **kwargs: Any) -> None:
-    """The dataclass ``__init__``, after checking TRL-only keyword arguments (``config.trl_fields``)."""
-    _dataclass_init(self, *args, **split_trl_fields(kwargs, _FIELD_NAMES))
-
-
-GRPOConfig.__init__ = _init_accepting_trl_fields  # type: ignore[method-assign]
+def _default(spec: dataclasses.Field) -> Any:
+    """A field's declared default (a fresh one from its factory)."""
+    return spec.default_factory() if spec.default_factory is not dataclasses.MISSING else spec.default

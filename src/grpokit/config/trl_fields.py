@@ -2,15 +2,15 @@
 
 A TRL field is one of three things in grpokit:
 
-1. a ``GRPOConfig`` field with TRL's meaning (most of them; ``grpokit.config``,
-   ``grpokit.config.integrations``);
+1. a ``GRPOConfig`` field with TRL's meaning (most of them; ``grpokit.config.grpo_config``);
 2. ``NO_EFFECT``: a field that cannot change what grpokit computes (grpokit has no DataLoader, no
    ``Trainer`` log levels...). Accepted with any value; setting one logs
    the reason, so nothing a user sets disappears silently;
 3. ``REFUSED``: a feature grpokit does not implement. Accepted at values that leave the feature off (TRL's
    default, or an equivalent), otherwise refused with a ``ValueError`` saying why and what to use instead.
 
-Never a ``TypeError``. The list follows TRL 1.16 (``tests/test_trl_parity.py`` holds its field names).
+Never a ``TypeError``: ``GRPOConfig``'s constructor passes its keywords through ``split_trl_fields`` before
+setting its own fields. The list follows TRL 1.16 (``tests/test_trl_parity.py`` holds its field names).
 """
 
 from __future__ import annotations
@@ -147,6 +147,9 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
 }
 
 
+_BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
+
+
 def split_trl_fields(values: Mapping[str, Any], own_fields: set[str]) -> dict[str, Any]:
     """``values`` without the TRL-only fields, after checking them: a refused feature that is turned on
     raises ``ValueError``; a no-effect field set away from TRL's default is logged. Unknown names stay in the
@@ -165,7 +168,10 @@ def split_trl_fields(values: Mapping[str, Any], own_fields: set[str]) -> dict[st
 
 
 def _same(value: Any, allowed: Any) -> bool:
-    """Equal, without True == 1 or [] == () surprises."""
+    """Equal, without True == 1 or [] == () surprises; a boolean may be given as a word (``no``, ``true``),
+    as the command line and YAML 1.2 give it."""
+    if isinstance(allowed, bool) and isinstance(value, str) and value.strip().lower() in _BOOL_WORDS:
+        return _BOOL_WORDS[value.strip().lower()] is allowed
     if isinstance(allowed, (list, tuple)):
         return isinstance(value, (list, tuple)) and list(value) == list(allowed)
     if isinstance(allowed, bool) or isinstance(value, bool) or allowed is None:

@@ -1,96 +1,416 @@
-"""Validation of ``GRPOConfig`` fields: ranges and agreements, each failure a ValueError naming the field.
+"""Every check of a ``GRPOConfig``, in one place: each field's range and the fields' agreement, run once at
+construction (``validate``). A failure is a ValueError of one sentence: ``GRPOConfig.<field>``, the value,
+what is wrong and what to do.
 
-Kept apart from the config's field list so that file stays a readable list of knobs; ``GRPOConfig`` calls
-``validate_fields`` at construction (the loss fields are validated by building the loss, the batch sizes by
-planning a step: see ``GRPOConfig._validate``).
+The checks read the config as a run will use it (the derived values of ``config.resolution`` applied,
+``generation_kwargs`` included), without storing anything. The loss fields are checked by building the run's
+``PolicyLoss``, the batch sizes by planning a step (``config.batch_plan``). What needs the trainer's inputs
+(an eval set for ``eval_strategy``) is checked by ``check_eval_dataset`` when the run starts.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+from types import SimpleNamespace
 from typing import Any
 
-__all__ = ["require", "validate_fields"]
+from grpokit.config import resolution
+from grpokit.config.choices import SINKS
+
+__all__ = ["check_eval_dataset", "require", "validate"]
+
+logger = logging.getLogger("grpokit")
+
+MAX_SEED = 2**32 - 1
+"""numpy's (and so ``accelerate.set_seed``'s) largest seed."""
 
 
 def require(condition: bool, name: str, why: str) -> None:
-    """Raise ``ValueError("GRPOConfig.<name> <why>")`` unless ``condition``."""
+    """Raise ``ValueError("GRPOConfig.<name> <why>")`` unless ``condition`` (``why`` may start with the
+    value: ``"=True needs ..."``)."""
     if not condition:
-        raise ValueError(f"GRPOConfig.{name} {why}")
+        raise ValueError(f"GRPOConfig.{name}{'' if why.startswith('=') else ' '}{why}")
 
 
-def validate_fields(config: Any) -> None:
+def validate(config: Any) -> None:
     """Check every field of ``config`` (a GRPOConfig) on its own and against the others."""
-    require(config.num_generations >= 2, "num_generations", "must be >= 2: a group of one has no baseline")
-    require(config.per_device_train_batch_size >= 1, "per_device_train_batch_size", "must be >= 1")
-    require(config.gradient_accumulation_steps >= 1, "gradient_accumulation_steps", "must be >= 1")
-    require(config.num_iterations >= 1, "num_iterations", "must be >= 1")
-    require(0 < config.top_entropy_quantile <= 1, "top_entropy_quantile", "must be in (0, 1]")
-    require(config.temperature > 0, "temperature", "must be > 0 (use greedy evaluation instead)")
-    require(0 < config.top_p <= 1, "top_p", "must be in (0, 1]")
-    require(config.top_k >= 0, "top_k", "must be >= 0")
-    require(0 <= config.min_p < 1, "min_p", "must be in [0, 1)")
-    require(config.repetition_penalty > 0, "repetition_penalty", "must be > 0")
-    require(config.max_completion_length >= 1, "max_completion_length", "must be >= 1")
-    require(config.learning_rate >= 0, "learning_rate", "must be >= 0")
-    require(config.max_nonfinite_steps >= 1, "max_nonfinite_steps", "must be >= 1")
-    if config.torch_num_threads is not None:
-        require(config.torch_num_threads >= 0, "torch_num_threads", "must be >= 0 (0: torch's default)")
+    _check_generation_kwargs(config)
+    view = SimpleNamespace(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
+    view.__dict__.update(resolution.derived_values(config))  # the config as a run uses it
+    for check in (
+        _check_schedule, _check_intervals, _check_batch, _check_objective, _check_reference,
+        _check_generation, _check_vllm, _check_correction, _check_sampling, _check_optimisation,
+        _check_precision, _check_environment, _check_process_supervision, _check_iterative, _check_data,
+        _check_tracking,
+    ):  # fmt: skip
+        check(view)
+    _check_precision_flags(config)
+    _check_unused(config)
+    _check_loss(view)
+    from grpokit.config.batch_plan import plan_batch  # here: batch_plan raises through this module's require
+
+    plan_batch(view, num_processes=1)  # the batch sizes fit together
+
+
+def check_eval_dataset(config: Any, has_eval_dataset: bool, what_to_do: str) -> None:
+    """An evaluation schedule (``eval_strategy`` "steps"/"epoch", set or derived from ``eval_steps``) or
+    ``eval_on_start`` without an eval set is refused, as TRL refuses it, rather than never evaluating;
+    ``what_to_do`` says how to give one (to ``GRPOTrainer``, or on the command line)."""
+    if has_eval_dataset:
+        return
+    strategy = resolution.eval_strategy(config)
+    if strategy != "no":
+        given = (
+            f"eval_strategy={strategy!r}"
+            if config.eval_strategy is not None
+            else f"eval_steps={config.eval_steps!r} (which sets eval_strategy='steps')"
+        )
+        raise ValueError(
+            f"GRPOConfig.{given} needs an eval_dataset to evaluate: {what_to_do}, or set eval_strategy='no'"
+        )
     require(
-        not (config.gradient_checkpointing_kwargs or {}).get("use_reentrant", False),
+        not config.eval_on_start,
+        "eval_on_start",
+        f"=True needs an eval_dataset to evaluate: {what_to_do}, or set eval_on_start=False",
+    )
+
+
+# ---- one check per concern ---------------------------------------------------------------------------------
+def _at_least(config: Any, name: str, minimum: int | float, *, none: str | None = None) -> None:
+    """``name`` is >= ``minimum``; with ``none``, None is allowed too and means ``none``."""
+    value = getattr(config, name)
+    if value is None and none is not None:
+        return
+    alternative = f" (or None: {none})" if none is not None else ""
+    require(value >= minimum, name, f"must be >= {minimum}{alternative}, got {value!r}")
+
+
+def _in_range(config: Any, name: str, low: float, high: float, *, closed: str = "[)") -> None:
+    """``name`` lies in the interval from ``low`` to ``high`` (``closed``: which ends are included)."""
+    value = getattr(config, name)
+    above = value >= low if closed[0] == "[" else value > low
+    below = value <= high if closed[1] == "]" else value < high
+    require(above and below, name, f"must be in {closed[0]}{low}, {high}{closed[1]}, got {value!r}")
+
+
+def _check_schedule(c: Any) -> None:
+    require(c.output_dir != "", "output_dir", "must name a directory, got ''")
+    require(
+        c.max_steps == -1 or c.max_steps >= 1,
+        "max_steps",
+        f"must be >= 1, or -1 to run num_train_epochs passes over the prompts, got {c.max_steps}",
+    )
+    if c.max_steps == -1:
+        require(
+            c.num_train_epochs > 0,
+            "num_train_epochs",
+            f"must be > 0 when max_steps is -1, got {c.num_train_epochs}; set max_steps or a positive "
+            "num_train_epochs",
+        )
+    for name in ("seed", "data_seed"):
+        value = getattr(c, name)
+        if value is not None:
+            require(0 <= value <= MAX_SEED, name, f"must be in [0, 2**32 - 1] (numpy's seeds), got {value}")
+    _at_least(c, "per_device_eval_batch_size", 1)
+    _at_least(c, "num_completions_to_print", 0, none="print none")
+    _at_least(c, "save_total_limit", 1, none="keep every checkpoint")
+
+
+def _check_intervals(c: Any) -> None:
+    """``logging_steps`` / ``eval_steps`` / ``save_steps``: TRL's forms, a whole number of steps >= 1, or a
+    ratio in (0, 1) of the run's steps; ``save_steps`` may also be 0 (no periodic checkpoint)."""
+    _interval(c, "logging_steps", c.logging_steps)
+    if c.eval_steps is not None:
+        _interval(c, "eval_steps", c.eval_steps)
+    if c.save_steps != 0:
+        _interval(c, "save_steps", c.save_steps, zero="0 (no periodic checkpoint), ")
+
+
+def _interval(c: Any, name: str, value: int | float, zero: str = "") -> None:
+    ratio = isinstance(value, float) and 0 < value < 1
+    whole = isinstance(value, int) and value >= 1
+    require(
+        ratio or whole,
+        name,
+        f"must be {zero}a whole number of steps >= 1 or a ratio in (0, 1) of the run's steps, got {value!r}",
+    )
+
+
+def _check_batch(c: Any) -> None:
+    require(c.num_generations >= 2, "num_generations", f"must be >= 2: a group of one has no baseline, got "
+            f"{c.num_generations}")  # fmt: skip
+    for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "num_iterations"):
+        _at_least(c, name, 1)
+    _at_least(c, "steps_per_generation", 1, none="derived from generation_batch_size, else 1")
+    _at_least(c, "generation_batch_size", 1, none="derived from the batch sizes")
+    if c.generation_batch_size is not None:
+        require(
+            c.generation_batch_size % c.num_generations == 0,
+            "generation_batch_size",
+            f"({c.generation_batch_size}) must be a multiple of num_generations ({c.num_generations}) so "
+            "that every group of G completions stays whole",
+        )
+
+
+def _check_objective(c: Any) -> None:
+    _in_range(c, "top_entropy_quantile", 0, 1, closed="(]")
+    _at_least(c, "advantage_epsilon", 0)
+    for name in ("reward_weights", "process_reward_weights"):
+        weights = getattr(c, name)
+        require(weights is None or len(weights) > 0, name, "must not be empty (None: all 1.0)")
+
+
+def _check_loss(c: Any) -> None:
+    """The loss fields, by building the run's ``PolicyLoss`` (imported here so that ``import grpokit`` does
+    not import torch)."""
+    from grpokit.core.losses import LossConfigError, PolicyLoss
+
+    try:
+        PolicyLoss.from_config(c)
+    except LossConfigError as err:
+        raise ValueError(f"GRPOConfig.{err.field} {err.why}") from None
+
+
+def _check_reference(c: Any) -> None:
+    _in_range(c, "ref_model_mixup_alpha", 0, 1, closed="(]")
+    _at_least(c, "ref_model_sync_steps", 1)
+    if c.sync_ref_model:
+        require(c.beta > 0, "sync_ref_model", "needs beta > 0: with beta 0 there is no reference")
+
+
+def _check_generation(c: Any) -> None:
+    require(c.temperature > 0, "temperature", f"must be > 0, got {c.temperature} (evaluation is greedy)")
+    _in_range(c, "top_p", 0, 1, closed="(]")
+    _at_least(c, "top_k", 0)
+    _in_range(c, "min_p", 0, 1)
+    require(c.repetition_penalty > 0, "repetition_penalty", f"must be > 0, got {c.repetition_penalty}")
+    _at_least(c, "max_completion_length", 1)
+    _at_least(c, "max_prompt_length", 1, none="keep prompts whole")
+    _at_least(c, "generation_micro_batch_size", 1, none="all of a step's prompts in one call")
+
+
+def _check_generation_kwargs(c: Any) -> None:
+    for key in c.generation_kwargs or {}:
+        require(
+            key in resolution.GENERATION_KWARGS,
+            "generation_kwargs",
+            f"key {key!r} is not supported: grpokit's sampler takes {sorted(resolution.GENERATION_KWARGS)}",
+        )
+
+
+def _check_vllm(c: Any) -> None:
+    """The ``vllm_*`` ranges, whether or not ``use_vllm`` is set (a typo should not wait for the day vLLM is
+    turned on). Whether vLLM and CUDA are there is checked when the trainer is built: a config may be
+    written on a machine without a GPU."""
+    _in_range(c, "vllm_gpu_memory_utilization", 0, 1, closed="(]")
+    _at_least(c, "vllm_tensor_parallel_size", 1)
+    require(
+        not (c.use_vllm and c.vllm_mode == "colocate" and c.vllm_tensor_parallel_size > 1),
+        "vllm_tensor_parallel_size",
+        f"must be 1 with use_vllm and vllm_mode='colocate' (one engine per training process, on its GPU), "
+        f"got {c.vllm_tensor_parallel_size}; serve a model that needs several GPUs with "
+        "vllm_mode='server' and the server's --tensor-parallel-size",
+    )
+    _at_least(c, "vllm_max_model_length", 1, none="the model config's context length")
+    for name in ("vllm_server_port", "vllm_group_port"):
+        port = getattr(c, name)
+        require(1 <= port <= 65535, name, f"must be a TCP port (1-65535), got {port}")
+    _at_least(c, "vllm_server_timeout", 0)
+    url = c.vllm_server_base_url
+    require(
+        url is None or url.startswith(("http://", "https://")),
+        "vllm_server_base_url",
+        f"must start with http:// or https://, got {url!r}",
+    )
+
+
+def _check_correction(c: Any) -> None:
+    """The ``vllm_importance_sampling_*`` fields (the deprecated cap already in ``clip_max``)."""
+    low, high = c.vllm_importance_sampling_clip_min, c.vllm_importance_sampling_clip_max
+    for name, bound in (
+        ("vllm_importance_sampling_clip_min", low),
+        ("vllm_importance_sampling_clip_max", high),
+    ):
+        require(
+            bound is None or bound > 0,
+            name,
+            f"must be > 0 (a bound on a ratio of probabilities) or None, got {bound}",
+        )
+    if low is not None and high is not None:
+        require(
+            low < high,
+            "vllm_importance_sampling_clip_min",
+            f"({low}) must be < vllm_importance_sampling_clip_max ({high})",
+        )
+    if c.vllm_importance_sampling_correction and c.vllm_importance_sampling_mode.endswith("_truncate"):
+        require(
+            low is not None or high is not None,
+            "vllm_importance_sampling_clip_max",
+            "and vllm_importance_sampling_clip_min cannot both be None with vllm_importance_sampling_mode="
+            f"{c.vllm_importance_sampling_mode!r}: a truncation needs a bound",
+        )
+    _at_least(c, "max_staleness", 0)
+
+
+def _check_sampling(c: Any) -> None:
+    """Dynamic sampling, the curriculum and adaptive group sizes."""
+    _at_least(c, "max_sampling_rounds", 1)
+    _in_range(c, "curriculum_min_pass_rate", 0, 1)
+    require(
+        c.curriculum_min_pass_rate < c.curriculum_max_pass_rate <= 1,
+        "curriculum_max_pass_rate",
+        f"must be in (curriculum_min_pass_rate, 1] = ({c.curriculum_min_pass_rate}, 1], got "
+        f"{c.curriculum_max_pass_rate}",
+    )
+    _at_least(c, "curriculum_min_samples", 1)
+    require(0 < c.curriculum_explore <= 1, "curriculum_explore", f"must be in (0, 1]: a skipped prompt must "
+            f"be able to come back, got {c.curriculum_explore}")  # fmt: skip
+    require(c.min_num_generations >= 2, "min_num_generations", "must be >= 2: a group of one has no "
+            f"baseline, got {c.min_num_generations}")  # fmt: skip
+    if not c.adaptive_num_generations:
+        return
+    require(
+        c.max_num_generations >= c.min_num_generations,
+        "max_num_generations",
+        f"({c.max_num_generations}) must be >= min_num_generations ({c.min_num_generations})",
+    )
+    require(
+        not c.dynamic_sampling,
+        "adaptive_num_generations",
+        "and dynamic_sampling cannot be combined: adaptive groups already move samples to the prompts whose "
+        "groups carry signal; choose one",
+    )
+    require(
+        c.min_num_generations <= c.num_generations <= c.max_num_generations,
+        "num_generations",
+        f"({c.num_generations}) is the mean group size of adaptive_num_generations and must lie in "
+        f"[min_num_generations, max_num_generations] = [{c.min_num_generations}, {c.max_num_generations}]",
+    )
+
+
+def _check_optimisation(c: Any) -> None:
+    _at_least(c, "learning_rate", 0)
+    _in_range(c, "warmup_ratio", 0, 1)
+    _at_least(c, "warmup_steps", 0)
+    require(
+        not (c.warmup_steps > 0 and c.warmup_ratio > 0),
+        "warmup_steps",
+        f"({c.warmup_steps}) and warmup_ratio ({c.warmup_ratio}) are both set, and warmup_steps would "
+        "silently win; set only one of them",
+    )
+    _at_least(c, "weight_decay", 0)
+    for name in ("adam_beta1", "adam_beta2"):
+        _in_range(c, name, 0, 1)
+    require(c.adam_epsilon > 0, "adam_epsilon", f"must be > 0, got {c.adam_epsilon}")
+    _at_least(c, "max_grad_norm", 0)
+    _at_least(c, "max_nonfinite_steps", 1)
+
+
+def _check_precision(c: Any) -> None:
+    """Threads, checkpointing and FSDP options (``bf16``/``fp16`` against ``mixed_precision``: on the fields
+    as set, ``_check_precision_flags``)."""
+    _at_least(c, "torch_num_threads", 0, none="torch's default, lowered to the idle cores")
+    require(
+        not (c.gradient_checkpointing_kwargs or {}).get("use_reentrant", False),
         "gradient_checkpointing_kwargs",
         "use_reentrant=True is not supported: reentrant checkpointing drops the gradient of the prompt "
         "keys/values shared by a group's completions; leave it False",
     )
-    unknown = set(config.fsdp.split()) - {"full_shard", "auto_wrap"}
+    unknown = set(c.fsdp.split()) - {"full_shard", "auto_wrap"}
     require(
         not unknown,
         "fsdp",
         f"options {sorted(unknown)} are not supported: use 'full_shard' (optionally with 'auto_wrap', "
         "which is what grpokit does: one FSDP unit per decoder layer), or '' for none",
     )
-    require(0 <= config.warmup_ratio < 1, "warmup_ratio", "must be in [0, 1)")
-    require(config.warmup_steps >= 0, "warmup_steps", "must be >= 0")
-    if config.num_completions_to_print is not None:
-        require(config.num_completions_to_print >= 0, "num_completions_to_print", "must be >= 0")
-    require(config.max_steps != 0, "max_steps", "must be positive, or -1 to use num_train_epochs")
-    require(config.max_steps > 0 or config.num_train_epochs > 0, "num_train_epochs", "must be > 0")
-    require(0 < config.ref_model_mixup_alpha <= 1, "ref_model_mixup_alpha", "must be in (0, 1]")
-    require(config.ref_model_sync_steps >= 1, "ref_model_sync_steps", "must be >= 1")
-    if config.sync_ref_model:
-        require(config.beta > 0, "sync_ref_model", "needs beta > 0: with beta 0 there is no reference")
-    if config.reward_weights is not None:
-        require(len(config.reward_weights) > 0, "reward_weights", "must not be empty")
-    if config.process_reward_weights is not None:
-        require(len(config.process_reward_weights) > 0, "process_reward_weights", "must not be empty")
+
+
+def _check_environment(c: Any) -> None:
+    _at_least(c, "max_turns", 1)
+    _at_least(c, "max_turn_tokens", 1, none="what is left of max_completion_length")
+    timeout = c.environment_timeout
     require(
-        isinstance(config.step_delimiter, str) and config.step_delimiter != "",
+        timeout is None or timeout > 0,
+        "environment_timeout",
+        f"must be > 0 seconds (or None: unbounded), got {timeout}",
+    )
+    _at_least(c, "max_tool_calling_iterations", 0, none="max_turns")
+
+
+def _check_process_supervision(c: Any) -> None:
+    require(
+        isinstance(c.step_delimiter, str) and c.step_delimiter != "",
         "step_delimiter",
-        "must be a non-empty string",
+        f"must be a non-empty string, got {c.step_delimiter!r}",
     )
     for name in ("outcome_advantage_weight", "process_advantage_weight"):
-        require(getattr(config, name) >= 0, name, "must be >= 0")
+        _at_least(c, name, 0)
     require(
-        config.outcome_advantage_weight > 0 or config.process_advantage_weight > 0,
+        c.outcome_advantage_weight > 0 or c.process_advantage_weight > 0,
         "process_advantage_weight",
         "and outcome_advantage_weight cannot both be 0: every advantage would be 0",
     )
-    require(config.iteration_steps >= 0, "iteration_steps", "must be >= 0 (0 = no iterative updates)")
-    if config.iteration_steps > 0:
+
+
+def _check_iterative(c: Any) -> None:
+    _at_least(c, "iteration_steps", 0)
+    if c.iteration_steps > 0:
         require(
-            config.beta > 0,
+            c.beta > 0,
             "iteration_steps",
             "needs beta > 0: iterative GRPO resets the reference model, and with beta 0 there is none",
         )
-    require(0 <= config.replay_ratio < 1, "replay_ratio", "must be in [0, 1)")
-    require(config.rm_learning_rate >= 0, "rm_learning_rate", "must be >= 0")
-    require(config.rm_epochs >= 1, "rm_epochs", "must be >= 1")
-    require(config.rm_batch_size >= 1, "rm_batch_size", "must be >= 1")
-    if config.rm_buffer_capacity is not None:
-        require(config.rm_buffer_capacity >= 1, "rm_buffer_capacity", "must be >= 1, or None for no limit")
-    if config.generation_batch_size is not None:
+    _in_range(c, "replay_ratio", 0, 1)
+    _at_least(c, "rm_learning_rate", 0)
+    _at_least(c, "rm_epochs", 1)
+    _at_least(c, "rm_batch_size", 1)
+    _at_least(c, "rm_buffer_capacity", 1, none="no limit")
+
+
+def _check_data(c: Any) -> None:
+    for name in ("prompt_column", "dataset_train_split", "dataset_test_split"):
+        require(getattr(c, name) != "", name, "must name a column or split, got ''")
+
+
+def _check_tracking(c: Any) -> None:
+    for name in c.report_to:
         require(
-            config.generation_batch_size % config.num_generations == 0,
-            "generation_batch_size",
-            f"({config.generation_batch_size}) must be a multiple of num_generations "
-            f"({config.num_generations}) so that every group of G completions stays whole",
+            name in (*SINKS, "all"),
+            "report_to",
+            f"names an unknown sink {name!r}; use {', '.join(SINKS)}, 'all' or 'none'",
         )
+
+
+def _check_precision_flags(config: Any) -> None:
+    """TRL's ``bf16``/``fp16`` name a ``mixed_precision``: they may not contradict it or each other."""
+    require(not (config.bf16 and config.fp16), "bf16", "and fp16 cannot both be true; choose one")
+    for flag, mode in ((config.bf16, "bf16"), (config.fp16, "fp16")):
+        require(
+            not flag or config.mixed_precision in ("no", mode),
+            mode,
+            f"=True contradicts mixed_precision={config.mixed_precision!r}; set only one of them",
+        )
+
+
+def _check_unused(config: Any) -> None:
+    """Options that were set but would do nothing: refused (or, for TRL's defaults that a ported config
+    always carries, logged), never silently ignored."""
+    if config.eval_steps is not None and config.eval_strategy in ("no", "epoch"):
+        raise ValueError(
+            f"GRPOConfig.eval_steps={config.eval_steps!r} has no effect with eval_strategy="
+            f"{config.eval_strategy!r}; drop eval_steps, or set eval_strategy='steps'"
+        )
+    if config.max_num_generations is not None and not config.adaptive_num_generations:
+        raise ValueError(
+            f"GRPOConfig.max_num_generations={config.max_num_generations} has no effect without "
+            "adaptive_num_generations=True; drop it, or turn adaptive group sizes on"
+        )
+    if config.save_steps and config.save_strategy in ("no", "epoch"):
+        logger.info("GRPOConfig.save_steps=%r is not used with save_strategy=%r", config.save_steps,
+                    config.save_strategy)  # fmt: skip
+    for key, value in (config.generation_kwargs or {}).items():
+        name = resolution.GENERATION_KWARGS.get(key)
+        if name is not None and getattr(config, name) != value:
+            logger.info("GRPOConfig.generation_kwargs[%r]=%r takes precedence over %s=%r (as in TRL)",
+                        key, value, name, getattr(config, name))  # fmt: skip

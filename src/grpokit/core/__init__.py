@@ -1,76 +1,51 @@
-"""Pure GRPO tensor math: advantages, KL estimators, policy losses, log-probs, padding.
+"""Pure GRPO tensor math: advantages (equal or ragged groups), KL estimators, policy losses, log-probs,
+padding. Imports torch only: no models, files or globals.
 
-Advantages of equal or ragged groups, objectives and aggregations, token weights. Imports torch only: no
-models, files or globals."""
+The names below load their module on first use, so that ``grpokit.core.choices`` (the names core's functions
+accept: plain strings) is importable without torch; ``from grpokit.core import policy_loss`` works as usual.
+"""
 
-from .advantages import (
-    combine_outcome_and_process,
-    combine_rewards,
-    group_advantages,
-    multi_reward_advantages,
-    process_advantages,
-)
-from .aggregation import (
-    AGGREGATION_IS_GLOBAL,
-    AGGREGATIONS,
-    bnpo_aggregation,
-    dapo_aggregation,
-    dr_grpo_aggregation,
-    grpo_aggregation,
-)
-from .group_sizes import allocate_group_sizes
-from .kl import KL_ESTIMATORS, kl_penalty
-from .logprobs import entropy_from_logits, logprobs_and_entropy, selective_log_softmax
-from .losses import LOSS_PRESETS, LossConfigError, PolicyLoss, policy_loss
-from .objectives import (
-    IMPORTANCE_SAMPLING_LEVELS,
-    OBJECTIVES,
-    ObjectiveParams,
-    cispo_objective,
-    clipped_objective,
-    importance_ratio,
-    sapo_objective,
-)
-from .padding import pad_left, pad_right, trim_at_eos
-from .ragged import group_mean_std, pad_groups, resolve_group_sizes, unpad_groups
-from .token_weights import importance_sampling_weights, top_entropy_mask
+from __future__ import annotations
 
-__all__ = [
-    "AGGREGATIONS",
-    "AGGREGATION_IS_GLOBAL",
-    "IMPORTANCE_SAMPLING_LEVELS",
-    "KL_ESTIMATORS",
-    "LOSS_PRESETS",
-    "OBJECTIVES",
-    "LossConfigError",
-    "ObjectiveParams",
-    "PolicyLoss",
-    "allocate_group_sizes",
-    "bnpo_aggregation",
-    "cispo_objective",
-    "clipped_objective",
-    "combine_outcome_and_process",
-    "combine_rewards",
-    "dapo_aggregation",
-    "dr_grpo_aggregation",
-    "entropy_from_logits",
-    "group_advantages",
-    "group_mean_std",
-    "grpo_aggregation",
-    "importance_ratio",
-    "importance_sampling_weights",
-    "kl_penalty",
-    "logprobs_and_entropy",
-    "multi_reward_advantages",
-    "pad_groups",
-    "pad_left",
-    "pad_right",
-    "policy_loss",
-    "process_advantages",
-    "resolve_group_sizes",
-    "sapo_objective",
-    "selective_log_softmax",
-    "top_entropy_mask",
-    "trim_at_eos",
-    "unpad_groups",
-]
+import importlib
+from typing import Any
+
+_HOMES = {
+    "choices": (
+        "IMPORTANCE_SAMPLING_LEVELS", "IS_MODES", "LOSS_PRESETS", "MULTI_REWARD_AGGREGATIONS", "SCALES",
+    ),
+    "advantages": (
+        "combine_outcome_and_process", "combine_rewards", "group_advantages", "multi_reward_advantages",
+        "process_advantages",
+    ),
+    "aggregation": (
+        "AGGREGATION_IS_GLOBAL", "AGGREGATIONS", "bnpo_aggregation", "dapo_aggregation",
+        "dr_grpo_aggregation", "grpo_aggregation",
+    ),
+    "group_sizes": ("allocate_group_sizes",),
+    "kl": ("KL_ESTIMATORS", "kl_penalty"),
+    "logprobs": ("entropy_from_logits", "logprobs_and_entropy", "selective_log_softmax"),
+    "losses": ("LossConfigError", "PolicyLoss", "policy_loss"),
+    "objectives": (
+        "OBJECTIVES", "ObjectiveParams", "cispo_objective", "clipped_objective", "importance_ratio",
+        "sapo_objective",
+    ),
+    "padding": ("pad_left", "pad_right", "trim_at_eos"),
+    "ragged": ("group_mean_std", "pad_groups", "resolve_group_sizes", "unpad_groups"),
+    "token_weights": ("importance_sampling_weights", "top_entropy_mask"),
+}  # fmt: skip
+"""module -> the public names it defines."""
+
+_MODULE_OF = {name: module for module, names in _HOMES.items() for name in names}
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    """Import the module that defines ``name`` on first use (PEP 562)."""
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

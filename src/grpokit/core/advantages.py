@@ -16,10 +16,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from .choices import MULTI_REWARD_AGGREGATIONS, SCALES
 from .ragged import check_group_size, masked_mean_std, pad_groups, resolve_group_sizes, unpad_groups
-
-SCALES = ("group", "batch", "none")
-MULTI_REWARD_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 
 
 def _all_equal(values: Tensor, valid: Tensor, dim: int) -> Tensor:

@@ -15,21 +15,12 @@ import torch
 from torch import Tensor
 
 from .aggregation import AGGREGATION_IS_GLOBAL, AGGREGATIONS
+from .choices import IMPORTANCE_SAMPLING_LEVELS, LOSS_PRESETS
 from .kl import KL_ESTIMATORS, kl_penalty
-from .objectives import IMPORTANCE_SAMPLING_LEVELS, OBJECTIVES, ObjectiveParams, importance_ratio
+from .objectives import OBJECTIVES, ObjectiveParams, importance_ratio
 from .token_weights import check_shape
 
 __all__ = ["LOSS_PRESETS", "LossConfigError", "PolicyLoss", "policy_loss"]
-
-LOSS_PRESETS: dict[str, tuple[str, str]] = {
-    "grpo": ("clipped", "grpo"),
-    "bnpo": ("clipped", "bnpo"),
-    "dr_grpo": ("clipped", "dr_grpo"),
-    "dapo": ("clipped", "dapo"),
-    "cispo": ("cispo", "dapo"),  # TRL: CISPO normalises by the global token count, like dapo
-    "sapo": ("sapo", "grpo"),  # TRL: SAPO aggregates like grpo
-}
-"""loss_type -> (objective name in OBJECTIVES, aggregation name in AGGREGATIONS)."""
 
 
 def _validate(

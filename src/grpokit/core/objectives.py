@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence", "sequence_token")
+from .choices import IMPORTANCE_SAMPLING_LEVELS
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ import math
 import torch
 from torch import Tensor
 
+from .choices import IS_MODES
+
 __all__ = ["IS_MODES", "importance_sampling_ratio", "importance_sampling_weights", "top_entropy_mask"]
 
 
@@ -15,11 +17,6 @@ def check_shape(name: str, x: Tensor | None, shape: torch.Size) -> None:
     """``x`` (if given) has ``shape``, else a ValueError naming it."""
     if x is not None and x.shape != shape:
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(x.shape)}")
-
-
-IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-"""TRL's ``vllm_importance_sampling_mode`` values: granularity (token / sequence) x constraint (truncate /
-mask)."""
 
 
 def _check_is_bounds(mode: str, clip_min: float | None, clip_max: float | None) -> None:

@@ -29,7 +29,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class DataSettings:
-    """The data set fields of ``GRPOConfig`` (same names, same defaults) that shape the loaded rows."""
+    """The data set fields of ``GRPOConfig`` (same names, same defaults) that shape the loaded rows
+    (``GRPOConfig.data_settings()`` gives a run's)."""
 
     dataset_config: str | None = None
     dataset_train_split: str = "train"
@@ -37,33 +38,20 @@ class DataSettings:
     prompt_column: str = "prompt"
     column_mapping: Mapping[str, str] | None = None
 
-    @classmethod
-    def from_args(cls, args: Any) -> DataSettings:
-        """The settings of ``args`` (None: the defaults)."""
-        if args is None:
-            return cls()
-        return cls(
-            dataset_config=args.dataset_config,
-            dataset_train_split=args.dataset_train_split,
-            dataset_test_split=args.dataset_test_split,
-            prompt_column=args.prompt_column,
-            column_mapping=args.column_mapping,
-        )
-
 
 def load_dataset_rows(
-    source: Any, args: Any, *, name: str = "train_dataset"
+    source: Any, settings: DataSettings | None, *, name: str = "train_dataset"
 ) -> list[dict[str, Any]]:
-    """The validated rows of ``source`` under the data set settings of ``args``.
+    """The validated rows of ``source`` under ``settings`` (None: the defaults).
 
-    ``name`` is the argument's name in messages; ``"eval_dataset"`` takes ``args.dataset_test_split`` of a
-    ``DatasetDict``, folder or hub name, anything else ``args.dataset_train_split``. ``dataset_config`` goes
-    to ``datasets.load_dataset``; ``column_mapping`` ({source: target}) renames columns first, then the
+    ``name`` is the argument's name in messages; ``"eval_dataset"`` takes ``settings.dataset_test_split`` of
+    a ``DatasetDict``, folder or hub name, anything else ``settings.dataset_train_split``. ``dataset_config``
+    goes to ``datasets.load_dataset``; ``column_mapping`` ({source: target}) renames columns first, then the
     ``prompt_column`` becomes each row's ``"prompt"``. Raises ValueError naming the field, the row and the
     columns for anything unusable (FileNotFoundError for a missing local path, TypeError for an object
     that is no data set).
     """
-    settings = DataSettings.from_args(args)
+    settings = settings or DataSettings()
     split = settings.dataset_test_split if name == "eval_dataset" else settings.dataset_train_split
     rows = source_rows(source, split=split, dataset_config=settings.dataset_config, name=name)
     if len(rows) == 0:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from grpokit.config.integrations import SINKS
+from grpokit.config.choices import SINKS
 
 __all__ = [
     "SINKS",

@@ -7,10 +7,10 @@ import logging
 import torch
 
 from grpokit.rollout.base import RolloutBackend
+from grpokit.rollout.choices import GENERATION_BACKENDS
 
 __all__ = ["GENERATION_BACKENDS", "make_backend", "resolve_backend_name"]
 
-GENERATION_BACKENDS = ("auto", "transformers", "fast")
 logger = logging.getLogger(__name__)
 _logged: set[tuple[str, str]] = set()
 

@@ -40,19 +40,13 @@ class SamplingParams:
     """Id used to pad prompts on the left for batched generation."""
 
     @classmethod
-    def from_config(cls, config: Any, tokenizer: Any, *, greedy: bool = False) -> SamplingParams:
-        """A GRPOConfig's sampling fields (``max_completion_length``, ``temperature``, ``top_p``, ``top_k``,
-        ``min_p``, ``repetition_penalty``) with the tokenizer's EOS (ends a completion) and pad id
-        (``grpokit.models.pad_token_id``: pad, else EOS, else 0). ``greedy``: argmax decoding, for
-        evaluation."""
+    def for_tokenizer(cls, tokenizer: Any, *, greedy: bool = False, **sampling: Any) -> SamplingParams:
+        """``sampling`` (``max_new_tokens``, ``temperature``, ``top_p``, ...; ``GRPOConfig.sampling_params``
+        gives a run's) with the tokenizer's EOS (ends a completion) and pad id
+        (``grpokit.models.pad_token_id``: pad, else EOS, else 0). ``greedy``: argmax decoding (evaluation)."""
         eos = tokenizer.eos_token_id
         return cls(
-            max_new_tokens=config.max_completion_length,
-            temperature=config.temperature,
-            top_p=config.top_p,
-            top_k=config.top_k,
-            min_p=config.min_p,
-            repetition_penalty=config.repetition_penalty,
+            **sampling,
             do_sample=not greedy,
             eos_token_ids=(eos,) if eos is not None else (),
             pad_token_id=tokenizer_pad_id(tokenizer),

@@ -26,6 +26,7 @@ import os
 import socket
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,6 +37,7 @@ from grpokit.rollout.weight_names import autocast_off, policy_weights
 
 __all__ = [
     "VLLMColocateBackend",
+    "VLLMSettings",
     "VLLMUnavailableError",
     "chosen_logprobs",
     "colocate_engine_kwargs",
@@ -47,6 +49,36 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VLLMSettings:
+    """What the vLLM backends read of a run (``GRPOConfig.vllm_settings()``: its ``vllm_*`` fields, the
+    sampler's dtype, the seed, ``trust_remote_code``)."""
+
+    mode: str = "colocate"
+    """colocate: an in-process engine on the training GPU; server: a vLLM server (``vllm_client``)."""
+    dtype: str = "auto"
+    """colocate: the engine's dtype ("auto": the checkpoint's)."""
+    model_impl: str = "vllm"
+    """colocate: the engine's model implementation."""
+    gpu_memory_utilization: float = 0.3
+    """colocate: the fraction of the GPU's memory the engine takes."""
+    max_model_length: int | None = None
+    """colocate: the engine's context length (None: the model config's)."""
+    enable_sleep_mode: bool = False
+    """colocate: offload the engine's weights and free its KV cache between generations."""
+    server_url: str = "http://0.0.0.0:8000"
+    """server: the server's base URL, without a trailing slash."""
+    server_timeout: float = 240.0
+    """server: seconds to wait for ``/health`` before a ConnectionError."""
+    group_port: int = 51216
+    """server: the TCP port of the NCCL weight-transfer group's rendezvous."""
+    seed: int = 42
+    """The run's seed; each process's engine samples with seed + its rank."""
+    trust_remote_code: bool = False
+    """Allow the model's own code (``from_pretrained(trust_remote_code=True)``)."""
+
 
 ALTERNATIVE = (
     "Set use_vllm=False to generate in-process with generation_backend (the default 'auto' picks grpokit's "
@@ -162,7 +194,7 @@ def engine_config_dir(model: nn.Module) -> str:
     return path
 
 
-def colocate_engine_kwargs(args: Any, config_dir: str, *, rank: int) -> dict[str, Any]:
+def colocate_engine_kwargs(settings: VLLMSettings, config_dir: str, *, rank: int) -> dict[str, Any]:
     """``vllm.LLM`` keyword arguments for one training process's colocated engine (TRL 1.16's colocate
     settings, with ``load_format="dummy"``: the weights come from the policy, pushed before generating).
 
@@ -172,20 +204,20 @@ def colocate_engine_kwargs(args: Any, config_dir: str, *, rank: int) -> dict[str
     return {
         "model": config_dir,
         "load_format": "dummy",
-        "dtype": "auto" if args.generation_dtype == "auto" else args.generation_dtype,
+        "dtype": settings.dtype,
         "tensor_parallel_size": 1,
-        "gpu_memory_utilization": args.vllm_gpu_memory_utilization,
-        "max_model_len": args.vllm_max_model_length,
-        "enable_sleep_mode": args.vllm_enable_sleep_mode,
+        "gpu_memory_utilization": settings.gpu_memory_utilization,
+        "max_model_len": settings.max_model_length,
+        "enable_sleep_mode": settings.enable_sleep_mode,
         "enable_prefix_caching": True,
-        "model_impl": args.vllm_model_impl,
+        "model_impl": settings.model_impl,
         "distributed_executor_backend": "external_launcher",
-        "seed": args.seed + rank,
+        "seed": settings.seed + rank,
         "max_num_batched_tokens": 4096,
         "logprobs_mode": "processed_logprobs",
         "generation_config": "vllm",
         "skip_tokenizer_init": True,
-        "trust_remote_code": args.trust_remote_code,
+        "trust_remote_code": settings.trust_remote_code,
     }
 
 
@@ -276,8 +308,8 @@ class VLLMColocateBackend:
             self._sleeping = False
 
 
-def make_vllm_backend(args: Any, model: nn.Module, *, step_sync: bool = False) -> Any:
-    """The vLLM backend ``args`` (a GRPOConfig with ``use_vllm``) asks for, over the policy ``model``.
+def make_vllm_backend(settings: VLLMSettings, model: nn.Module, *, step_sync: bool = False) -> Any:
+    """The vLLM backend ``settings`` (``GRPOConfig.vllm_settings()``) ask for, over the policy ``model``.
 
     Raises ``VLLMUnavailableError`` without vLLM or CUDA (naming ``use_vllm=False``), ValueError for server
     mode under several training processes unless ``step_sync`` (the trainer pushes the weights at step
@@ -285,13 +317,13 @@ def make_vllm_backend(args: Any, model: nn.Module, *, step_sync: bool = False) -
     ``vllm_server_timeout``. ``step_sync``: the trainer calls the backend's ``sync_weights()`` after each
     update, on every process and within its full-weights context, so ``generate`` pushes only before the
     first generation instead of at every call."""
-    require_vllm(args.vllm_mode)
-    if args.vllm_mode == "server":
+    require_vllm(settings.mode)
+    if settings.mode == "server":
         from grpokit.rollout.vllm_client import make_server_backend
 
-        return make_server_backend(args, model, step_sync=step_sync)
+        return make_server_backend(settings, model, step_sync=step_sync)
     rank, local_rank, world_size = process_layout()
     set_launcher_env(rank, local_rank, world_size)
-    engine_kwargs = colocate_engine_kwargs(args, engine_config_dir(model), rank=rank)
+    engine_kwargs = colocate_engine_kwargs(settings, engine_config_dir(model), rank=rank)
     logger.info("vLLM colocate engine on process %d: %s", rank, engine_kwargs)
     return VLLMColocateBackend(model, engine_kwargs, sync_every_generate=not step_sync)

@@ -42,7 +42,13 @@ import torch
 from torch import nn
 
 from grpokit.rollout.base import GenerationOutput, SamplingParams
-from grpokit.rollout.vllm_backend import ALTERNATIVE, is_truncated, process_layout, vllm_sampling_kwargs
+from grpokit.rollout.vllm_backend import (
+    ALTERNATIVE,
+    VLLMSettings,
+    is_truncated,
+    process_layout,
+    vllm_sampling_kwargs,
+)
 from grpokit.rollout.weight_names import policy_weights
 
 __all__ = [
@@ -51,7 +57,6 @@ __all__ = [
     "VLLMServerClient",
     "make_server_backend",
     "parse_completions",
-    "server_base_url",
     "weight_metadata",
 ]
 
@@ -61,13 +66,6 @@ LAUNCH = (
     "start one with `trl vllm-serve --model <model>` (TRL 1.16) or `VLLM_SERVER_DEV_MODE=1 vllm serve "
     """<model> --weight-transfer-config '{"backend": "nccl"}' --logprobs-mode processed_logprobs`"""
 )
-
-
-def server_base_url(args: Any) -> str:
-    """The server's URL from a GRPOConfig: ``vllm_server_base_url``, else ``http://host:port``."""
-    if args.vllm_server_base_url:
-        return args.vllm_server_base_url.rstrip("/")
-    return f"http://{args.vllm_server_host}:{args.vllm_server_port}"
 
 
 def parse_completions(
@@ -283,11 +281,13 @@ class VLLMServerBackend:
         return self.client.generate(prompt_ids, num_generations, params)
 
 
-def make_server_backend(args: Any, model: nn.Module, *, step_sync: bool = False) -> VLLMServerBackend:
-    """The server-mode backend of a GRPOConfig: waits for the server's health (``vllm_server_timeout``), then
-    opens the weight-transfer group from the main process. Several training processes need ``step_sync``: a
-    push at every ``generate`` would need every process to generate the same number of times (evaluation
-    shares, ragged groups and episodes do not)."""
+def make_server_backend(
+    settings: VLLMSettings, model: nn.Module, *, step_sync: bool = False
+) -> VLLMServerBackend:
+    """The server-mode backend of ``settings`` (``GRPOConfig.vllm_settings()``): waits for the server's
+    health (``server_timeout``), then opens the weight-transfer group from the main process. Several
+    training processes need ``step_sync``: a push at every ``generate`` would need every process to
+    generate the same number of times (evaluation shares, ragged groups and episodes do not)."""
     rank, _, world_size = process_layout()
     if world_size > 1 and not step_sync:
         raise ValueError(
@@ -295,14 +295,14 @@ def make_server_backend(args: Any, model: nn.Module, *, step_sync: bool = False)
             "trainer does not push the weights at step boundaries; use one training process per server, or "
             "vllm_mode='colocate'"
         )
-    client = VLLMServerClient(server_base_url(args))
-    client.wait_until_healthy(args.vllm_server_timeout)
+    client = VLLMServerClient(settings.server_url)
+    client.wait_until_healthy(settings.server_timeout)
     sender = None
     if rank == 0:
         host = local_address_towards(urllib.parse.urlparse(client.base_url).hostname or "")
         device = next(model.parameters()).device
         device = device if device.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
-        sender = NcclWeightSender(client, host, args.vllm_group_port, device)
+        sender = NcclWeightSender(client, host, settings.group_port, device)
     return VLLMServerBackend(
         client, model, sender, is_main=rank == 0, world_size=world_size, sync_every_generate=not step_sync
     )

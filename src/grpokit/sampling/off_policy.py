@@ -126,7 +126,7 @@ def make_sampler(
             )
         from grpokit.rollout.vllm_backend import make_vllm_backend
 
-        backend = make_vllm_backend(args, model, step_sync=step_sync)
+        backend = make_vllm_backend(args.vllm_settings(), model, step_sync=step_sync)
         return backend, OffPolicyCorrection.from_config(args, off_policy=True)
     if rollout_backend is not None:
         return rollout_backend, OffPolicyCorrection.from_config(args, off_policy=True)

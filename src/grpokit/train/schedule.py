@@ -12,7 +12,8 @@ import logging
 import math
 from dataclasses import dataclass
 
-from grpokit.config import BatchPlan, GRPOConfig
+from grpokit.config import BatchPlan, GRPOConfig, resolution
+from grpokit.config.resolution import interval_steps
 
 __all__ = ["RunSchedule"]
 
@@ -21,7 +22,9 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RunSchedule:
-    """The run's length and its logging/evaluation/checkpoint steps."""
+    """The run's length and its logging/evaluation/checkpoint steps, resolved from the config once the run's
+    length is known: strategies from their sources (``config.resolution``), intervals given as a ratio of
+    the run (``logging_steps=0.1``) in whole steps."""
 
     max_steps: int
     """GRPO steps of the run."""
@@ -30,25 +33,49 @@ class RunSchedule:
     prompts_per_step: int
     """Prompts drawn per GRPO step (all processes)."""
     logging_steps: int
+    """Steps between logged metrics."""
     logging_first_step: bool
+    """Also log step 1."""
     eval_strategy: str
+    """"no", "steps" or "epoch"."""
     eval_steps: int | None
+    """Steps between evaluations under "steps" (None otherwise)."""
     save_strategy: str
+    """"no", "steps" or "epoch"."""
     save_steps: int
+    """Steps between checkpoints under "steps" (0 otherwise)."""
 
     @classmethod
     def from_config(cls, args: GRPOConfig, num_rows: int, plan: BatchPlan) -> RunSchedule:
-        return cls(
-            max_steps=total_grpo_steps(args, num_rows, plan),
+        max_steps = total_grpo_steps(args, num_rows, plan)
+        eval_every, save_strategy = resolution.eval_steps(args), resolution.save_strategy(args)
+        schedule = cls(
+            max_steps=max_steps,
             num_rows=num_rows,
             prompts_per_step=plan.prompts,
-            logging_steps=args.logging_steps,
+            logging_steps=interval_steps(args.logging_steps, max_steps),
             logging_first_step=args.logging_first_step,
-            eval_strategy=args.eval_strategy or "no",
-            eval_steps=args.eval_steps,
-            save_strategy=args.save_strategy or "no",
-            save_steps=args.save_steps,
+            eval_strategy=resolution.eval_strategy(args),
+            eval_steps=None if eval_every is None else interval_steps(eval_every, max_steps),
+            save_strategy=save_strategy,
+            save_steps=interval_steps(args.save_steps, max_steps) if save_strategy == "steps" else 0,
         )
+        schedule.warn_unreached()
+        return schedule
+
+    def warn_unreached(self) -> None:
+        """Say so when an interval is longer than the run, so that it never acts (TRL's default
+        ``save_steps=500`` in a 100-step run writes no checkpoint)."""
+        saved = "no periodic checkpoint is written (the final model is saved either way)"
+        intervals = [
+            ("eval_steps", self.eval_strategy, self.eval_steps, "no evaluation runs"),
+            ("save_steps", self.save_strategy, self.save_steps, saved),
+        ]
+        for name, strategy, every, what in intervals:
+            if strategy == "steps" and every is not None and every > self.max_steps:
+                logger.warning(
+                    "%s=%d is longer than the run's %d steps: %s", name, every, self.max_steps, what
+                )
 
     def epoch(self, step: int) -> float:
         """Passes over the training prompts completed after GRPO step ``step`` (fractional)."""
@@ -75,7 +102,7 @@ class RunSchedule:
 
     def _acts(self, strategy: str, every: int | None, step: int) -> bool:
         if strategy == "steps":
-            return bool(every) and step % every == 0
+            return every is not None and step % every == 0
         if strategy == "epoch":
             return self.ends_epoch(step)
         return False

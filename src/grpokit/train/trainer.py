@@ -119,7 +119,9 @@ class GRPOTrainer:
         iterative_reward_model: Any = None,
         rm_label_func: Any = None,
     ) -> None:
-        self.args = args or GRPOConfig()
+        args = args or GRPOConfig()
+        args.check_eval_dataset(eval_dataset is not None, "pass eval_dataset to GRPOTrainer")
+        self.args = args.resolved()  # every derived value written out, once
         refuse_trainer_arguments(
             reward_processing_classes=reward_processing_classes, quantization_config=quantization_config,
             rollout_func=rollout_func, environment_factory=environment_factory,
@@ -249,7 +251,7 @@ class GRPOTrainer:
         schedule, callbacks = self.schedule, self.callbacks
         callbacks.begin(
             max_steps=self.max_steps, step=self.step, epoch=schedule.epoch(self.step),
-            logging_steps=self.args.logging_steps, is_main=main,
+            logging_steps=schedule.logging_steps, is_main=main,
         )  # fmt: skip
         if self.args.eval_on_start and self.eval_rows is not None and self.step == 0:
             self._log(0, self._evaluate_with_callbacks(), history)
@@ -418,7 +420,7 @@ class GRPOTrainer:
     def _load_rows(self, source: Any, name: str) -> list[dict[str, Any]]:
         """Rows of a data set in any form (``grpokit.data``: names, files, folders, Datasets, lists), with the
         configured split and columns; prompts over ``max_prompt_length`` refused if so configured."""
-        rows = load_dataset_rows(source, self.args, name=name)
+        rows = load_dataset_rows(source, self.args.data_settings(), name=name)
         check_prompt_lengths(rows, self.tokenizer, self.args, name=name)
         return rows
 
@@ -428,7 +430,7 @@ class GRPOTrainer:
         return encode_prompt(prompt, self.tokenizer, self.args.max_prompt_length, kwargs)
 
     def sampling_params(self, greedy: bool = False) -> SamplingParams:
-        return SamplingParams.from_config(self.args, self.tokenizer, greedy=greedy)
+        return self.args.sampling_params(self.tokenizer, greedy=greedy)
 
     # ------------------------------------------------------------------------------------------------
     def _gathered(self, values: list[int]) -> list[int]:

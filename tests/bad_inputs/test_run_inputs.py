@@ -1,6 +1,7 @@
-"""Every bad input a user can give is refused with a message naming the field or row and what to do: one
-test each, collected here (others live beside the code they guard: config ranges in tests/test_config.py,
-reward failures in tests/rewards/test_scoring.py, data rows in tests/train/test_trainer.py)."""
+"""Bad inputs to a run (models, tokenizers, data, rewards, output directories, environments) are refused with
+a message naming the argument or row and what to do: one test each. Configuration inputs are in
+``test_config_inputs.py``; others live beside the code they guard (reward failures in
+tests/rewards/test_scoring.py, data rows in tests/train/test_trainer.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,9 @@ from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
 from grpokit import GRPOConfig, GRPOTrainer
-from grpokit.cli import main
-from grpokit.cli.recipes import parse_train_args
 from grpokit.rewards import RewardFunctionError
 
-from .conftest import small_config
+from ..conftest import small_config
 
 ROWS = [{"prompt": "1+1=", "solution": "2"}, {"prompt": "2+3=", "solution": "5"}]
 
@@ -24,21 +23,6 @@ def config(tmp_path, **overrides) -> GRPOConfig:
 
 def length_reward(completions, **kwargs):
     return [float(len(c)) for c in completions]
-
-
-def test_cispo_without_its_cap():
-    with pytest.raises(ValueError, match=r"GRPOConfig.epsilon_high must be > 0 with loss_type='cispo'"):
-        GRPOConfig(loss_type="cispo")
-
-
-def test_a_group_of_one():
-    with pytest.raises(ValueError, match=r"GRPOConfig.num_generations must be >= 2"):
-        GRPOConfig(num_generations=1)
-
-
-def test_null_on_the_command_line_is_none_not_the_text_null():
-    assert parse_train_args(["task=null", "dataset=train.jsonl"]).task is None
-    assert parse_train_args(["task=~", "dataset=train.jsonl"]).task is None
 
 
 def test_an_output_dir_with_another_runs_checkpoints(tiny_model_dir, tmp_path):
@@ -86,12 +70,6 @@ def test_a_reward_function_returning_the_wrong_number_of_values(tiny_model_dir, 
         trainer.train()
 
 
-def test_a_recipe_key_with_a_typo(tmp_path, capsys):
-    with pytest.raises(SystemExit):
-        main(["train", "arithmetic-tiny", "num_generation=4"])
-    assert "num_generation" in capsys.readouterr().err
-
-
 def test_a_model_directory_with_custom_code_is_not_run_without_trust_remote_code(tmp_path):
     """Loading never passes trust_remote_code: a directory whose config maps to its own Python code is
     refused by transformers, and the code is never imported (a user opts in with
@@ -122,17 +100,6 @@ def test_a_model_directory_with_custom_code_is_not_run_without_trust_remote_code
             processing_class=build_char_tokenizer(),
         )
     assert not marker.exists()
-
-
-def test_environment_settings_out_of_range():
-    with pytest.raises(ValueError, match=r"GRPOConfig.max_turns must be >= 1"):
-        GRPOConfig(max_turns=0)
-    with pytest.raises(ValueError, match=r"GRPOConfig.environment_timeout must be > 0 seconds"):
-        GRPOConfig(environment_timeout=0)
-    assert GRPOConfig(environment_kwargs={"step_penalty": "0.02", "mode": "step"}).environment_kwargs == {
-        "step_penalty": 0.02,
-        "mode": "step",
-    }  # the command line's strings typed as YAML types them
 
 
 def test_an_environment_that_is_not_one(tiny_model_dir, tmp_path):
