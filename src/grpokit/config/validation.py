@@ -33,6 +33,8 @@ def validate_fields(config: Any) -> None:
     require(config.max_completion_length >= 1, "max_completion_length", "must be >= 1")
     require(config.learning_rate >= 0, "learning_rate", "must be >= 0")
     require(config.max_nonfinite_steps >= 1, "max_nonfinite_steps", "must be >= 1")
+    timeout = config.reward_timeout
+    require(timeout is None or timeout > 0, "reward_timeout", "must be > 0 seconds (or None: unbounded)")
     if config.torch_num_threads is not None:
         require(config.torch_num_threads >= 0, "torch_num_threads", "must be >= 0 (0: torch's default)")
     require(

@@ -359,9 +359,12 @@ class GRPOTrainer:
         return Samples(rows, prompt_ids, generated, texts, group_sizes=sizes, episodes=run)
 
     def reward_matrix(self, samples: Samples) -> tuple[torch.Tensor, dict[str, float]]:
-        """``(rewards [n, F] with NaN for None, rewards/<name>/failures)`` under ``reward_failure``."""
+        """``(rewards [n, F] with NaN for None, rewards/<name>/failures)`` under ``reward_failure`` and
+        ``reward_timeout``."""
         state = {"global_step": self.step, "max_steps": self.max_steps}
-        return score_samples(self.reward_funcs, samples, state, self.args.reward_failure)
+        return score_samples(
+            self.reward_funcs, samples, state, self.args.reward_failure, self.args.reward_timeout
+        )
 
     def evaluate(self, eval_dataset: Any = None, batch_size: int = 64) -> dict[str, float]:
         """``eval/reward`` and ``eval/rewards/<name>/mean`` of greedy completions of ``eval_dataset``
