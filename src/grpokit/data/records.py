@@ -2,7 +2,7 @@
 
 Numbers are written with :func:`json_number`: NaN and infinities become ``null`` (JSON has no NaN), so every
 line is valid JSON that any reader accepts. The reader names the file and the line of a malformed record.
-Imports nothing of grpokit's.
+A file that is not UTF-8 text is refused naming the line (``check_utf8``).
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from grpokit.data.integrity import InputError
 
 __all__ = [
     "append_jsonl",
@@ -42,7 +44,7 @@ def read_jsonl(path: str | Path, name: str = "file") -> list[Any]:
             try:
                 records.append(json.loads(line))
             except json.JSONDecodeError as err:
-                raise ValueError(f"{name}: {path} line {line_no} is not valid JSON: {err.msg}") from err
+                raise InputError(f"{name}: {path} line {line_no} is not valid JSON: {err.msg}") from err
     return records
 
 
@@ -50,7 +52,7 @@ def _utf8_line(raw: bytes, path: Path, line_no: int, name: str) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise ValueError(_not_utf8(name, path, line_no, raw, err)) from None
+        raise InputError(_not_utf8(name, path, line_no, raw, err)) from None
 
 
 def _not_utf8(name: str, path: Path, line_no: int, line: bytes, err: UnicodeDecodeError) -> str:

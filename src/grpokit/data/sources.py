@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from grpokit.data.integrity import InputError
 from grpokit.data.records import check_utf8, read_jsonl
 
 __all__ = ["FILE_LOADERS", "source_rows", "split_field"]
@@ -88,7 +89,7 @@ def _file_rows(path: Path, name: str) -> list[Any]:
     try:
         return datasets.load_dataset(kind, data_files=str(path), split="train").to_list()
     except Exception as err:  # malformed json/csv, a damaged parquet file: the reader's reason, with the file
-        raise ValueError(f"{name}: {path} could not be read as {kind}: {_root_cause(err)}") from err
+        raise InputError(f"{name}: {path} could not be read as {kind}: {_root_cause(err)}") from err
 
 
 def _root_cause(err: BaseException) -> str:
