@@ -199,7 +199,10 @@ class GRPOTrainer:
         self.run_state = RunState(
             self.accelerator, self.model, self.policy, self.tokenizer, self.optimizer, self.scheduler,
             self.reference, self.hooks, self.prompts, self.generator, self.strategy, self.zero,
+            args=self.args, train_rows=self.train_rows, max_steps=self.max_steps,
         )  # fmt: skip
+        # a resume is checked now, before any evaluation or step (parallel.resume): refused in one sentence
+        self.run_state.check_resume(self.args.resume_from_checkpoint, self.args.output_dir)
         self.callbacks.event("on_init_end")
 
     @property
