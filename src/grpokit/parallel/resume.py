@@ -41,7 +41,7 @@ from grpokit.parallel.checkpoint import (
     latest_checkpoint,
     load_checkpoint_file,
 )
-from grpokit.parallel.resume_fields import HONOURED, rule_for
+from grpokit.parallel.resume_fields import rule_for
 
 __all__ = [
     "CONFIG_FILE",
@@ -59,6 +59,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 WHAT = "resume_from_checkpoint"
+END_OF_RECORD = "# end of the GRPOConfig record"
 STATE_FILES = (STATE_FILE, "optimizer.pt", "scheduler.pt", RNG_FILE, "extra_state.pt")
 HOLDS = (
     "a checkpoint-<step> directory holds trainer_state.json, optimizer.pt, scheduler.pt, rng_state.pt, "
@@ -137,9 +138,12 @@ def saved_config(path: Path) -> dict[str, Any] | None:
     if not file.exists():
         return None
     try:
-        values = yaml.safe_load(file.read_bytes().decode("utf-8"))
+        text = file.read_bytes().decode("utf-8")
+        values = yaml.safe_load(text)
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         raise corrupt(file, WHAT, f"not valid YAML: {str(err).splitlines()[0]}") from None
+    if not text.rstrip().endswith(END_OF_RECORD):  # a cut-off YAML mapping often still parses
+        raise corrupt(file, WHAT, f"its last line, {END_OF_RECORD!r}, is missing")
     if not isinstance(values, dict):
         raise corrupt(file, WHAT, "not a mapping of GRPOConfig fields")
     return values
@@ -162,8 +166,8 @@ def config_changes(
                 f"{name} is {value!r} in this run but {old!r} in {checkpoint}: {rule.why}; resume with "
                 f"{name}={_cli(old)}"
             )
-        elif rule.kind == HONOURED:
-            honoured.append(f"{name} {old!r} -> {value!r} (honoured: {rule.why})")
+        elif (how := rule.honours(old, value)) is not None:
+            honoured.append(f"{name} {old!r} -> {value!r} (honoured: {how})")
     return honoured, refused
 
 
@@ -310,8 +314,9 @@ def _config_values(config: Any) -> dict[str, Any]:
 
 
 def config_record(config: Any) -> str:
-    """The text of a checkpoint's ``config.yaml``: the run's GRPOConfig without ``hub_token``."""
-    return yaml.safe_dump(_config_values(config), sort_keys=False)
+    """The text of a checkpoint's ``config.yaml``: the run's GRPOConfig without ``hub_token``, then
+    ``END_OF_RECORD`` (so a file cut off between two fields is told from a whole one)."""
+    return yaml.safe_dump(_config_values(config), sort_keys=False) + END_OF_RECORD + "\n"
 
 
 # -- honouring the new optimizer settings --

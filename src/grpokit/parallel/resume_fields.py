@@ -19,16 +19,27 @@ HONOURED, REFUSED, NOT_COMPARED = "honoured", "refused", "not compared"
 class ResumeRule:
     """How a resume treats a change of one field: ``kind`` (honoured, refused, not compared) and ``why``
     (what the new value does, or why it cannot). ``refused_when``: a refused field refused only for some
-    changes (e.g. ``beta`` crossing 0); None: every change."""
+    changes (e.g. ``beta`` crossing 0; the others are honoured, ``otherwise`` saying how); None: every
+    change."""
 
     kind: str
     why: str
     refused_when: Callable[[Any, Any], bool] | None = None
+    otherwise: str = "read from this run's config at every step"
+    """Why a change that ``refused_when`` lets through is honoured."""
 
     def refuses(self, old: Any, new: Any) -> bool:
         if self.kind != REFUSED:
             return False
         return self.refused_when is None or self.refused_when(old, new)
+
+    def honours(self, old: Any, new: Any) -> str | None:
+        """How a change from ``old`` to ``new`` is honoured, or None when it is not."""
+        if self.kind == HONOURED:
+            return self.why
+        if self.kind == REFUSED and not self.refuses(old, new):
+            return self.otherwise
+        return None
 
 
 def _crosses_zero(old: Any, new: Any) -> bool:
@@ -91,9 +102,9 @@ _GROUPS: list[tuple[tuple[str, ...], ResumeRule]] = [
         ("beta",),
         ResumeRule(
             REFUSED,
-            "0 means no reference model: turning it on or off would start or drop the checkpoint's reference "
-            "(another coefficient above 0 is honoured from the next step)",
+            "0 means no reference model: turning it on or off would start or drop the checkpoint's reference",
             _crosses_zero,
+            "the new coefficient weighs the KL term from the next step",
         ),
     ),
     (
@@ -101,8 +112,9 @@ _GROUPS: list[tuple[tuple[str, ...], ResumeRule]] = [
         ResumeRule(
             REFUSED,
             "0 means no iterative reward-model updates: turning them on or off changes what the checkpoint "
-            "saved (another interval above 0 is honoured)",
+            "saved",
             _crosses_zero,
+            "the reward model is updated at the new interval from the next step",
         ),
     ),
     (
