@@ -9,6 +9,7 @@ import dataclasses
 import json
 import logging
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -126,6 +127,16 @@ def test_every_config_field_has_a_resume_rule():
     names = {f.name for f in dataclasses.fields(GRPOConfig)}
     assert set(FIELDS) == names
     assert {rule.kind for rule in FIELDS.values()} == {HONOURED, REFUSED, NOT_COMPARED}
+
+
+def test_the_reliability_doc_lists_every_field_as_the_table_does():
+    doc = (Path(__file__).parents[2] / "docs" / "reliability.md").read_text()
+    section = doc.split("## Resume: what may change", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "`" in line]
+    for name, rule in FIELDS.items():
+        (row,) = [r for r in rows if f"`{name}`" in r.split(" | ")[0]]  # listed once
+        kind = row.split(" | ")[1]
+        assert kind.startswith(rule.kind), (name, kind)
 
 
 def test_other_training_rows_are_refused(tiny_model_dir, run_dir, tmp_path):
