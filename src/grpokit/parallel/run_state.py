@@ -148,7 +148,8 @@ class RunState:
         changes, logged); returns its step."""
         plan = self.check_resume(resume, output_dir, steps_left=False)  # loading a finished run is allowed
         assert plan is not None
-        plan.log()
+        if self.accelerator.is_main_process:
+            plan.log()
         path = plan.path
         settings = OptimizerSettings.capture(self.optimizer, self.scheduler)
         load_optimizer_state = None  # the optimizer's own load_state_dict
