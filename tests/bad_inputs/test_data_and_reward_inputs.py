@@ -156,3 +156,23 @@ def test_the_scores_written_to_the_log_are_those_of_the_reward_that_answered(tin
     GRPOTrainer(str(tiny_model_dir), [length_reward, sleepy_reward], config, train_dataset=ROWS).train()
     records = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
     assert records and all(r["rewards"]["sleepy_reward"] is None for r in records)
+
+
+def test_training_rows_without_a_column_a_reward_reads_are_refused_when_the_trainer_is_built(
+    tiny_model_dir, tmp_path
+):
+    """Before: with reward_failure="none" every call failed and was counted, step after step, while the run
+    trained on the other rewards; with "raise" it stopped at the first step."""
+
+    def graded(completions, answer, **kwargs):
+        return [float(a in c) for c, a in zip(completions, answer)]
+
+    config = small_config(tmp_path, reward_failure="none")
+    message = (
+        r"^train_dataset has no column 'answer', which the reward graded reads \(its columns: prompt, "
+        r"solution\); add it, or rename one with column_mapping=\{<its name>: answer\}$"
+    )
+    with pytest.raises(ValueError, match=message):
+        GRPOTrainer(str(tiny_model_dir), [length_reward, graded], config, train_dataset=ROWS)
+    renamed = small_config(tmp_path, column_mapping={"solution": "answer"})
+    GRPOTrainer(str(tiny_model_dir), [graded], renamed, train_dataset=ROWS)  # the rename is honoured

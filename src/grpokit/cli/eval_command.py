@@ -237,21 +237,13 @@ def plan_eval(args: EvalArgs) -> EvalPlan:
 
 
 def _refuse_missing_columns(args: EvalArgs, rows: list[dict[str, Any]], reward_funcs: list[Any]) -> None:
-    """A column a reward function reads (``grpokit.rewards.base.columns_read``) that no row has: refused
-    naming the data, the column and the reward, before the model loads."""
-    from grpokit.rewards.base import missing_columns
+    """A column a reward function reads that no row has: refused naming the data, the column and the
+    reward, before the model loads (``grpokit.rewards.base.refuse_missing_columns``)."""
+    from grpokit.rewards.base import refuse_missing_columns
     from grpokit.rewards.scoring import reward_names
 
-    missing = missing_columns(zip(reward_names(reward_funcs), reward_funcs), rows)
-    if not missing:
-        return
-    column, reader = missing[0]
     where = f"eval_dataset {args.eval_dataset}" if args.eval_dataset is not None else f"task {args.task}"
-    present = ", ".join(sorted({key for row in rows for key in row}))
-    raise ValueError(
-        f"{where} has no column {column!r}, which the reward {reader} reads (its columns: {present}); add "
-        f"it, or rename one with column_mapping={{<its name>: {column}}}"
-    )
+    refuse_missing_columns(reward_names(reward_funcs), reward_funcs, rows, where)
 
 
 def run_eval(args: EvalArgs, plan: EvalPlan | None = None) -> dict[str, Any]:

@@ -22,7 +22,14 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["ProcessRewardFunc", "RewardFunc", "column", "columns_read", "missing_columns"]
+__all__ = [
+    "ProcessRewardFunc",
+    "RewardFunc",
+    "column",
+    "columns_read",
+    "missing_columns",
+    "refuse_missing_columns",
+]
 
 RewardFunc = Callable[..., list[float | None]]
 """``fn(prompts, completions, completion_ids, **columns) -> list[float | None]``."""
@@ -60,6 +67,23 @@ def missing_columns(
     """``(column, reward name)`` for every column a reward reads (``columns_read``) that no row has."""
     present = {key for row in rows for key in row}
     return [(col, name) for name, func in funcs for col in columns_read(func) if col not in present]
+
+
+def refuse_missing_columns(
+    names: Sequence[str], funcs: Sequence[Any], rows: Sequence[Mapping[str, Any]], source: str
+) -> None:
+    """Refuse ``rows`` (the data set ``source``) when a reward reads a column none of them has: every call
+    would fail (or, with ``reward_failure="none"``, count as a failure at every step)."""
+    from grpokit.data.integrity import InputError
+
+    missing = missing_columns(zip(names, funcs), rows)
+    if missing:
+        column_name, reader = missing[0]
+        present = ", ".join(sorted({key for row in rows for key in row}))
+        raise InputError(
+            f"{source} has no column {column_name!r}, which the reward {reader} reads (its columns: "
+            f"{present}); add it, or rename one with column_mapping={{<its name>: {column_name}}}"
+        )
 
 
 def column(kwargs: Mapping[str, Any], name: str, n: int, reward: str) -> list[Any]:

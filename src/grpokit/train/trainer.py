@@ -36,6 +36,7 @@ from grpokit.reporting.completion_log import CompletionLog
 from grpokit.reporting.metrics import PhaseTimer, progress_fields, step_metrics
 from grpokit.reporting.metrics_log import MetricsLogger, plot_metrics
 from grpokit.reporting.publish import Publisher
+from grpokit.rewards.base import refuse_missing_columns
 from grpokit.rollout import RolloutBackend, SamplingParams
 from grpokit.rollout.records import Samples, Scores
 from grpokit.rollout.vllm_backend import require_vllm
@@ -152,6 +153,8 @@ class GRPOTrainer:
             rewards.weights,
         )
         self.reward_funcs, self.reward_names = rewards.funcs, rewards.names
+        if self.environment is None:  # (episodes add columns of their own)
+            refuse_missing_columns(self.reward_names, self.reward_funcs, self.train_rows, "train_dataset")
         self.reference = Reference.for_run(self.model, self.args, adapter_disabled=peft_config is not None)
         self.schedule = RunSchedule.from_config(self.args, len(self.train_rows), self.plan)
         self.max_steps = self.schedule.max_steps
