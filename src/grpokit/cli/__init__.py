@@ -28,6 +28,15 @@ def main(argv: list[str] | None = None) -> int:
     if os.getcwd() not in sys.path:  # import paths (reward_funcs=[my_rewards.fn]) find the working
         sys.path.insert(0, os.getcwd())  # directory's modules, as under `python -m`
     command = argv[0] if argv and not argv[0].startswith("-") else None
+    from grpokit.data.integrity import InputError
+
+    try:
+        return _run(command, argv)
+    except InputError as error:  # a bad input, refused in one sentence: no traceback
+        raise SystemExit(f"grpokit: {error}") from error
+
+
+def _run(command: str | None, argv: list[str]) -> int:
     if command in (None, "train"):
         from grpokit.cli.train_command import run_training
 

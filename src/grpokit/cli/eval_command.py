@@ -139,8 +139,10 @@ def load_eval_model(path: str, device: str = "auto", dtype: str = "auto") -> tup
     import torch
     from transformers import AutoModelForCausalLM
 
+    from grpokit.data.integrity import check_model_dir
     from grpokit.models import load_tokenizer
 
+    check_model_dir(path, "model")  # a damaged config.json or weights file: one sentence naming it
     weights: Any = "auto" if dtype == "auto" else getattr(torch, dtype)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=weights)
     return model.to(resolve_device(device)).eval(), load_tokenizer(path)
@@ -210,6 +212,7 @@ def plan_eval(args: EvalArgs) -> EvalPlan:
     except ValueError as error:
         raise ValueError(f"reward_funcs: {error}") from error
     extractor = resolve_extractor(extractor_spec)
+    _refuse_missing_columns(args, rows, reward_funcs)
     temperature = args.temperature
     if temperature is None:
         temperature = 0.0 if args.num_samples == 1 else 1.0
@@ -231,6 +234,16 @@ def plan_eval(args: EvalArgs) -> EvalPlan:
         raise ValueError(f"batch_size must be >= 1, got {args.batch_size}")
     resolve_device(args.device)
     return EvalPlan(rows, reward_funcs, extractor, task_name, temperature, max_new)
+
+
+def _refuse_missing_columns(args: EvalArgs, rows: list[dict[str, Any]], reward_funcs: list[Any]) -> None:
+    """A column a reward function reads that no row has: refused naming the data, the column and the
+    reward, before the model loads (``grpokit.rewards.base.refuse_missing_columns``)."""
+    from grpokit.rewards.base import refuse_missing_columns
+    from grpokit.rewards.scoring import reward_names
+
+    where = f"eval_dataset {args.eval_dataset}" if args.eval_dataset is not None else f"task {args.task}"
+    refuse_missing_columns(reward_names(reward_funcs), reward_funcs, rows, where)
 
 
 def run_eval(args: EvalArgs, plan: EvalPlan | None = None) -> dict[str, Any]:

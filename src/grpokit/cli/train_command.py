@@ -234,22 +234,57 @@ def publish_model_card(args: TrainArgs, config: GRPOConfig, trainer: Any, summar
     publisher.push(config.output_dir, "Held-out evaluation")
 
 
+def check_resume(config: GRPOConfig) -> None:
+    """A resume is checked before the cold start and before any weights load (the checkpoint exists and is
+    whole, the config's changes are allowed: ``grpokit.parallel.resume``); the trainer checks the rest
+    (process count, training rows, model shape) when it is built, before any evaluation."""
+    if not config.resume_from_checkpoint:
+        return
+    from grpokit.parallel.resume import plan_resume
+
+    plan_resume(config.resume_from_checkpoint, config, config.output_dir)
+
+
+def held_out_accuracy(trainer: Any, held_out: Any, args: TrainArgs, config: GRPOConfig) -> dict[str, Any]:
+    """Greedy accuracy on the held-out rows, graded as ``held_out`` says (``cli.held_out``)."""
+    max_new_tokens = args.eval_max_new_tokens or config.max_completion_length
+    if held_out.task is not None:
+        from grpokit.tasks.evaluation import task_accuracy
+
+        return task_accuracy(
+            trainer.unwrapped_model, trainer.tokenizer, held_out.rows, held_out.task,
+            max_new_tokens=max_new_tokens, max_turns=config.max_turns, max_turn_tokens=config.max_turn_tokens,
+            environment_kwargs=config.environment_kwargs,
+        )  # fmt: skip
+    from grpokit.eval import evaluate_model
+
+    return evaluate_model(
+        trainer.unwrapped_model, trainer.tokenizer, held_out.rows, reward_funcs=trainer.reward_funcs,
+        reward_weights=trainer.reward_weights, max_new_tokens=max_new_tokens,
+        max_prompt_length=config.max_prompt_length, chat_template_kwargs=config.chat_template_kwargs,
+    )  # fmt: skip
+
+
 def run_training(args: TrainArgs) -> dict[str, Any]:
-    """Train per the recipe; evaluate held-out greedy accuracy before and after; write eval_summary.json."""
-    from grpokit.data import load_dataset_rows
+    """Train per the recipe; evaluate held-out greedy accuracy before and after; write eval_summary.json.
+    Every input is checked before the cold start: the data, the held-out rows' columns, a resume."""
+    from grpokit.cli.held_out import plan_held_out
     from grpokit.train import GRPOTrainer
 
     started = time.perf_counter()
-    held_out = args.task is not None or args.eval_dataset is not None
-    try:  # an eval_strategy without held-out rows: refused before the cold start
-        args.config.check_eval_dataset(held_out, "give eval_dataset=FILE, or a task (its held-out split)")
-    except ValueError as err:
-        raise SystemExit(f"grpokit: {err}") from None
     print_memory_plan(args)
-    model_path = resolve_model(args.model, seed=args.task_seed)
     train_rows, eval_rows, rewards, weights = training_data(args)
     config = with_task_environment(dataclasses.replace(args.config, reward_weights=weights), args.task)
+    if args.dataset is not None and args.eval_dataset is None:
+        eval_rows = None  # the task's held-out questions are not held out from the user's data
+    try:  # an eval_strategy without held-out rows: refused before the cold start
+        config.check_eval_dataset(eval_rows is not None, "give eval_dataset=FILE (held-out rows)")
+    except ValueError as err:
+        raise SystemExit(f"grpokit: {err}") from None
+    held_out = plan_held_out(args, config, eval_rows, rewards)
     in_training = resolution.eval_strategy(config) != "no" or config.eval_on_start  # eval_steps, ...
+    check_resume(config)
+    model_path = resolve_model(args.model, seed=args.task_seed)
     trainer = GRPOTrainer(
         model=model_path,
         reward_funcs=rewards,
@@ -261,26 +296,22 @@ def run_training(args: TrainArgs) -> dict[str, Any]:
     )
     config = trainer.args  # resolved: what the run uses, recorded in config.yaml
     output_dir = Path(config.output_dir)
-    if trainer.accelerator.is_main_process:
+    main = trainer.accelerator.is_main_process
+    if main:
         print(f"grpokit: {trainer.plan.describe()}; {trainer.max_steps} steps; output in {output_dir}")
-    summary: dict[str, Any] = {"model": args.model, "task": args.task}
-    evaluating = args.evaluate and eval_rows is not None and trainer.accelerator.is_main_process
-    if evaluating and args.task is None:  # the held-out accuracy is graded as a built-in task grades
-        print("grpokit: no built-in task to grade the held-out split; skipping the before/after evaluation")
-        evaluating = False
-    grading = {
-        "max_new_tokens": args.eval_max_new_tokens or config.max_completion_length,
-        "max_turns": config.max_turns,
-        "max_turn_tokens": config.max_turn_tokens,
-        "environment_kwargs": config.environment_kwargs,
+        output_dir.mkdir(parents=True, exist_ok=True)  # what this run trains on, before it starts
+        dataclasses.replace(config, hub_token=None).to_yaml(output_dir / "config.yaml")  # no secrets on disk
+    summary: dict[str, Any] = {
+        "model": args.model,
+        "task": args.task if args.dataset is None else None,
+        "train_dataset": args.dataset or (f"the built-in `{args.task}` task" if args.task else None),
+        "held_out": held_out.describe(trainer.reward_names),
     }
+    evaluating = held_out.skipped is None and main
+    if held_out.skipped is not None and main and args.evaluate:
+        print(f"grpokit: no before/after evaluation: {held_out.skipped}")
     if evaluating:
-        from grpokit.tasks.evaluation import task_accuracy
-
-        eval_rows = load_dataset_rows(eval_rows, config.data_settings(), name="eval_dataset")
-        summary["before"] = task_accuracy(
-            trainer.unwrapped_model, trainer.tokenizer, eval_rows, args.task, **grading
-        )
+        summary["before"] = held_out_accuracy(trainer, held_out, args, config)
         before = summary["before"]
         print(f"grpokit: held-out accuracy before GRPO: {before['accuracy']:.3f}{_env(before)}")
     history = trainer.train()
@@ -292,16 +323,13 @@ def run_training(args: TrainArgs) -> dict[str, Any]:
 
         summary["reward_model"] = rm_metric_summary(history)
     if evaluating:
-        summary["after"] = task_accuracy(
-            trainer.unwrapped_model, trainer.tokenizer, eval_rows, args.task, **grading
-        )
+        summary["after"] = held_out_accuracy(trainer, held_out, args, config)
         after = summary["after"]
         print(f"grpokit: held-out accuracy after GRPO:  {after['accuracy']:.3f}{_env(after)}")
     summary["wall_time_s"] = round(time.perf_counter() - started, 1)
-    if trainer.accelerator.is_main_process:
-        output_dir.mkdir(parents=True, exist_ok=True)
+    if main:
         (output_dir / "eval_summary.json").write_text(json.dumps(summary, indent=2))
-        dataclasses.replace(config, hub_token=None).to_yaml(output_dir / "config.yaml")  # no secrets on disk
+        dataclasses.replace(config, hub_token=None).to_yaml(output_dir / "config.yaml")
         if trainer.stopped_by is None:
             publish_model_card(args, config, trainer, summary)
         print(

@@ -223,8 +223,16 @@ class GRPOConfig:
     """How several reward functions become one advantage: weighted sum then group-normalise (default), or
     normalise each reward within its group, then weighted sum (GDPO)."""
     reward_failure: RewardFailure = "raise"
-    """A reward function that raises or returns NaN/inf: stop with an error ("raise"), or count and log
-    it as rewards/<name>/failures and treat the value as None ("none")."""
+    """A reward function that raises, returns NaN/inf or runs past ``reward_timeout``: stop with an error
+    ("raise"), or count and log it as rewards/<name>/failures and treat the value as None ("none")."""
+    reward_timeout: float | None = None
+    """Seconds one call of a reward function (outcome or process) may take; a slower call is a failure
+    handled by ``reward_failure`` and is abandoned on a daemon thread (it never keeps the run from
+    exiting). None (the default): unbounded, and reward functions run in the trainer's own thread as
+    written: a limit runs them on a worker thread, where functions that bound themselves with
+    ``signal.alarm`` (math-verify's own timeouts, many sympy-based graders) cannot, and legitimate calls
+    (a reward model on a large batch, an LLM judge) vary too much for one default to fit. Set it (e.g. 60)
+    when a reward calls a service or untrusted code that may hang."""
     advantage_epsilon: float = 1e-4
     """Added to the std before dividing (>= 0)."""
 

@@ -156,6 +156,8 @@ def _check_batch(c: Any) -> None:
 def _check_objective(c: Any) -> None:
     _in_range(c, "top_entropy_quantile", 0, 1, closed="(]")
     _at_least(c, "advantage_epsilon", 0)
+    timeout = c.reward_timeout
+    require(timeout is None or timeout > 0, "reward_timeout", "must be > 0 seconds (or None: unbounded)")
     for name in ("reward_weights", "process_reward_weights"):
         weights = getattr(c, name)
         require(weights is None or len(weights) > 0, name, "must not be empty (None: all 1.0)")

@@ -2,7 +2,7 @@
 
 Numbers are written with :func:`json_number`: NaN and infinities become ``null`` (JSON has no NaN), so every
 line is valid JSON that any reader accepts. The reader names the file and the line of a malformed record.
-Imports nothing of grpokit's.
+A file that is not UTF-8 text is refused naming the line (``check_utf8``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,16 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["append_jsonl", "drop_steps_after", "json_number", "read_jsonl", "write_jsonl"]
+from grpokit.data.integrity import InputError
+
+__all__ = [
+    "append_jsonl",
+    "check_utf8",
+    "drop_steps_after",
+    "json_number",
+    "read_jsonl",
+    "write_jsonl",
+]
 
 
 def json_number(value: float, digits: int | None = None) -> float | None:
@@ -25,17 +34,42 @@ def json_number(value: float, digits: int | None = None) -> float | None:
 
 
 def read_jsonl(path: str | Path, name: str = "file") -> list[Any]:
-    """The records of a JSON-lines file (blank lines skipped). A malformed line is a ValueError naming
-    ``name``, the path and the line number."""
+    """The records of a JSON-lines file (blank lines skipped). A malformed line, or one that is not UTF-8
+    text, is a ValueError naming ``name``, the path and the line number."""
     path = Path(path)
     records = []
-    for line_no, line in enumerate(path.read_text().splitlines(), start=1):
+    for line_no, raw in enumerate(path.read_bytes().splitlines(), start=1):
+        line = _utf8_line(raw, path, line_no, name)
         if line.strip():
             try:
                 records.append(json.loads(line))
             except json.JSONDecodeError as err:
-                raise ValueError(f"{name}: {path} line {line_no} is not valid JSON: {err.msg}") from err
+                raise InputError(f"{name}: {path} line {line_no} is not valid JSON: {err.msg}") from err
     return records
+
+
+def _utf8_line(raw: bytes, path: Path, line_no: int, name: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(_not_utf8(name, path, line_no, raw, err)) from None
+
+
+def _not_utf8(name: str, path: Path, line_no: int, line: bytes, err: UnicodeDecodeError) -> str:
+    byte = line[err.start : err.start + 1].hex()
+    return (
+        f"{name}: {path} line {line_no} is not UTF-8 text (byte 0x{byte} at column {err.start + 1}); "
+        "save the file as UTF-8"
+    )
+
+
+def check_utf8(path: str | Path, name: str = "file") -> None:
+    """Raise a ValueError naming ``name``, the path and the line when ``path`` holds bytes that are not
+    UTF-8 (read line by line, so a large file is never held whole)."""
+    path = Path(path)
+    with path.open("rb") as handle:
+        for line_no, raw in enumerate(handle, start=1):
+            _utf8_line(raw, path, line_no, name)
 
 
 def append_jsonl(path: str | Path, records: Iterable[Any]) -> None:

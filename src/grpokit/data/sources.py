@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from grpokit.data.records import read_jsonl
+from grpokit.data.integrity import InputError
+from grpokit.data.records import check_utf8, read_jsonl
 
 __all__ = ["FILE_LOADERS", "source_rows", "split_field"]
 
@@ -81,9 +82,22 @@ def _file_rows(path: Path, name: str) -> list[Any]:
         )
     if path.suffix.lower() == ".jsonl":
         return read_jsonl(path, name)
+    if kind != "parquet":  # text: bytes that are not UTF-8 are named by line before the reader sees them
+        check_utf8(path, name)
     import datasets
 
-    return datasets.load_dataset(kind, data_files=str(path), split="train").to_list()
+    try:
+        return datasets.load_dataset(kind, data_files=str(path), split="train").to_list()
+    except Exception as err:  # malformed json/csv, a damaged parquet file: the reader's reason, with the file
+        raise InputError(f"{name}: {path} could not be read as {kind}: {_root_cause(err)}") from err
+
+
+def _root_cause(err: BaseException) -> str:
+    """The innermost cause of a reader's error (``datasets`` wraps the parser's), as ``Type: first line``."""
+    while err.__cause__ is not None or err.__context__ is not None:
+        err = err.__cause__ or err.__context__  # type: ignore[assignment]
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
 
 
 def _load_dataset_rows(

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from grpokit.data.integrity import check_model_dir
 from grpokit.models.loading import load_tokenizer
 
 __all__ = [
@@ -35,8 +36,8 @@ class PolicyOptions(Protocol):
 
 
 def check_model_source(model: str | Path | torch.nn.Module) -> None:
-    """A model given as a local path must exist (a hub id is left to ``from_pretrained``): a clear error
-    naming ``model`` instead of the hub client's complaint about repo ids."""
+    """A model given as a local path must exist and be whole (a hub id is left to ``from_pretrained``): a
+    clear error naming ``model`` instead of the hub client's complaint about repo ids or a JSON traceback."""
     if not isinstance(model, (str, Path)):
         return
     text = str(model)
@@ -46,6 +47,7 @@ def check_model_source(model: str | Path | torch.nn.Module) -> None:
             f"model: {text!r} does not exist; give a model directory (config.json and weights) or a hub id "
             "such as 'Qwen/Qwen2.5-0.5B-Instruct'"
         )
+    check_model_dir(text, "model")  # a damaged config.json or weights file: named, before from_pretrained
 
 
 def check_special_tokens(tokenizer: Any) -> None:

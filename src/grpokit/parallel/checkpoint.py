@@ -15,8 +15,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from grpokit.data.integrity import check_safetensors_file, corrupt, read_json_file
+
 STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng_state.pt"
+CONFIG_FILE = "config.yaml"
+"""The GRPOConfig a checkpoint's run used (``hub_token`` left out), compared field by field on resume."""
 
 
 def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
@@ -63,14 +67,30 @@ def _tuples(value: Any) -> Any:
 
 def load_checkpoint_file(file: Path) -> Any:
     """A checkpoint file, with ``weights_only=True``: tensors and plain Python values only, never arbitrary
-    pickled objects (a checkpoint from elsewhere cannot run code when it is resumed)."""
+    pickled objects (a checkpoint from elsewhere cannot run code when it is resumed). A file that holds such
+    objects is refused as that; one that is cut off or damaged as "corrupt or truncated"."""
     try:
         return torch.load(file, weights_only=True)
     except Exception as err:  # torch raises UnpicklingError with its own explanation
+        if not _holds_objects(err):
+            raise corrupt(file, "resume_from_checkpoint", _first_line(err)) from err
         raise ValueError(
             f"resume_from_checkpoint: {file} holds more than tensors and plain values, so it is not loaded "
-            f"({type(err).__name__}: {str(err).splitlines()[0]})"
+            f"({type(err).__name__}: {_first_line(err)})"
         ) from err
+
+
+def _holds_objects(err: Exception) -> bool:
+    """Whether torch's weights-only loader refused a pickled object (a global it does not allow), rather than
+    failing to read the file."""
+    import pickle
+
+    return isinstance(err, pickle.UnpicklingError) and "Unsupported global" in str(err)
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
 
 
 def process_rng_state(path: Path, process_index: int, num_processes: int) -> dict[str, Any]:
@@ -106,11 +126,13 @@ def save_checkpoint(
     model_state: dict[str, Any] | None = None,
     optimizer_state: dict[str, Any] | None = None,
     staged: bool = False,
+    config_text: str | None = None,
 ) -> Path:
     """Write everything a resume needs to ``path`` (written to a temp dir first, then renamed).
     ``model_state`` / ``optimizer_state``: full states gathered from shards (FSDP); default: the model's
     and the optimizer's own. ``staged``: the temp dir (``staging_dir``) already holds files that every
-    process wrote (DeepSpeed's); it is completed, not emptied."""
+    process wrote (DeepSpeed's); it is completed, not emptied. ``config_text``: the run's config
+    (``CONFIG_FILE``), which a resume compares with its own."""
     tmp = staging_dir(path, create=not staged)
     model.save_pretrained(tmp, state_dict=model_state)
     if tokenizer is not None:
@@ -121,6 +143,8 @@ def save_checkpoint(
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(rng_states, tmp / RNG_FILE)  # one per process, in process order
     torch.save(extra_tensors or {}, tmp / "extra_state.pt")
+    if config_text is not None:
+        (tmp / CONFIG_FILE).write_text(config_text)
     (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=2))
     shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)
@@ -151,7 +175,7 @@ def load_checkpoint(
     scheduler.load_state_dict(load_checkpoint_file(path / "scheduler.pt"))
     set_rng_state(process_rng_state(path, process_index, num_processes), generator)
     extra = load_checkpoint_file(path / "extra_state.pt")
-    return json.loads((path / STATE_FILE).read_text()), extra
+    return read_json_file(path / STATE_FILE, "resume_from_checkpoint"), extra
 
 
 def read_model_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -163,6 +187,7 @@ def read_model_weights(path: Path) -> dict[str, torch.Tensor]:
         raise FileNotFoundError(f"no *.safetensors weights in {path}")
     state: dict[str, torch.Tensor] = {}
     for file in files:
+        check_safetensors_file(file, "resume_from_checkpoint")
         state.update(load_file(str(file)))
     return state
 
@@ -191,6 +216,7 @@ def _load_adapter_weights(model: torch.nn.Module, path: Path) -> None:
     file = path / "adapter_model.safetensors"
     if not file.exists():
         raise FileNotFoundError(f"checkpoint {path} holds no adapter weights (adapter_model.safetensors)")
+    check_safetensors_file(file, "resume_from_checkpoint")
     result = set_peft_model_state_dict(model, load_file(str(file)))
     unexpected = list(getattr(result, "unexpected_keys", []) or [])
     adapter_missing = [k for k in getattr(result, "missing_keys", []) or [] if "lora_" in k]

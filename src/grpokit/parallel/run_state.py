@@ -15,6 +15,7 @@ from accelerate.utils import gather_object
 
 from grpokit.data.records import drop_steps_after
 from grpokit.parallel import checkpoint, fsdp
+from grpokit.parallel.resume import OptimizerSettings, ResumePlan, config_record, plan_resume, run_identity
 
 __all__ = ["RunState"]
 
@@ -38,6 +39,12 @@ class RunState:
     generator: torch.Generator
     strategy: str  # "ddp", "fsdp" or "zero"
     zero: Any = None  # parallel.zero.ZeroEngine
+    args: Any = None  # the run's GRPOConfig: saved with each checkpoint, compared on resume
+    train_rows: Any = None  # the training rows: a resume must be on the same ones
+    max_steps: int | None = None  # the run's GRPO steps: a checkpoint at or past them has nothing to train
+
+    def __post_init__(self) -> None:
+        self.identity = run_identity(self.train_rows, self.model)  # what a resume must share with this run
 
     def save_model(self, path: str | Path) -> None:
         """A standard ``transformers`` directory (model + tokenizer; a PEFT model writes its adapters);
@@ -73,7 +80,7 @@ class RunState:
                 tokenizer=self.tokenizer,
                 optimizer=self.optimizer,
                 scheduler=self.scheduler,
-                trainer_state={"step": step, "prompts": self.prompts.state_dict()},
+                trainer_state={"step": step, "prompts": self.prompts.state_dict(), "run": self.identity},
                 rng_states=rng_states,
                 extra_tensors={
                     "reference": reference,
@@ -83,6 +90,7 @@ class RunState:
                 model_state=model_state,
                 optimizer_state=optimizer_state,
                 staged=staged is not None,
+                config_text=config_record(self.args) if self.args is not None else None,
             )
             checkpoint.prune_checkpoints(output_dir, save_total_limit)
         self.accelerator.wait_for_everyone()
@@ -120,12 +128,30 @@ class RunState:
                 "choose another output_dir"
             )
 
+    def check_resume(
+        self, resume: str | bool | None, output_dir: str | Path, *, steps_left: bool = True
+    ) -> ResumePlan | None:
+        """Every check a resume needs before anything runs (``parallel.resume``: the checkpoint exists and is
+        whole, the process count, config changes, training rows, model shape and, with ``steps_left``, that
+        the run's max_steps leaves steps to train); the plan, or None without ``resume``. Raises
+        ``ResumeError`` naming what to change."""
+        if not resume:
+            return None
+        return plan_resume(
+            resume, self.args, output_dir, identity=self.identity,
+            num_processes=self.accelerator.num_processes, max_steps=self.max_steps if steps_left else None,
+        )  # fmt: skip
+
     def resume(self, resume: str | bool, output_dir: str | Path) -> int:
-        """Load the checkpoint ``resume`` names (True / "latest": the newest in ``output_dir``); returns
-        its step."""
-        path = checkpoint.latest_checkpoint(output_dir) if resume in (True, "latest") else Path(str(resume))
-        if path is None:
-            raise FileNotFoundError(f"resume_from_checkpoint: no checkpoint-* found in {output_dir}")
+        """Load the checkpoint ``resume`` names (True / "latest": the newest in ``output_dir``), checked first
+        (``check_resume``); this run's optimizer settings and schedule over the restored state (honoured
+        changes, logged); returns its step."""
+        plan = self.check_resume(resume, output_dir, steps_left=False)  # loading a finished run is allowed
+        assert plan is not None
+        if self.accelerator.is_main_process:
+            plan.log()
+        path = plan.path
+        settings = OptimizerSettings.capture(self.optimizer, self.scheduler)
         load_optimizer_state = None  # the optimizer's own load_state_dict
         adapters = self.strategy == "fsdp" and hasattr(self.model, "peft_config")
         if self.strategy == "fsdp":
@@ -146,6 +172,7 @@ class RunState:
             num_processes=self.accelerator.num_processes,
             load_optimizer_state=load_optimizer_state,
         )
+        settings.restore(self.optimizer, self.scheduler)
         if adapters:
             fsdp.load_full_state_dict(self.policy, extra["adapters"], strict=False)
         self.prompts.load_state_dict(state["prompts"])

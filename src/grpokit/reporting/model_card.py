@@ -243,8 +243,10 @@ def _evaluation(summary: dict | None) -> str:
         return ""
     labels = (("before", "before GRPO"), ("after", "after GRPO"))
     columns = [(label, summary[key]) for key, label in labels if isinstance(summary.get(key), dict)]
+    held_out = summary.get("held_out") if isinstance(summary.get("held_out"), dict) else {}
     if not columns:
-        return ""
+        skipped = held_out.get("skipped")
+        return f"## Held-out evaluation\n\nNot measured: {skipped}." if skipped else ""
     names: list[str] = []
     for _, result in columns:
         for name, value in result.items():
@@ -264,8 +266,12 @@ def _evaluation(summary: dict | None) -> str:
     if len(temperatures) == 1 and None not in temperatures:
         temperature = temperatures.pop()
         decoding = " with greedy decoding" if temperature == 0 else f" sampled at temperature {temperature}"
-    task = f", graded as the `{summary['task']}` task grades" if summary.get("task") else ""
-    intro = f"On a held-out split{size}{decoding}{task} (`eval_summary.json`):"
+    if held_out.get("dataset"):  # grpokit train says what it measured (cli.held_out)
+        graded = f", graded by {held_out['graded_by']}"
+        intro = f"On {held_out['dataset']}{size}{decoding}{graded} (`eval_summary.json`):"
+    else:
+        task = f", graded as the `{summary['task']}` task grades" if summary.get("task") else ""
+        intro = f"On a held-out split{size}{decoding}{task} (`eval_summary.json`):"
     return f"## Held-out evaluation\n\n{intro}\n\n" + _table(
         ("metric", *(label for label, _ in columns)), rows
     )

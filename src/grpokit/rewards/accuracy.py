@@ -79,6 +79,7 @@ def make_accuracy_reward(
         return rewards
 
     accuracy_reward.__name__ = accuracy_reward.__qualname__ = name
+    accuracy_reward.required_columns = (solution_column,)  # type: ignore[attr-defined]
     return accuracy_reward
 
 

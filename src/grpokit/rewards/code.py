@@ -92,6 +92,7 @@ def make_code_execution_reward(
             return list(pool.map(score, items))
 
     code_execution_reward.__name__ = code_execution_reward.__qualname__ = name
+    code_execution_reward.required_columns = (tests_column,)  # type: ignore[attr-defined]
     return code_execution_reward
 
 

@@ -15,6 +15,12 @@ with :func:`checked_outputs`: only the check of one row's value differs.
 
 Async reward functions (``async def``) run concurrently with ``asyncio.gather`` after the sync ones, which
 run one after another in list order.
+
+A time limit (``timeout``, the config's ``reward_timeout``) bounds every call: a call still running after
+it is a failure like a raised error (a :class:`RewardTimeout`, handled by ``on_error``) and is abandoned on a
+daemon thread (:mod:`grpokit.rewards.bounded`), which never keeps the process from exiting. With a limit,
+sync functions run on that worker thread (torch's grad mode is carried over), so a function that sets
+signal handlers (``signal.alarm``) needs ``timeout=None``.
 """
 
 from __future__ import annotations
@@ -32,10 +38,12 @@ from typing import Any
 import torch
 
 from grpokit.core import combine_rewards
+from grpokit.rewards.bounded import BoundedCaller, CallTimeout
 
 __all__ = [
     "ON_ERROR",
     "RewardFunctionError",
+    "RewardTimeout",
     "call_reward_functions",
     "checked_outputs",
     "combine_rewards",
@@ -60,6 +68,15 @@ class RewardFunctionError(RuntimeError):
         where = "" if row is None else f" at row {row}"
         super().__init__(f"reward function {name!r}{where}: {message}")
         self.name, self.row, self.value = name, row, value
+
+
+class RewardTimeout(CallTimeout):
+    """A reward function call ran longer than ``reward_timeout``."""
+
+
+ASYNC_SLACK = 1.0
+"""Seconds the whole gather of async reward functions may run past ``timeout`` (each awaitable has its own
+``timeout``; this bounds a coroutine that blocks the event loop instead of awaiting)."""
 
 
 def reward_name(func: Any) -> str:
@@ -118,18 +135,51 @@ def _show(value: Any) -> str:
     return text if len(text) <= 200 else text[:200] + "..."
 
 
-def _run_coroutines(coroutines: list[Any]) -> list[Any]:
-    """Await all coroutines concurrently; each result, or the exception it raised."""
+def _run_coroutines(coroutines: list[Any], timeout: float | None = None) -> list[Any]:
+    """Await all coroutines concurrently, each within ``timeout`` seconds (None: unbounded); each result, or
+    the exception it raised (a :class:`RewardTimeout` when it ran out of time)."""
+
+    async def bounded(coroutine: Any) -> Any:
+        try:
+            return await asyncio.wait_for(coroutine, timeout)
+        except asyncio.TimeoutError:
+            raise RewardTimeout(f"no answer within reward_timeout={timeout:g} s") from None
 
     async def gather() -> list[Any]:
-        return await asyncio.gather(*coroutines, return_exceptions=True)
+        awaited = coroutines if timeout is None else [bounded(c) for c in coroutines]
+        return await asyncio.gather(*awaited, return_exceptions=True)
 
+    if timeout is not None:  # on a worker thread, so that a coroutine blocking the event loop is bounded too
+        caller = _caller(timeout + ASYNC_SLACK)
+        outcome = caller.run([lambda: asyncio.run(gather())])[0]
+        caller.close()
+        if isinstance(outcome, RewardTimeout):
+            return [RewardTimeout(f"no answer within reward_timeout={timeout:g} s")] * len(coroutines)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(gather())
     with ThreadPoolExecutor(1) as thread:  # called from inside an event loop (a notebook): use another one
         return thread.submit(asyncio.run, gather()).result()
+
+
+def _caller(timeout: float) -> BoundedCaller:
+    return BoundedCaller(timeout, 1, error=RewardTimeout, field="reward_timeout", name="grpokit-reward")
+
+
+def _in_grad_mode(func: Callable[..., Any], kwargs: Mapping[str, Any]) -> Callable[[], Any]:
+    """``func(**kwargs)`` as a call for another thread, under this thread's grad mode (torch keeps it per
+    thread: a reward model called under ``no_grad`` stays so)."""
+    grad = torch.is_grad_enabled()
+
+    def call() -> Any:
+        with torch.set_grad_enabled(grad):
+            return func(**kwargs)
+
+    return call
 
 
 def _validate_inputs(n: int, prompts: Sequence[Any], completion_ids: Any, columns: Mapping[str, Any]) -> None:
@@ -142,19 +192,28 @@ def _validate_inputs(n: int, prompts: Sequence[Any], completion_ids: Any, column
             raise ValueError(f"column {key!r} has {len(values)} values for {n} completions")
 
 
-def call_reward_functions(funcs: Sequence[Callable[..., Any]], kwargs: Mapping[str, Any]) -> list[Any]:
+def call_reward_functions(
+    funcs: Sequence[Callable[..., Any]], kwargs: Mapping[str, Any], timeout: float | None = None
+) -> list[Any]:
     """Call every function with ``kwargs``: each one's result, or the exception it raised. Sync functions run
-    one after another in list order, then the awaitables of async ones concurrently."""
+    one after another in list order, then the awaitables of async ones concurrently. ``timeout``: seconds
+    each call may take (None: unbounded); a slower call's outcome is a :class:`RewardTimeout`."""
     outcomes: list[Any] = [None] * len(funcs)
     pending: dict[int, Any] = {}
+    caller = None if timeout is None else _caller(timeout)
     for index, func in enumerate(funcs):
-        try:
-            outcomes[index] = func(**kwargs)
-        except Exception as error:
-            outcomes[index] = error
+        if caller is not None:
+            outcomes[index] = caller.run([_in_grad_mode(func, kwargs)])[0]
+        else:
+            try:
+                outcomes[index] = func(**kwargs)
+            except Exception as error:
+                outcomes[index] = error
         if inspect.isawaitable(outcomes[index]):
             pending[index] = outcomes[index]
-    for index, outcome in zip(pending, _run_coroutines(list(pending.values()))):
+    if caller is not None:
+        caller.close()
+    for index, outcome in zip(pending, _run_coroutines(list(pending.values()), timeout)):
         outcomes[index] = outcome
     return outcomes
 
@@ -170,6 +229,8 @@ def checked_outputs(
     a failed row's value becomes None, is logged, and is counted in ``failures``.
     """
     try:
+        if isinstance(outcome, RewardTimeout):
+            raise RewardFunctionError(name, str(outcome)) from outcome
         if isinstance(outcome, BaseException):
             message = f"raised {type(outcome).__name__}: {outcome}"
             raise RewardFunctionError(name, message) from outcome
@@ -200,8 +261,10 @@ def score_completions(
     columns: Mapping[str, Sequence[Any]] | None = None,
     trainer_state: Any = None,
     on_error: str = "raise",
+    timeout: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, int]]:
-    """Score N completions with F reward functions.
+    """Score N completions with F reward functions, each call within ``timeout`` seconds (None: unbounded;
+    a slower call is a failure under ``on_error``).
 
     Returns ``(rewards, failures)``: ``rewards`` is a float32 tensor [N, F] with NaN where a function
     returned None (or failed, with ``on_error="none"``); ``failures`` maps each function's unique metric name
@@ -214,7 +277,7 @@ def score_completions(
     names = reward_names(funcs)
     kwargs = {"prompts": prompts, "completions": completions, "completion_ids": completion_ids}
     kwargs.update(columns, trainer_state=trainer_state)
-    outcomes = call_reward_functions(funcs, kwargs)
+    outcomes = call_reward_functions(funcs, kwargs, timeout)
     matrix = torch.full((n, len(funcs)), math.nan, dtype=torch.float32)  # [N, F]
     failures = dict.fromkeys(names, 0)
     for index, (name, outcome) in enumerate(zip(names, outcomes)):

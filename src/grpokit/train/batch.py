@@ -27,11 +27,16 @@ __all__ = [
 
 
 def score_samples(
-    reward_funcs: list[Any], samples: Samples, trainer_state: dict[str, Any], on_error: str
+    reward_funcs: list[Any],
+    samples: Samples,
+    trainer_state: dict[str, Any],
+    on_error: str,
+    timeout: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Samples -> ``(rewards [n, F] with NaN for None, rewards/<name>/failures)``: every reward function
     called with TRL's keywords (completions as the prompt's format has them, the rows' columns,
-    ``trainer_state``) under the failure policy ``on_error`` (``grpokit.rewards.score_completions``)."""
+    ``trainer_state``) under the failure policy ``on_error``, each call within ``timeout`` seconds
+    (``grpokit.rewards.score_completions``)."""
     rows = samples.rows
     matrix, failures = score_completions(
         reward_funcs,
@@ -41,6 +46,7 @@ def score_samples(
         columns=reward_columns(rows),
         trainer_state=trainer_state,
         on_error=on_error,
+        timeout=timeout,
     )
     return matrix, {f"rewards/{name}/failures": float(count) for name, count in failures.items()}
 

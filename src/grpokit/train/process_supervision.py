@@ -78,6 +78,7 @@ class ProcessSupervision(StepHook):
             self.args.step_delimiter,
             weights=self.weights,
             on_error=self.args.reward_failure,
+            timeout=self.args.reward_timeout,
         )
 
     def on_batch(self, batch: RolloutBatch) -> None:

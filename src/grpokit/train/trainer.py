@@ -42,6 +42,7 @@ from grpokit.reporting.completion_log import CompletionLog
 from grpokit.reporting.metrics import PhaseTimer, progress_fields, reward_means, step_metrics
 from grpokit.reporting.metrics_log import MetricsLogger, plot_metrics
 from grpokit.reporting.publish import Publisher
+from grpokit.rewards.base import refuse_missing_columns
 from grpokit.rollout import RolloutBackend, SamplingParams
 from grpokit.rollout.records import RolloutBatch, Samples
 from grpokit.rollout.vllm_backend import require_vllm
@@ -157,6 +158,8 @@ class GRPOTrainer:
         self.iterative, self.process = rewards.iterative, rewards.process  # optional step hooks
         self.reward_funcs, self.reward_names = rewards.funcs, rewards.names
         self.reward_weights = rewards.weights  # [F]
+        if self.episodes is None:  # (episodes add columns of their own)
+            refuse_missing_columns(self.reward_names, self.reward_funcs, self.train_rows, "train_dataset")
         self.reference = Reference.for_run(self.model, self.args, adapter_disabled=peft_config is not None)
         self.schedule = RunSchedule.from_config(self.args, len(self.train_rows), self.plan)
         self.max_steps = self.schedule.max_steps
@@ -218,7 +221,10 @@ class GRPOTrainer:
         self.run_state = RunState(
             self.accelerator, self.model, self.policy, self.tokenizer, self.optimizer, self.scheduler,
             self.reference, self.hooks, self.prompts, self.generator, self.strategy, self.zero,
+            args=self.args, train_rows=self.train_rows, max_steps=self.max_steps,
         )  # fmt: skip
+        # a resume is checked now, before any evaluation or step (parallel.resume): refused in one sentence
+        self.run_state.check_resume(self.args.resume_from_checkpoint, self.args.output_dir)
         self.callbacks.event("on_init_end")
 
     @property
@@ -395,9 +401,12 @@ class GRPOTrainer:
         return Samples(rows, prompt_ids, generated, texts, group_sizes=sizes, episodes=run)
 
     def reward_matrix(self, samples: Samples) -> tuple[torch.Tensor, dict[str, float]]:
-        """``(rewards [n, F] with NaN for None, rewards/<name>/failures)`` under ``reward_failure``."""
+        """``(rewards [n, F] with NaN for None, rewards/<name>/failures)`` under ``reward_failure`` and
+        ``reward_timeout``."""
         state = {"global_step": self.step, "max_steps": self.max_steps}
-        return score_samples(self.reward_funcs, samples, state, self.args.reward_failure)
+        return score_samples(
+            self.reward_funcs, samples, state, self.args.reward_failure, self.args.reward_timeout
+        )
 
     def evaluate(self, eval_dataset: Any = None, batch_size: int = 64) -> dict[str, float]:
         """``eval/reward`` and ``eval/rewards/<name>/mean`` of one greedy completion per row of

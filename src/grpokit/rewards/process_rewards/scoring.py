@@ -119,6 +119,7 @@ def score_process(
     *,
     weights: Sequence[float] | None = None,
     on_error: str = "raise",
+    timeout: float | None = None,
 ) -> ProcessScores:
     """Score every step of every completion.
 
@@ -129,7 +130,8 @@ def score_process(
       failed), or with no steps at all, gets ``[]`` and ``[]``: it contributes nothing to its group's
       statistics and gets advantage 0 on every token.
     - ``completions`` are strings or chat messages (the last message's content is used); ``completion_ids``
-      are the sampled ids (an EOS at the end is fine). ``on_error``: the failure policy (module docstring).
+      are the sampled ids (an EOS at the end is fine). ``on_error``: the failure policy (module docstring);
+      ``timeout``: seconds each call may take (None: unbounded), a slower call failing under it.
     """
     n = len(completions)
     if len(prompts) != n or len(completion_ids) != n:
@@ -156,7 +158,7 @@ def score_process(
     steps = [[t[s:e] for s, e in sp] for t, sp in zip(texts, spans)]
     ends = [step_token_ends(t, ids, tokenizer, delimiter) for t, ids in zip(texts, completion_ids)]
     kwargs = {"prompts": list(prompts), "completions": list(completions), "steps": steps, "step_spans": spans}
-    outcomes = call_reward_functions(process_fns, {**kwargs, **columns})
+    outcomes = call_reward_functions(process_fns, {**kwargs, **columns}, timeout)
 
     scores = ProcessScores([], [], steps)
     totals: list[list[float] | None] = [None] * n
