@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from grpokit import GRPOConfig
-from grpokit.core import PolicyLoss, combine_rewards, group_advantages, pad_left, pad_right
+from grpokit.core import combine_rewards, group_advantages, pad_left, pad_right
 from grpokit.data import reward_columns
 from grpokit.data.chat import as_completion, encode_prompt
 from grpokit.models import pad_token_id
@@ -55,7 +55,7 @@ def grpo_step(
     args.beta > 0). ``micro_batch_size``: rows per forward/backward (gradient accumulation; default all).
     ``phase(name)``: a context manager timing each phase (the benchmark passes one)."""
     G = args.num_generations
-    loss_fn = PolicyLoss.from_config(args)  # loss_type, epsilon(_high), beta, ...: fixed for the run
+    loss_fn = args.policy_loss()  # loss_type, epsilon(_high), beta, ...: fixed for the run
 
     # 1. sample G completions per prompt from the current policy, which is pi_old for this step
     with phase("generate"):

@@ -3,7 +3,6 @@
 import pytest
 
 from grpokit import GRPOConfig
-from grpokit.core import PolicyLoss
 
 
 def test_defaults_follow_the_paper():
@@ -15,7 +14,7 @@ def test_defaults_follow_the_paper():
         "group",
     )
     assert (config.num_iterations, config.learning_rate, config.num_generations) == (1, 1e-6, 8)
-    assert PolicyLoss.from_config(config).clip_high == 0.2  # epsilon_high unset -> symmetric clipping
+    assert config.policy_loss().clip_high == 0.2  # epsilon_high unset -> symmetric clipping
 
 
 def test_batch_plan_counts_one_step():

@@ -404,7 +404,7 @@ def test_the_cli_refuses_an_evaluation_schedule_without_held_out_rows_before_the
         main(["train", "task=null", f"dataset={rows}", "reward_funcs=[accuracy]", "eval_steps=2"])
     assert str(err.value) == (
         "grpokit: GRPOConfig.eval_steps=2 (which sets eval_strategy='steps') needs an eval_dataset to "
-        "evaluate: give eval_dataset=FILE, or a task (its held-out split), or set eval_strategy='no'"
+        "evaluate: give eval_dataset=FILE (held-out rows), or set eval_strategy='no'"
     )
 
 

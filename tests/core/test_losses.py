@@ -624,14 +624,11 @@ def test_loss_spec_refuses_bad_hyperparameters_naming_the_field(hyper, field):
     assert caught.value.field == field
 
 
-def test_loss_spec_reads_a_config():
-    class Config:  # any object with the field names, e.g. GRPOConfig
-        loss_type, epsilon, epsilon_high, delta, beta = "dapo", 0.2, 0.28, 1.5, 0.0
-        importance_sampling_level, max_completion_length = "token", 16
-        sapo_temperature_pos, sapo_temperature_neg = 1.0, 1.05
-        output_dir = "ignored"
+def test_the_loss_of_a_config():
+    from grpokit import GRPOConfig
 
-    spec = PolicyLoss.from_config(Config())
+    config = GRPOConfig(loss_type="dapo", epsilon_high=0.28, delta=1.5, beta=0.0, max_completion_length=16)
+    spec = config.policy_loss()
     assert (spec.loss_type, spec.clip_high, spec.delta, spec.kl_estimator) == ("dapo", 0.28, 1.5, "k3")
     assert spec.is_global
 

@@ -321,7 +321,7 @@ def test_the_update_weights_the_policy_term_by_the_importance_weights_and_the_en
         top_entropy_quantile=quantile,
     )  # fmt: skip
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    loss = RecordingLoss(PolicyLoss.from_config(config))
+    loss = RecordingLoss(config.policy_loss())
     ctx = UpdateContext(
         loss=loss, policy=PolicyLogprobs(model), backward=lambda value: value.backward(),
         step=optimizer_step(optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0), model),

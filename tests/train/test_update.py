@@ -5,7 +5,6 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from grpokit import GRPOConfig
-from grpokit.core import PolicyLoss
 from grpokit.rollout.records import RolloutBatch
 from grpokit.train.forward import PolicyLogprobs
 from grpokit.train.update import UpdateContext, optimizer_step, run_update
@@ -42,7 +41,7 @@ def gradients(model_dir, batch, **config_values):
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     config = GRPOConfig(num_generations=2, beta=0.0, max_completion_length=5, **config_values)
     ctx = UpdateContext(
-        loss=PolicyLoss.from_config(config),
+        loss=config.policy_loss(),
         policy=PolicyLogprobs(model),
         backward=lambda loss: loss.backward(),
         step=optimizer_step(optimizer, scheduler, model),

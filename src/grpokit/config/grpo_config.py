@@ -66,7 +66,9 @@ from grpokit.config.validation import check_eval_dataset, validate
 from grpokit.config.values import admits_none, field_types, load_yaml_file, typed
 
 if TYPE_CHECKING:
+    from grpokit.core.losses import PolicyLoss
     from grpokit.data.loading import DataSettings
+    from grpokit.envs.sampler import EpisodeSettings
     from grpokit.rollout.base import SamplingParams
     from grpokit.rollout.vllm_backend import VLLMSettings
 
@@ -620,6 +622,28 @@ class GRPOConfig:
             top_k=fields["top_k"],
             min_p=fields["min_p"],
             repetition_penalty=fields["repetition_penalty"],
+        )
+
+    def policy_loss(self) -> PolicyLoss:
+        """The run's loss (``grpokit.core.PolicyLoss``): loss_type, the clip ranges, delta, beta, the
+        importance-sampling level, ... of this config."""
+        return resolution.policy_loss(self)
+
+    def episode_settings(self) -> EpisodeSettings:
+        """The environment fields, for ``grpokit.envs.EpisodeSampler`` (episodes bounded by
+        ``max_completion_length`` and ``max_turns``; environment failures handled by ``reward_failure``)."""
+        from grpokit.envs.sampler import EpisodeSettings
+
+        return EpisodeSettings(
+            environment=self.environment,
+            environment_kwargs=self.environment_kwargs,
+            max_turns=self.max_turns,
+            max_tokens=self.max_completion_length,
+            max_turn_tokens=self.max_turn_tokens,
+            timeout=self.environment_timeout,
+            on_error=self.reward_failure,
+            chat_template_kwargs=self.chat_template_kwargs,
+            max_tool_calling_iterations=self.max_tool_calling_iterations,
         )
 
     def vllm_settings(self) -> VLLMSettings:

@@ -26,6 +26,7 @@ __all__ = [
     "interval_steps",
     "max_num_generations",
     "mixed_precision",
+    "policy_loss",
     "sampling_fields",
     "save_strategy",
 ]
@@ -120,6 +121,18 @@ def derived_values(config: Any) -> dict[str, Any]:
         "vllm_importance_sampling_cap": None,
         **sampling_fields(config),
     }
+
+
+def policy_loss(config: Any) -> Any:
+    """The run's ``core.PolicyLoss``: the loss fields of ``config`` (loss_type, epsilon(_high), delta, beta,
+    importance_sampling_level, ...), validated where the loss is defined (``LossConfigError``). Imported
+    here so that ``import grpokit`` does not import torch."""
+    from dataclasses import fields
+
+    from grpokit.core.losses import PolicyLoss
+
+    return PolicyLoss(**{item.name: getattr(config, item.name) for item in fields(PolicyLoss)
+                         if hasattr(config, item.name)})  # fmt: skip
 
 
 def interval_steps(every: int | float, total_steps: int) -> int:

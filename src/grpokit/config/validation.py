@@ -166,10 +166,10 @@ def _check_objective(c: Any) -> None:
 def _check_loss(c: Any) -> None:
     """The loss fields, by building the run's ``PolicyLoss`` (imported here so that ``import grpokit`` does
     not import torch)."""
-    from grpokit.core.losses import LossConfigError, PolicyLoss
+    from grpokit.core.losses import LossConfigError
 
     try:
-        PolicyLoss.from_config(c)
+        resolution.policy_loss(c)
     except LossConfigError as err:
         raise ValueError(f"GRPOConfig.{err.field} {err.why}") from None
 

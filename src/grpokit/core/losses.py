@@ -8,8 +8,7 @@ validated once, when a :class:`PolicyLoss` is built; GRPOConfig validates its lo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -58,8 +57,8 @@ class PolicyLoss:
         J(theta) = 1/G sum_i 1/|o_i| sum_t [ min(r_it A_it, clip(r_it, 1-eps, 1+eps) A_it) - beta D_KL_it ]
 
     and a call returns -J (for loss_type="grpo") with the variants one field away. ``loss_type`` is a preset
-    (``LOSS_PRESETS``) over the per-token objective and the aggregation. ``PolicyLoss.from_config(config)``
-    reads the fields of the same names from a GRPOConfig.
+    (``LOSS_PRESETS``) over the per-token objective and the aggregation. The fields have GRPOConfig's names;
+    ``GRPOConfig.policy_loss()`` builds the loss of a config.
     """
 
     loss_type: str = "grpo"
@@ -126,13 +125,6 @@ class PolicyLoss:
         for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
             if getattr(self, name) <= 0:
                 raise LossConfigError(name, f"must be > 0, got {getattr(self, name)}")
-
-    @classmethod
-    def from_config(cls, config: Any) -> PolicyLoss:
-        """The loss of a GRPOConfig (any object with these field names)."""
-        return cls(
-            **{item.name: getattr(config, item.name) for item in fields(cls) if hasattr(config, item.name)}
-        )
 
     @property
     def objective(self) -> str:

@@ -3,6 +3,6 @@
 ``loading`` (names, files, Datasets, column mapping), ``sources``, ``chat``, ``records``; the built-in
 generated tasks live in ``grpokit.tasks``."""
 
-from grpokit.data.loading import load_dataset_rows, load_rows, reward_columns, validate_rows
+from grpokit.data.loading import DataSettings, load_dataset_rows, load_rows, reward_columns, validate_rows
 
-__all__ = ["load_dataset_rows", "load_rows", "reward_columns", "validate_rows"]
+__all__ = ["DataSettings", "load_dataset_rows", "load_rows", "reward_columns", "validate_rows"]

@@ -41,21 +41,6 @@ class EpisodeSettings:
     max_tool_calling_iterations: int | None = None
     """With TRL's ``tools``: tool-calling turns per episode at most (then ``max_turns`` is this + 1)."""
 
-    @classmethod
-    def from_config(cls, args: Any) -> EpisodeSettings:
-        """The settings of a ``GRPOConfig``."""
-        return cls(
-            environment=args.environment,
-            environment_kwargs=args.environment_kwargs,
-            max_turns=args.max_turns,
-            max_tokens=args.max_completion_length,
-            max_turn_tokens=args.max_turn_tokens,
-            timeout=args.environment_timeout,
-            on_error=args.reward_failure,
-            chat_template_kwargs=args.chat_template_kwargs,
-            max_tool_calling_iterations=args.max_tool_calling_iterations,
-        )
-
 
 class EpisodeSampler:
     """G episodes per prompt through a rollout backend: the run's episode runner."""

@@ -20,10 +20,10 @@ from tqdm.auto import tqdm
 
 from grpokit.config import GRPOConfig
 from grpokit.config.trl_fields import refuse_trainer_arguments
-from grpokit.core import PolicyLoss, multi_reward_advantages
+from grpokit.core import multi_reward_advantages
 from grpokit.data.chat import encode_prompt
 from grpokit.data.loading import load_dataset_rows
-from grpokit.envs.sampler import EpisodeSampler, EpisodeSettings, sample_groups, template_kwargs
+from grpokit.envs.sampler import EpisodeSampler, sample_groups, template_kwargs
 from grpokit.models.policy import check_special_tokens, load_policy, tokenizer_of
 from grpokit.parallel.cpu_runtime import apply_cpu_runtime
 from grpokit.parallel.distributed import (
@@ -145,7 +145,7 @@ class GRPOTrainer:
         self.eval_rows = self._load_rows(eval_dataset, "eval_dataset") if eval_dataset is not None else None
         # G episodes per prompt instead of G completions when the run has an environment (grpokit.envs)
         self.episodes = EpisodeSampler.for_run(
-            environment, tools, self.train_rows, self.tokenizer, EpisodeSettings.from_config(self.args)
+            environment, tools, self.train_rows, self.tokenizer, self.args.episode_settings()
         )
         episode_hook = EpisodeSupervision.for_run(self.args, self.episodes is not None)  # env/*, turn rewards
         self.model = load_policy(model, self.args, peft_config)
@@ -185,7 +185,7 @@ class GRPOTrainer:
         # From here each process draws its own random numbers (sampling, row order): seed + process index.
         set_seed(self.args.seed, device_specific=True)
         self.generator = torch.Generator().manual_seed(self.args.seed + self.accelerator.process_index)
-        self.loss = PolicyLoss.from_config(self.args)
+        self.loss = self.args.policy_loss()
         self.logprob_pass = LogprobPass.from_config(self.args)
         self.update_context = UpdateContext.from_accelerator(
             self.accelerator, self.loss, placed, self.generator
