@@ -145,3 +145,20 @@ def test_each_enumerated_field_is_made_from_its_one_source_list():
     for name, source in sources.items():
         assert choices_of(types[name]) == tuple(source), name
     assert choices.REWARD_FAILURES == ON_ERROR
+
+
+def test_the_constructor_keeps_the_dataclass_signature_and_takes_trl_fields():
+    """``GRPOConfig``'s metaclass drops TRL's other fields before the dataclass's ``__init__``: the signature
+    ``help()`` shows is every field's, a positional ``output_dir`` works (TRL's first argument), a TRL-only
+    no-effect field is accepted, a TRL feature turned on is refused, and an unknown name is a TypeError."""
+    import dataclasses
+    import inspect
+
+    names = list(inspect.signature(GRPOConfig).parameters)
+    assert names == [spec.name for spec in dataclasses.fields(GRPOConfig)]
+    assert GRPOConfig("runs/positional").output_dir == "runs/positional"
+    assert GRPOConfig(dataloader_num_workers=4, beta=0.0).beta == 0.0
+    with pytest.raises(ValueError, match=r"GRPOConfig.use_liger_kernel=True is not supported"):
+        GRPOConfig(use_liger_kernel=True)
+    with pytest.raises(TypeError, match="not_a_field"):
+        GRPOConfig(not_a_field=1)

@@ -11,11 +11,12 @@ sampling fields from ``generation_kwargs``, ...) are computed where they are nee
 and written out once by ``resolved()`` when a run starts.
 
 TRL's other fields (``config.trl_fields``) are accepted by the constructor, checked and not stored: a feature
-grpokit does not implement is refused with the reason when turned on, a field without effect is logged. That
-is why ``GRPOConfig`` defines its own ``__init__`` (keyword-only; every field from its keyword or its
-declared default, then ``__post_init__``) instead of the dataclass's: the constructor has to accept
-keywords that are not fields, and declaring ~80 unused TRL names as fields would put them in every
-``to_dict``, ``--help`` and ``config.yaml``.
+grpokit does not implement is refused with the reason when turned on, a field without effect is logged. The
+class says so in its statement: its metaclass, ``AcceptsTRLFields``, takes those keywords out (checking
+them) before the dataclass's own ``__init__`` sees the rest, so the constructor keeps the dataclass's full
+signature (every field by name, for ``help()`` and editors) and an unknown name is still a TypeError.
+Declaring the ~80 unused TRL names as fields instead would put them in every ``to_dict``, ``--help`` and
+``config.yaml``.
 
 Batch sizing, in one place (see ``GRPOConfig.batch_plan``). One *step* (the unit of ``max_steps``,
 ``logging_steps`` and ``save_steps``) is one round of: sample ``generation_batch_size / num_generations``
@@ -32,6 +33,7 @@ steps; each optimizer step accumulates gradients over ``gradient_accumulation_st
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import math
 from dataclasses import dataclass, field
@@ -80,8 +82,25 @@ ScalarMapping = dict[str, str | int | float | bool]
 """A ``*_kwargs`` mapping: text, number or boolean values (text typed as YAML reads it, ``config.values``)."""
 
 
-@dataclass(init=False)
-class GRPOConfig:
+class AcceptsTRLFields(type):
+    """The metaclass of ``GRPOConfig``: a call checks and drops TRL's other fields (``split_trl_fields``:
+    refused with the reason when they turn on a feature grpokit lacks, logged when they have no effect),
+    then builds the dataclass from the remaining keywords."""
+
+    def __call__(cls, *args: Any, **kwargs: Any):  # unannotated: type checkers read the dataclass
+        own = {spec.name for spec in dataclasses.fields(cls)}
+        return super().__call__(*args, **split_trl_fields(kwargs, own))
+
+    @property
+    def __signature__(cls) -> inspect.Signature:
+        """The dataclass's own signature (every field by name), not this ``__call__``'s, for ``help()``,
+        ``inspect`` and tools that read it."""
+        signature = inspect.signature(cls.__init__)
+        return signature.replace(parameters=list(signature.parameters.values())[1:])
+
+
+@dataclass
+class GRPOConfig(metaclass=AcceptsTRLFields):
     """Configuration of a GRPO run, by keyword (``GRPOConfig(beta=0.0, loss_type="dapo")``). Invalid values
     and combinations raise ``ValueError`` naming the field, the value and what to do.
 
@@ -535,19 +554,6 @@ class GRPOConfig:
     """Branch to push to (None: main)."""
 
     # ---- construction --------------------------------------------------------------------------------------
-    def __init__(self, **values: Any) -> None:
-        """Every field from its keyword, or its declared default. TRL's fields that grpokit does not have are
-        checked and dropped (``config.trl_fields``); any other unknown name is a TypeError, as from a
-        dataclass."""
-        fields = {spec.name: spec for spec in dataclasses.fields(self)}
-        values = split_trl_fields(values, set(fields))
-        unknown = sorted(set(values) - set(fields))
-        if unknown:
-            raise TypeError(f"GRPOConfig.__init__() got an unexpected keyword argument {unknown[0]!r}")
-        for name, spec in fields.items():
-            setattr(self, name, values[name] if name in values else _default(spec))
-        self.__post_init__()
-
     def __post_init__(self) -> None:
         self._type_values()
         validate(self)
