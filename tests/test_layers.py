@@ -81,8 +81,8 @@ def crossings(root: Path) -> list[str]:
         allowed = ALLOWED.get(source_room)
         for line, target in imported_modules(path, root):
             target_room = room_of(target)
-            if target_room == source_room or (target == "grpokit" and source_room != ""):
-                continue  # within a room; `import grpokit` for the version
+            if target_room == source_room:
+                continue  # within a room
             if allowed is None or target_room not in allowed:
                 where = f"{path.relative_to(root.parent)}:{line}"
                 out.append(f"{where}: {source_room} -> {target_room} ({target})")

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from grpokit.cli import find_recipe, load_recipe, main
-from grpokit.cli.train_command import TrainArgs, process_supervision
+from grpokit.cli.train_args import TrainArgs
+from grpokit.cli.train_command import process_supervision
 from grpokit.models.tiny import build_char_tokenizer
 from grpokit.rm import build_tiny_reward_model, save_reward_model
 from grpokit.tasks import get_task

@@ -200,7 +200,8 @@ def test_names_of_the_trainer_arguments(tiny_model_dir):
 
 def test_grpokit_train_rewrites_the_card_with_the_evaluation(tmp_path, monkeypatch):
     """The CLI's last step: the card gains the held-out evaluation and the recipe's names; pushed again."""
-    from grpokit.cli.train_command import TrainArgs, publish_model_card
+    from grpokit.cli.train_args import TrainArgs
+    from grpokit.cli.train_command import publish_model_card
     from grpokit.reporting import publish
     from grpokit.reporting.publish import Publisher
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from grpokit.cli.memory_plan import GIB, MemoryPlan, plan_memory
 from grpokit.cli.recipes import RECIPES_DIR, parse_train_args
-from grpokit.cli.train_command import TrainArgs
+from grpokit.cli.train_args import TrainArgs
 
 __all__ = [
     "DEFAULT_DEVICE_MEMORY_GB",

@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import tyro
 
-from grpokit.cli.train_command import TrainArgs
+from grpokit.cli.train_args import TrainArgs
 from grpokit.config import GRPOConfig
 from grpokit.config.trl_fields import NO_EFFECT, REFUSED, split_trl_fields
 from grpokit.config.values import YAMLError, admits_none, field_types, load_yaml, load_yaml_file, typed

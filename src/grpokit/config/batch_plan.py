@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from grpokit.config.validation import require
+from grpokit.config.values import require
 
 __all__ = ["BatchPlan", "plan_batch"]
 

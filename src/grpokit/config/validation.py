@@ -16,7 +16,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from grpokit.config import resolution
+from grpokit.config.batch_plan import plan_batch
 from grpokit.config.choices import SINKS
+from grpokit.config.values import require
 
 __all__ = ["check_eval_dataset", "require", "validate"]
 
@@ -24,13 +26,6 @@ logger = logging.getLogger("grpokit")
 
 MAX_SEED = 2**32 - 1
 """numpy's (and so ``accelerate.set_seed``'s) largest seed."""
-
-
-def require(condition: bool, name: str, why: str) -> None:
-    """Raise ``ValueError("GRPOConfig.<name> <why>")`` unless ``condition`` (``why`` may start with the
-    value: ``"=True needs ..."``)."""
-    if not condition:
-        raise ValueError(f"GRPOConfig.{name}{'' if why.startswith('=') else ' '}{why}")
 
 
 def validate(config: Any) -> None:
@@ -48,8 +43,6 @@ def validate(config: Any) -> None:
     _check_precision_flags(config)
     _check_unused(config)
     _check_loss(view)
-    from grpokit.config.batch_plan import plan_batch  # here: batch_plan raises through this module's require
-
     plan_batch(view, num_processes=1)  # the batch sizes fit together
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "field_types",
     "load_yaml",
     "load_yaml_file",
+    "require",
     "typed",
     "typed_value",
 ]
@@ -68,6 +69,13 @@ _Yaml12Loader.add_implicit_resolver(
     ),
     list("-+0123456789."),
 )
+
+
+def require(condition: bool, name: str, why: str) -> None:
+    """Raise ``ValueError("GRPOConfig.<name> <why>")`` unless ``condition`` (``why`` may start with the
+    value: ``"=True needs ..."``)."""
+    if not condition:
+        raise ValueError(f"GRPOConfig.{name}{'' if why.startswith('=') else ' '}{why}")
 
 
 def load_yaml(text: str, source: str = "<string>") -> Any:

@@ -342,10 +342,7 @@ def _number(value: float) -> str:
 
 
 def _version(package: str) -> str:
-    if package == "grpokit":
-        import grpokit
-
-        return grpokit.__version__
+    """The installed version of ``package`` (grpokit's own included), "" when it is not installed."""
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:

@@ -33,12 +33,18 @@ class Publisher:
         reward_names: Sequence[str],
         read_metrics: Callable[[], list[dict[str, Any]]],
         eval_summary: dict | None = None,
+        *,
+        base_model: str | None = None,
+        dataset_name: str | None = None,
     ) -> None:
         """``<path>/README.md`` from the run's settings, reward names and logged metrics (``read_metrics``:
-        the metrics log so far, read only by the main process)."""
+        the metrics log so far, read only by the main process). ``base_model`` / ``dataset_name``: how to
+        name them on the card when the caller knows better than the trainer's arguments (the command line's
+        ``tiny:arithmetic`` rather than a cache directory); None: the trainer's."""
         if self.is_main:
             write_model_card(
-                path, self.args, base_model=self.base_model, dataset_name=self.dataset_name,
+                path, self.args, base_model=base_model or self.base_model,
+                dataset_name=dataset_name or self.dataset_name,
                 reward_names=list(reward_names), metrics=read_metrics(), eval_summary=eval_summary,
                 model_id=self.repo_id,
             )  # fmt: skip

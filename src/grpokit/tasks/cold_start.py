@@ -31,7 +31,10 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from grpokit.core import pad_right
+from grpokit.eval import evaluate_accuracy
 from grpokit.models.tiny import DEFAULT_TAGS, build_char_tokenizer, build_tiny_model
+from grpokit.tasks.evaluation import task_episode_accuracy
+from grpokit.tasks.registry import get_task
 
 __all__ = [
     "COLD_START_THREADS",
@@ -175,8 +178,6 @@ def cold_start_policy(
     the available cores; the previous setting is restored afterwards. Results differ with the thread count
     (floating-point summation order), so the default is fixed rather than taken from the machine.
     """
-    from grpokit.tasks import get_task  # local: keep grpokit.models importable on its own
-
     task = get_task(task_name)
     unknown = set(sft) - {f.name for f in dataclasses.fields(ColdStartSettings)}
     if unknown:
@@ -300,9 +301,6 @@ def _example(task: Any, row: dict[str, Any], tokenizer: Any) -> tuple[list[int],
 
 def _probe_accuracy(task: Any, model: Any, tokenizer: Any, rows: list[dict[str, Any]], s: Any) -> float:
     """Greedy accuracy on ``rows`` (episodes in the task's environment for a multi-turn task)."""
-    from grpokit.eval import evaluate_accuracy
-    from grpokit.tasks.evaluation import task_episode_accuracy
-
     if task.environment is not None:
         return task_episode_accuracy(
             task, model, tokenizer, rows, max_new_tokens=s.max_new_tokens, max_turns=s.max_turns

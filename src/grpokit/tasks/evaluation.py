@@ -11,7 +11,7 @@ from typing import Any
 
 from grpokit.envs.episodes import EpisodeRunner
 from grpokit.eval import evaluate_accuracy, evaluate_model
-from grpokit.tasks import Task, get_task
+from grpokit.tasks.registry import Task, get_task
 
 __all__ = ["task_accuracy", "task_episode_accuracy", "task_graders"]
 
