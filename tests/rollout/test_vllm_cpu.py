@@ -28,9 +28,13 @@ from grpokit.rollout.vllm_backend import (
     vllm_sampling_kwargs,
 )
 from grpokit.rollout.vllm_client import (
+    ServerSettings,
     VLLMServerBackend,
     VLLMServerClient,
+    VLLMServerConfigError,
     make_server_backend,
+    server_problems,
+    server_settings,
     weight_metadata,
 )
 from grpokit.rollout.weight_names import full_tensors, policy_weights, vllm_name
@@ -185,11 +189,13 @@ def free_port() -> int:
 class FakeVLLMServer:
     """vLLM's OpenAI-compatible server (with its dev endpoints) on 127.0.0.1: completion i*n+j of prompt i
     counts up from prompt[-1] + 1 + j until a stop token or max_tokens; the second sample's first log-prob
-    is null. Records every request."""
+    is null; the first ``busy_cache`` prefix-cache resets fail (``{"success": false}``, blocks in use).
+    Records every request. For the error paths a real server does not produce on demand; the real one is in
+    tests/vllm/test_server.py."""
 
-    def __init__(self, *, unhealthy: int = 0, dev_mode: bool = True) -> None:
+    def __init__(self, *, unhealthy: int = 0, dev_mode: bool = True, busy_cache: int = 0) -> None:
         self.requests: list[tuple[str, str, object]] = []
-        self.unhealthy, self.dev_mode = unhealthy, dev_mode
+        self.unhealthy, self.dev_mode, self.busy_cache = unhealthy, dev_mode, busy_cache
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -209,6 +215,9 @@ class FakeVLLMServer:
             return 200, self.completions(body)
         dev = ("/get_world_size", "/init_weight_transfer_engine", "/start_weight_update", "/update_weights",
                "/finish_weight_update", "/reset_prefix_cache")  # fmt: skip
+        if path == "/reset_prefix_cache" and self.dev_mode:
+            self.busy_cache -= 1
+            return 200, {"success": self.busy_cache < 0}
         if path in dev and self.dev_mode:
             return 200, {"world_size": 2} if path == "/get_world_size" else {"message": "ok"}
         return 404, {"detail": "Not Found"}
@@ -358,6 +367,48 @@ def test_a_server_without_dev_mode_is_named():
             VLLMServerClient(fake.url).start_weight_update()
     finally:
         fake.close()
+
+
+def test_a_busy_prefix_cache_is_reset_again_then_refused():
+    fake = FakeVLLMServer(busy_cache=2)
+    try:
+        client = VLLMServerClient(fake.url)
+        client.reset_prefix_cache(interval=0.01)
+        assert [path for _, path, _ in fake.requests] == ["/reset_prefix_cache"] * 3
+        fake.busy_cache = 5
+        with pytest.raises(RuntimeError, match="kept its prefix cache after 3 resets"):
+            client.reset_prefix_cache(attempts=3, interval=0.01)
+    finally:
+        fake.close()
+
+
+def test_the_settings_check_without_dev_mode_names_it():
+    fake = FakeVLLMServer(dev_mode=False)
+    try:
+        with pytest.raises(RuntimeError, match=r"/server_info.*HTTP 404 .*VLLM_SERVER_DEV_MODE=1"):
+            VLLMServerClient(fake.url).check_server(push_weights=False)
+    finally:
+        fake.close()
+
+
+def test_server_settings_are_read_from_the_json_config_and_each_problem_names_its_flag():
+    info = {"vllm_config": {
+        "model_config": {"logprobs_mode": "processed_logits", "max_logprobs": 20},
+        "weight_transfer_config": {"backend": "ipc"}, "device_config": {"device_type": "cuda"},
+        "cache_config": {"enable_prefix_caching": False},
+    }}  # fmt: skip
+    settings = server_settings(info)
+    assert settings == ServerSettings("processed_logits", "ipc", "cuda", False)
+    problems = server_problems(settings, push_weights=True)
+    assert len(problems) == 2
+    assert "'processed_logits' (logits, not log-probs)" in problems[0]
+    assert problems[0].endswith("add --logprobs-mode processed_logprobs")
+    assert "backend is 'ipc'; grpokit pushes over NCCL" in problems[1]
+    assert server_problems(settings, push_weights=False) == problems[:1]
+    right = ServerSettings("processed_logprobs", "nccl", "cuda", True)
+    assert server_problems(right, push_weights=True) == []
+    with pytest.raises(VLLMServerConfigError, match="returned its config as text"):
+        server_settings({"vllm_config": "model='m', ..."})  # a server without ?config_format=json
 
 
 def test_health_is_polled_until_the_server_is_up():

@@ -1,5 +1,5 @@
 """vLLM in server mode: a ``RolloutBackend`` that generates over HTTP from a vLLM server on other GPUs and
-pushes the trainer's weights to it over NCCL. Untested on GPU (docs/generation.md, "The vLLM backend").
+pushes the trainer's weights to it over NCCL.
 
 The protocol is TRL 1.16's (``trl/generation/vllm_client.py``): since TRL 1.1x, ``trl vllm-serve`` only runs
 vLLM's own OpenAI-compatible server with ``VLLM_SERVER_DEV_MODE=1`` (which exposes the weight-transfer
@@ -8,9 +8,13 @@ endpoints), ``--weight-transfer-config '{"backend": "nccl"}'``, ``--logprobs-mod
 (vLLM >= 0.22) serve this client. The older ``trl vllm-serve`` of TRL <= 1.9 (its own FastAPI app with
 ``/generate/`` and ``/update_named_param/``) is not supported.
 
-Endpoints (vLLM 0.22-0.31, ``vllm/entrypoints/serve``):
+Endpoints (vLLM 0.22-0.32, ``vllm/entrypoints/serve`` and ``vllm/entrypoints/rl``):
 
 - ``GET /health`` (200 when up), ``GET /v1/models`` (the served model's id), ``GET /get_world_size``;
+- ``GET /server_info?config_format=json`` (dev mode): the server's ``VllmConfig``, read once at connection
+  (``check_server``) to refuse a server whose log-probs are not ``processed_logprobs`` (vLLM's default
+  ``raw_logprobs`` are taken before the temperature and the top-k/top-p filters: the off-policy ratios would
+  be wrong) or which has no NCCL weight-transfer engine, naming the flag to add;
 - ``POST /v1/completions`` with token-id prompts, ``n``, the sampling fields, ``logprobs=0``,
   ``return_token_ids`` (each choice then carries ``token_ids``), ``return_tokens_as_token_ids``; the choices
   come prompt-major (``index = prompt * n + sample``) with ``finish_reason`` and ``logprobs.token_logprobs``;
@@ -18,8 +22,16 @@ Endpoints (vLLM 0.22-0.31, ``vllm/entrypoints/serve``):
   rank_offset: 1, world_size}}`` while the trainer joins the NCCL group as rank 0 (vLLM's
   ``StatelessProcessGroup`` + ``PyNcclCommunicator``); then per push ``POST /start_weight_update {}``,
   ``POST /update_weights {"update_info": {names, dtype_names, shapes}}`` while the trainer broadcasts each
-  tensor from rank 0 in that order (the unpacked transfer, the workers' default in vLLM 0.22 and 0.31),
-  ``POST /finish_weight_update``; ``POST /reset_prefix_cache``.
+  tensor from rank 0 in that order (the unpacked transfer, the workers' default in vLLM 0.22-0.32),
+  ``POST /finish_weight_update``; ``POST /reset_prefix_cache`` (``{"success": false}`` while blocks are
+  held: retried).
+
+Tested against a real ``vllm serve`` of vLLM 0.32.0's CPU build (``tests/vllm/test_server.py``): the
+connection check, generation, log-probs, the prefix-cache reset. The weight push is **CUDA only**: every
+weight-transfer backend of vLLM 0.32 moves CUDA tensors (``nccl``, ``sparse_nccl``, ``nccl_m2n``: NCCL;
+``ipc``: CUDA IPC handles; ``sharded_rdt``: CUDA streams and IPC; ``modelexpress``: an external GPU
+package), so a CPU server is refused at connection when weights are to be pushed (docs/generation.md,
+"Server mode").
 
 HTTP uses the standard library (``urllib``): no dependency beyond grpokit's.
 """
@@ -36,6 +48,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -53,19 +66,32 @@ from grpokit.rollout.weight_names import policy_weights
 
 __all__ = [
     "NcclWeightSender",
+    "ServerSettings",
     "VLLMServerBackend",
     "VLLMServerClient",
+    "VLLMServerConfigError",
     "make_server_backend",
     "parse_completions",
+    "server_problems",
+    "server_settings",
     "weight_metadata",
 ]
 
 logger = logging.getLogger(__name__)
 
+LOGPROBS_FLAG = "--logprobs-mode processed_logprobs"
+NCCL_FLAG = """--weight-transfer-config '{"backend": "nccl"}'"""
 LAUNCH = (
     "start one with `trl vllm-serve --model <model>` (TRL 1.16) or `VLLM_SERVER_DEV_MODE=1 vllm serve "
-    """<model> --weight-transfer-config '{"backend": "nccl"}' --logprobs-mode processed_logprobs`"""
+    f"<model> {NCCL_FLAG} {LOGPROBS_FLAG}`"
 )
+LOGPROBS_MODES = {
+    "raw_logprobs": "vLLM's default: log-probs taken before the temperature and the top-k/top-p filters",
+    "raw_logits": "logits before the temperature and the filters, not log-probs",
+    "processed_logits": "logits, not log-probs",
+}
+"""What a server's other ``--logprobs-mode`` returns instead of the sampled token's log-prob."""
+CUDA_ONLY_BACKENDS = "nccl, sparse_nccl, nccl_m2n: NCCL; ipc: CUDA IPC; sharded_rdt: CUDA streams and IPC"
 
 
 def parse_completions(
@@ -87,6 +113,72 @@ def parse_completions(
         for choice in choices
     ]
     return GenerationOutput(ids, logprobs, truncated)
+
+
+class VLLMServerConfigError(RuntimeError):
+    """A vLLM server whose settings would give wrong log-probs or could not receive the weights."""
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What grpokit checks of a running server: parts of its ``VllmConfig`` (``/server_info``)."""
+
+    logprobs_mode: str | None
+    """``processed_logprobs`` (after penalties, temperature and filters) is the only right one."""
+    weight_transfer_backend: str | None
+    """``--weight-transfer-config``'s backend; None: the server has no weight-transfer engine."""
+    device_type: str | None
+    """``cuda``, ``cpu``, ...: where the server's workers hold the weights."""
+    prefix_caching: bool | None
+    """Whether the server caches prompt prefixes (then a weight push must reset the cache)."""
+
+
+def server_settings(info: dict[str, Any]) -> ServerSettings:
+    """The ``ServerSettings`` in a ``GET /server_info?config_format=json`` answer (a missing part: None)."""
+    config = info.get("vllm_config")
+    if not isinstance(config, dict):
+        raise VLLMServerConfigError(
+            "the vLLM server's /server_info returned its config as text, not JSON (a vLLM without "
+            "?config_format=json): grpokit cannot check its log-prob mode; use vLLM >= 0.22"
+        )
+    model = config.get("model_config") or {}
+    transfer = config.get("weight_transfer_config") or {}
+    device = config.get("device_config") or {}
+    cache = config.get("cache_config") or {}
+    return ServerSettings(
+        logprobs_mode=model.get("logprobs_mode"),
+        weight_transfer_backend=transfer.get("backend") if isinstance(transfer, dict) else None,
+        device_type=device.get("device_type"),
+        prefix_caching=cache.get("enable_prefix_caching"),
+    )
+
+
+def server_problems(settings: ServerSettings, *, push_weights: bool) -> list[str]:
+    """What is wrong with a server for grpokit, each naming the fix; empty when it serves grpokit."""
+    problems = []
+    if settings.logprobs_mode != "processed_logprobs":
+        what = LOGPROBS_MODES.get(settings.logprobs_mode or "", "not the sampling distribution's log-probs")
+        problems.append(
+            f"its --logprobs-mode is {settings.logprobs_mode!r} ({what}), so the off-policy correction's "
+            f"ratios would be wrong: add {LOGPROBS_FLAG}"
+        )
+    if not push_weights:
+        return problems
+    if settings.weight_transfer_backend is None:
+        problems.append(
+            f"it has no weight-transfer engine, so it cannot receive the policy's weights: add {NCCL_FLAG}"
+        )
+    elif settings.weight_transfer_backend != "nccl":
+        problems.append(
+            f"its weight-transfer backend is {settings.weight_transfer_backend!r}; grpokit pushes over NCCL: "
+            f"start it with {NCCL_FLAG}"
+        )
+    if settings.device_type not in (None, "cuda"):
+        problems.append(
+            f"it runs on {settings.device_type!r}, and vLLM's weight-transfer backends need CUDA "
+            f"({CUDA_ONLY_BACKENDS}): serve the model on a CUDA GPU, or use vllm_mode='colocate'"
+        )
+    return problems
 
 
 class VLLMServerClient:
@@ -173,9 +265,35 @@ class VLLMServerClient:
     def finish_weight_update(self) -> None:
         self.request("POST", "/finish_weight_update", {})
 
-    def reset_prefix_cache(self) -> None:
-        """Drop the server's prefix cache (its KV was computed with the previous weights)."""
-        self.request("POST", "/reset_prefix_cache")
+    def server_settings(self) -> ServerSettings:
+        """The server's log-prob mode, weight-transfer backend and device (``/server_info``, dev mode)."""
+        return server_settings(self.request("GET", "/server_info?config_format=json"))
+
+    def check_server(self, *, push_weights: bool) -> ServerSettings:
+        """Refuse a server that would give wrong log-probs or (``push_weights``) could not receive the
+        weights: VLLMServerConfigError naming every flag to add. Returns its settings."""
+        settings = self.server_settings()
+        problems = server_problems(settings, push_weights=push_weights)
+        if problems:
+            reasons = "; ".join(problems)
+            raise VLLMServerConfigError(
+                f"the vLLM server at {self.base_url} cannot serve grpokit: {reasons} ({LAUNCH})."
+            )
+        return settings
+
+    def reset_prefix_cache(self, attempts: int = 10, interval: float = 0.5) -> None:
+        """Drop the server's prefix cache (its KV was computed with the previous weights). vLLM answers
+        ``{"success": false}`` while cache blocks are held by running requests: retried ``attempts`` times,
+        then RuntimeError (an older vLLM answers nothing: taken as done)."""
+        for _ in range(attempts):
+            answer = self.request("POST", "/reset_prefix_cache")
+            if not isinstance(answer, dict) or answer.get("success", True):
+                return
+            time.sleep(interval)
+        raise RuntimeError(
+            f"the vLLM server at {self.base_url} kept its prefix cache after {attempts} resets (blocks still "
+            "in use): its cached prompts would reuse KV computed with the previous weights"
+        )
 
 
 def weight_metadata(model: nn.Module) -> list[tuple[str, str, list[int]]]:
@@ -193,20 +311,31 @@ def local_address_towards(host: str) -> str:
         return probe.getsockname()[0]
 
 
+def join_nccl_group(host: str, port: int, world_size: int, device: torch.device) -> Any:
+    """Rank 0 of the weight-transfer NCCL group (a ``PyNcclCommunicator``), as the server's workers join it:
+    vLLM >= 0.32's ``nccl_common.stateless_init_process_group`` (which lifts the NCCL settings vLLM pins for
+    its own communicators, as the workers do), else ``StatelessProcessGroup`` + ``PyNcclCommunicator``."""
+    try:
+        from vllm.distributed.weight_transfer.nccl_common import stateless_init_process_group
+    except ImportError:
+        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+        from vllm.distributed.utils import StatelessProcessGroup
+
+        group = StatelessProcessGroup.create(host=host, port=port, rank=0, world_size=world_size)
+        return PyNcclCommunicator(group, device=device)
+    return stateless_init_process_group(host, port, 0, world_size, device)
+
+
 class NcclWeightSender:
     """The trainer's end (rank 0) of the NCCL group with the server's workers (ranks 1..W). CUDA only."""
 
     def __init__(self, client: VLLMServerClient, host: str, port: int, device: torch.device) -> None:
-        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
-        from vllm.distributed.utils import StatelessProcessGroup
-
         self.client, self.device = client, device
         world_size = client.world_size() + 1
         info = {"master_address": host, "master_port": port, "rank_offset": 1, "world_size": world_size}
         with ThreadPoolExecutor(max_workers=1) as pool:  # the server blocks in the rendezvous until we join
             joined = pool.submit(client.init_weight_transfer_engine, info)
-            group = StatelessProcessGroup.create(host=host, port=port, rank=0, world_size=world_size)
-            self.communicator = PyNcclCommunicator(group, device=device)
+            self.communicator = join_nccl_group(host, port, world_size, device)
             joined.result()
 
     def send(
@@ -285,7 +414,8 @@ def make_server_backend(
     settings: VLLMSettings, model: nn.Module, *, step_sync: bool = False
 ) -> VLLMServerBackend:
     """The server-mode backend of ``settings`` (``GRPOConfig.vllm_settings()``): waits for the server's
-    health (``server_timeout``), then opens the weight-transfer group from the main process. Several
+    health (``server_timeout``), refuses a server with the wrong settings (``check_server``: log-prob mode,
+    weight-transfer backend, device), then opens the weight-transfer group from the main process. Several
     training processes need ``step_sync``: a push at every ``generate`` would need every process to
     generate the same number of times (evaluation shares, ragged groups and episodes do not)."""
     rank, _, world_size = process_layout()
@@ -297,6 +427,7 @@ def make_server_backend(
         )
     client = VLLMServerClient(settings.server_url)
     client.wait_until_healthy(settings.server_timeout)
+    client.check_server(push_weights=rank == 0)
     sender = None
     if rank == 0:
         host = local_address_towards(urllib.parse.urlparse(client.base_url).hostname or "")
