@@ -382,15 +382,6 @@ def test_a_busy_prefix_cache_is_reset_again_then_refused():
         fake.close()
 
 
-def test_the_settings_check_without_dev_mode_names_it():
-    fake = FakeVLLMServer(dev_mode=False)
-    try:
-        with pytest.raises(RuntimeError, match=r"/server_info.*HTTP 404 .*VLLM_SERVER_DEV_MODE=1"):
-            VLLMServerClient(fake.url).check_server(push_weights=False)
-    finally:
-        fake.close()
-
-
 def test_server_settings_are_read_from_the_json_config_and_each_problem_names_its_flag():
     info = {"vllm_config": {
         "model_config": {"logprobs_mode": "processed_logits", "max_logprobs": 20},
@@ -407,6 +398,14 @@ def test_server_settings_are_read_from_the_json_config_and_each_problem_names_it
     assert server_problems(settings, push_weights=False) == problems[:1]
     right = ServerSettings("processed_logprobs", "nccl", "cuda", True)
     assert server_problems(right, push_weights=True) == []
+    on_cuda = server_settings({"vllm_config": {"device_config": {"device": None}}})  # CUDA: left to workers
+    assert on_cuda.device_type is None and on_cuda.logprobs_mode is None
+    config = {"device_config": {"device": "cpu"}, "model_config": {"logprobs_mode": "processed_logprobs"}}
+    cpu = server_settings({"vllm_config": config})
+    assert cpu.device_type == "cpu" and cpu.weight_transfer_backend is None
+    assert server_problems(cpu, push_weights=True) == []  # on this machine: the weight directory
+    (far,) = server_problems(cpu, push_weights=True, local=False)
+    assert "needs the server on this machine" in far and "nccl, sparse_nccl, nccl_m2n: NCCL" in far
     with pytest.raises(VLLMServerConfigError, match="returned its config as text"):
         server_settings({"vllm_config": "model='m', ..."})  # a server without ?config_format=json
 

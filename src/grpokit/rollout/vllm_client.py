@@ -26,12 +26,18 @@ Endpoints (vLLM 0.22-0.32, ``vllm/entrypoints/serve`` and ``vllm/entrypoints/rl`
   ``POST /finish_weight_update``; ``POST /reset_prefix_cache`` (``{"success": false}`` while blocks are
   held: retried).
 
+The weights reach a server on CUDA over NCCL, as above (**CUDA only**, untested here). A server on CPU cannot
+receive them that way: every weight-transfer backend of vLLM 0.32 moves CUDA tensors (``nccl``,
+``sparse_nccl``, ``nccl_m2n``: NCCL; ``ipc``: CUDA IPC handles; ``sharded_rdt``: CUDA streams and IPC;
+``modelexpress``: an external GPU package), and on vLLM's CPU build ``/init_weight_transfer_engine`` answers
+HTTP 500 (the worker's ``torch.accelerator.current_device_index()``: "Cannot access accelerator device when
+none is available"). For a CPU server on this machine grpokit pushes through a directory instead
+(``DirectoryWeightSender``): the weights written as safetensors, then ``POST /collective_rpc {"method":
+"reload_weights", "kwargs": {"weights_path": dir}}`` (dev mode, vLLM >= 0.32), which loads them through the
+model's own ``load_weights`` as at startup. ``check_server`` reads the server's device and picks the route.
+
 Tested against a real ``vllm serve`` of vLLM 0.32.0's CPU build (``tests/vllm/test_server.py``): the
-connection check, generation, log-probs, the prefix-cache reset. The weight push is **CUDA only**: every
-weight-transfer backend of vLLM 0.32 moves CUDA tensors (``nccl``, ``sparse_nccl``, ``nccl_m2n``: NCCL;
-``ipc``: CUDA IPC handles; ``sharded_rdt``: CUDA streams and IPC; ``modelexpress``: an external GPU
-package), so a CPU server is refused at connection when weights are to be pushed (docs/generation.md,
-"Server mode").
+connection check, generation, log-probs, the prefix-cache reset and the directory push.
 
 HTTP uses the standard library (``urllib``): no dependency beyond grpokit's.
 """
@@ -41,14 +47,19 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import shutil
 import socket
+import tempfile
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import weakref
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -65,6 +76,7 @@ from grpokit.rollout.vllm_backend import (
 from grpokit.rollout.weight_names import policy_weights
 
 __all__ = [
+    "DirectoryWeightSender",
     "NcclWeightSender",
     "ServerSettings",
     "VLLMServerBackend",
@@ -91,6 +103,8 @@ LOGPROBS_MODES = {
     "processed_logits": "logits, not log-probs",
 }
 """What a server's other ``--logprobs-mode`` returns instead of the sampled token's log-prob."""
+LOOPBACK = ("0.0.0.0", "localhost", "127.0.0.1", "::1", "")
+"""Hosts that mean this machine (``0.0.0.0``: grpokit's default, a server on every interface here)."""
 CUDA_ONLY_BACKENDS = "nccl, sparse_nccl, nccl_m2n: NCCL; ipc: CUDA IPC; sharded_rdt: CUDA streams and IPC"
 
 
@@ -115,6 +129,15 @@ def parse_completions(
     return GenerationOutput(ids, logprobs, truncated)
 
 
+def repeat_each(out: GenerationOutput, times: int) -> GenerationOutput:
+    """Each completion of ``out`` ``times`` times in a row (its copies stay in its prompt's group)."""
+    if times == 1:
+        return out
+    ids = [list(row) for row in out.completion_ids for _ in range(times)]
+    logprobs = None if out.logprobs is None else [list(row) for row in out.logprobs for _ in range(times)]
+    return GenerationOutput(ids, logprobs, [flag for flag in out.truncated for _ in range(times)])
+
+
 class VLLMServerConfigError(RuntimeError):
     """A vLLM server whose settings would give wrong log-probs or could not receive the weights."""
 
@@ -133,6 +156,13 @@ class ServerSettings:
     """Whether the server caches prompt prefixes (then a weight push must reset the cache)."""
 
 
+def device_type(device_config: dict[str, Any]) -> str | None:
+    """``cpu``, ``cuda``, ... from a dumped ``DeviceConfig``: its ``device_type`` if there, else its
+    ``device`` (``"cpu"``; null on CUDA, where vLLM leaves the device to each worker: unknown)."""
+    value = device_config.get("device_type") or device_config.get("device")
+    return str(value).split(":")[0] if value else None
+
+
 def server_settings(info: dict[str, Any]) -> ServerSettings:
     """The ``ServerSettings`` in a ``GET /server_info?config_format=json`` answer (a missing part: None)."""
     config = info.get("vllm_config")
@@ -148,13 +178,21 @@ def server_settings(info: dict[str, Any]) -> ServerSettings:
     return ServerSettings(
         logprobs_mode=model.get("logprobs_mode"),
         weight_transfer_backend=transfer.get("backend") if isinstance(transfer, dict) else None,
-        device_type=device.get("device_type"),
+        device_type=device_type(device),
         prefix_caching=cache.get("enable_prefix_caching"),
     )
 
 
-def server_problems(settings: ServerSettings, *, push_weights: bool) -> list[str]:
-    """What is wrong with a server for grpokit, each naming the fix; empty when it serves grpokit."""
+def weight_route(settings: ServerSettings) -> str:
+    """How the weights reach the server: ``nccl`` (vLLM's weight-transfer engine; a CUDA server), or
+    ``directory`` for a server on CPU, where no weight-transfer backend of vLLM runs: grpokit writes the
+    weights to a directory the server then reloads from (``DirectoryWeightSender``)."""
+    return "directory" if settings.device_type == "cpu" else "nccl"
+
+
+def server_problems(settings: ServerSettings, *, push_weights: bool, local: bool = True) -> list[str]:
+    """What is wrong with a server for grpokit, each naming the fix; empty when it serves grpokit. ``local``:
+    the server runs on this machine (sees this machine's files)."""
     problems = []
     if settings.logprobs_mode != "processed_logprobs":
         what = LOGPROBS_MODES.get(settings.logprobs_mode or "", "not the sampling distribution's log-probs")
@@ -164,6 +202,15 @@ def server_problems(settings: ServerSettings, *, push_weights: bool) -> list[str
         )
     if not push_weights:
         return problems
+    if weight_route(settings) == "directory":
+        if not local:
+            problems.append(
+                f"it runs on {settings.device_type!r}, where vLLM's weight-transfer backends do not ("
+                f"{CUDA_ONLY_BACKENDS}), and grpokit's fallback, a weight directory the server reloads "
+                "from, needs the server on this machine: serve it here (vllm_server_host=127.0.0.1) or on a "
+                "CUDA GPU"
+            )
+        return problems
     if settings.weight_transfer_backend is None:
         problems.append(
             f"it has no weight-transfer engine, so it cannot receive the policy's weights: add {NCCL_FLAG}"
@@ -172,11 +219,6 @@ def server_problems(settings: ServerSettings, *, push_weights: bool) -> list[str
         problems.append(
             f"its weight-transfer backend is {settings.weight_transfer_backend!r}; grpokit pushes over NCCL: "
             f"start it with {NCCL_FLAG}"
-        )
-    if settings.device_type not in (None, "cuda"):
-        problems.append(
-            f"it runs on {settings.device_type!r}, and vLLM's weight-transfer backends need CUDA "
-            f"({CUDA_ONLY_BACKENDS}): serve the model on a CUDA GPU, or use vllm_mode='colocate'"
         )
     return problems
 
@@ -241,9 +283,12 @@ class VLLMServerClient:
     def generate(
         self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams
     ) -> GenerationOutput:
-        """``n`` completions per prompt from the server's current weights."""
-        body = self.request("POST", "/v1/completions", self.completion_payload(prompt_ids, n, params))
-        return parse_completions(body, len(prompt_ids), n, params.eos_token_ids)
+        """``n`` completions per prompt from the server's current weights. Greedy asks for one and repeats
+        it: vLLM refuses ``n > 1`` at temperature 0 (HTTP 400 "n must be 1 when using greedy sampling",
+        vLLM 0.32), and the n greedy completions would be the same."""
+        asked = n if params.do_sample else 1
+        body = self.request("POST", "/v1/completions", self.completion_payload(prompt_ids, asked, params))
+        return repeat_each(parse_completions(body, len(prompt_ids), asked, params.eos_token_ids), n // asked)
 
     def world_size(self) -> int:
         """The server's workers (tensor x pipeline x data parallel): the NCCL group less the trainer."""
@@ -269,17 +314,28 @@ class VLLMServerClient:
         """The server's log-prob mode, weight-transfer backend and device (``/server_info``, dev mode)."""
         return server_settings(self.request("GET", "/server_info?config_format=json"))
 
+    def is_local(self) -> bool:
+        """Whether the server runs on this machine (a loopback address: it sees this machine's files)."""
+        host = urllib.parse.urlparse(self.base_url).hostname or ""
+        return host in LOOPBACK or host.startswith("127.")
+
     def check_server(self, *, push_weights: bool) -> ServerSettings:
         """Refuse a server that would give wrong log-probs or (``push_weights``) could not receive the
         weights: VLLMServerConfigError naming every flag to add. Returns its settings."""
         settings = self.server_settings()
-        problems = server_problems(settings, push_weights=push_weights)
+        problems = server_problems(settings, push_weights=push_weights, local=self.is_local())
         if problems:
             reasons = "; ".join(problems)
             raise VLLMServerConfigError(
                 f"the vLLM server at {self.base_url} cannot serve grpokit: {reasons} ({LAUNCH})."
             )
         return settings
+
+    def reload_weights(self, directory: str) -> None:
+        """Have every worker reload its weights from the safetensors in ``directory`` (vLLM >= 0.32's
+        ``Worker.reload_weights(weights_path=...)`` through the dev-mode ``POST /collective_rpc``)."""
+        payload = {"method": "reload_weights", "kwargs": {"weights_path": directory}}
+        self.request("POST", "/collective_rpc", payload)
 
     def reset_prefix_cache(self, attempts: int = 10, interval: float = 0.5) -> None:
         """Drop the server's prefix cache (its KV was computed with the previous weights). vLLM answers
@@ -304,7 +360,7 @@ def weight_metadata(model: nn.Module) -> list[tuple[str, str, list[int]]]:
 
 def local_address_towards(host: str) -> str:
     """This machine's address on the route to ``host`` (what the server's workers connect back to)."""
-    if host in ("0.0.0.0", "localhost", "127.0.0.1", "::1", ""):
+    if host in LOOPBACK:
         return "127.0.0.1"
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.connect((host, 9))  # no packet is sent: this only picks the route
@@ -354,6 +410,37 @@ class NcclWeightSender:
         self.client.finish_weight_update()
 
 
+class DirectoryWeightSender:
+    """Pushes the weights to a server on this machine through a directory: each push writes them as one
+    safetensors file, then the server's workers reload from it (``VLLMServerClient.reload_weights``: vLLM's
+    ``reload_weights`` over the dev-mode ``/collective_rpc``, which maps the checkpoint names onto its fused
+    layers as at startup). For a server on CPU, where none of vLLM's weight-transfer backends runs; it costs
+    a write and a read of the weights per push. ``directory`` None: a temporary one, removed with the
+    sender."""
+
+    def __init__(self, client: VLLMServerClient, directory: str | None = None) -> None:
+        self.client = client
+        self.directory = Path(directory or tempfile.mkdtemp(prefix="grpokit-vllm-weights-"))
+        if directory is None:
+            self._cleanup = weakref.finalize(self, shutil.rmtree, self.directory, True)
+
+    def send(
+        self, metadata: Sequence[tuple[str, str, list[int]]], weights: Iterable[tuple[str, torch.Tensor]]
+    ) -> None:
+        """One weight update: ``weights`` (in ``metadata``'s order) written, then reloaded by the server."""
+        from safetensors.torch import save_file
+
+        tensors = {}
+        for (name, tensor), (expected, _, _) in zip(weights, metadata, strict=True):
+            if name != expected:
+                raise RuntimeError(f"weight order changed: {name!r} where {expected!r} was announced")
+            tensors[name] = tensor.detach().to("cpu").contiguous()
+        staging = self.directory / "model.safetensors.partial"
+        save_file(tensors, str(staging))
+        os.replace(staging, self.directory / "model.safetensors")
+        self.client.reload_weights(str(self.directory))
+
+
 class VLLMServerBackend:
     """A ``RolloutBackend`` generating on a vLLM server from the live policy ``model``.
 
@@ -367,7 +454,7 @@ class VLLMServerBackend:
         self,
         client: VLLMServerClient,
         model: nn.Module | None,
-        sender: NcclWeightSender | None,
+        sender: NcclWeightSender | DirectoryWeightSender | None,
         *,
         is_main: bool = True,
         world_size: int = 1,
@@ -427,9 +514,11 @@ def make_server_backend(
         )
     client = VLLMServerClient(settings.server_url)
     client.wait_until_healthy(settings.server_timeout)
-    client.check_server(push_weights=rank == 0)
+    server = client.check_server(push_weights=rank == 0)
     sender = None
-    if rank == 0:
+    if rank == 0 and weight_route(server) == "directory":
+        sender = DirectoryWeightSender(client)
+    elif rank == 0:
         host = local_address_towards(urllib.parse.urlparse(client.base_url).hostname or "")
         device = next(model.parameters()).device
         device = device if device.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
