@@ -213,6 +213,10 @@ class FakeVLLMServer:
             return 200, {"object": "list", "data": [{"id": "tiny-model", "object": "model"}]}
         if path == "/v1/completions":
             return 200, self.completions(body)
+        if path.startswith("/server_info") and self.dev_mode:  # a CUDA server started as TRL 1.16 does
+            return 200, {"vllm_config": {"model_config": {"logprobs_mode": "processed_logprobs"},
+                                         "weight_transfer_config": {"backend": "nccl"},
+                                         "device_config": {"device": None}}}  # fmt: skip
         dev = ("/get_world_size", "/init_weight_transfer_engine", "/start_weight_update", "/update_weights",
                "/finish_weight_update", "/reset_prefix_cache")  # fmt: skip
         if path == "/reset_prefix_cache" and self.dev_mode:
@@ -429,6 +433,18 @@ def test_an_unreachable_server_is_a_clear_error_after_the_timeout(tmp_path):
     ) as err:
         make_server_backend(args.vllm_settings(), tiny())
     assert "trl vllm-serve" in str(err.value) and "use_vllm=False" in str(err.value)
+
+
+@pytest.mark.skipif(HAS_VLLM_GPU, reason="vLLM and CUDA are here")
+def test_a_cuda_server_needs_nccl_on_the_trainers_side_too(server, tmp_path):
+    args = GRPOConfig(
+        output_dir=str(tmp_path), use_vllm=True, vllm_mode="server", vllm_server_base_url=server.url,
+        vllm_server_timeout=5.0,
+    )  # fmt: skip
+    refusal = r"runs on CUDA and receives the policy's weights over NCCL, which needs"
+    with pytest.raises(VLLMUnavailableError, match=refusal):
+        make_server_backend(args.vllm_settings(), tiny())
+    assert [path for _, path, _ in server.requests] == ["/health", "/server_info?config_format=json"]
 
 
 def test_server_mode_under_several_processes_needs_step_sync(tmp_path, monkeypatch):

@@ -44,6 +44,7 @@ HTTP uses the standard library (``urllib``): no dependency beyond grpokit's.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import math
@@ -69,6 +70,7 @@ from grpokit.rollout.base import GenerationOutput, SamplingParams
 from grpokit.rollout.vllm_backend import (
     ALTERNATIVE,
     VLLMSettings,
+    VLLMUnavailableError,
     is_truncated,
     process_layout,
     vllm_sampling_kwargs,
@@ -497,6 +499,18 @@ class VLLMServerBackend:
         return self.client.generate(prompt_ids, num_generations, params)
 
 
+def require_nccl(url: str) -> None:
+    """VLLMUnavailableError unless this process can join an NCCL group (the ``vllm`` package, a CUDA GPU):
+    what a push to a server on CUDA needs on the trainer's side."""
+    missing = [what for what, here in (("the vllm package", importlib.util.find_spec("vllm") is not None),
+                                       ("a CUDA GPU", torch.cuda.is_available())) if not here]  # fmt: skip
+    if missing:
+        raise VLLMUnavailableError(
+            f"the vLLM server at {url} runs on CUDA and receives the policy's weights over NCCL, which needs "
+            f"{' and '.join(missing)} in the training process too. {ALTERNATIVE}."
+        )
+
+
 def make_server_backend(
     settings: VLLMSettings, model: nn.Module, *, step_sync: bool = False
 ) -> VLLMServerBackend:
@@ -519,6 +533,7 @@ def make_server_backend(
     if rank == 0 and weight_route(server) == "directory":
         sender = DirectoryWeightSender(client)
     elif rank == 0:
+        require_nccl(client.base_url)
         host = local_address_towards(urllib.parse.urlparse(client.base_url).hostname or "")
         device = next(model.parameters()).device
         device = device if device.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
