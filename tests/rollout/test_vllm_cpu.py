@@ -28,9 +28,13 @@ from grpokit.rollout.vllm_backend import (
     vllm_sampling_kwargs,
 )
 from grpokit.rollout.vllm_client import (
+    ServerSettings,
     VLLMServerBackend,
     VLLMServerClient,
+    VLLMServerConfigError,
     make_server_backend,
+    server_problems,
+    server_settings,
     weight_metadata,
 )
 from grpokit.rollout.weight_names import full_tensors, policy_weights, vllm_name
@@ -185,11 +189,13 @@ def free_port() -> int:
 class FakeVLLMServer:
     """vLLM's OpenAI-compatible server (with its dev endpoints) on 127.0.0.1: completion i*n+j of prompt i
     counts up from prompt[-1] + 1 + j until a stop token or max_tokens; the second sample's first log-prob
-    is null. Records every request."""
+    is null; the first ``busy_cache`` prefix-cache resets fail (``{"success": false}``, blocks in use).
+    Records every request. For the error paths a real server does not produce on demand; the real one is in
+    tests/vllm/test_server.py."""
 
-    def __init__(self, *, unhealthy: int = 0, dev_mode: bool = True) -> None:
+    def __init__(self, *, unhealthy: int = 0, dev_mode: bool = True, busy_cache: int = 0) -> None:
         self.requests: list[tuple[str, str, object]] = []
-        self.unhealthy, self.dev_mode = unhealthy, dev_mode
+        self.unhealthy, self.dev_mode, self.busy_cache = unhealthy, dev_mode, busy_cache
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -207,8 +213,15 @@ class FakeVLLMServer:
             return 200, {"object": "list", "data": [{"id": "tiny-model", "object": "model"}]}
         if path == "/v1/completions":
             return 200, self.completions(body)
+        if path.startswith("/server_info") and self.dev_mode:  # a CUDA server started as TRL 1.16 does
+            return 200, {"vllm_config": {"model_config": {"logprobs_mode": "processed_logprobs"},
+                                         "weight_transfer_config": {"backend": "nccl"},
+                                         "device_config": {"device": None}}}  # fmt: skip
         dev = ("/get_world_size", "/init_weight_transfer_engine", "/start_weight_update", "/update_weights",
                "/finish_weight_update", "/reset_prefix_cache")  # fmt: skip
+        if path == "/reset_prefix_cache" and self.dev_mode:
+            self.busy_cache -= 1
+            return 200, {"success": self.busy_cache < 0}
         if path in dev and self.dev_mode:
             return 200, {"world_size": 2} if path == "/get_world_size" else {"message": "ok"}
         return 404, {"detail": "Not Found"}
@@ -360,6 +373,47 @@ def test_a_server_without_dev_mode_is_named():
         fake.close()
 
 
+def test_a_busy_prefix_cache_is_reset_again_then_refused():
+    fake = FakeVLLMServer(busy_cache=2)
+    try:
+        client = VLLMServerClient(fake.url)
+        client.reset_prefix_cache(interval=0.01)
+        assert [path for _, path, _ in fake.requests] == ["/reset_prefix_cache"] * 3
+        fake.busy_cache = 5
+        with pytest.raises(RuntimeError, match="kept its prefix cache after 3 resets"):
+            client.reset_prefix_cache(attempts=3, interval=0.01)
+    finally:
+        fake.close()
+
+
+def test_server_settings_are_read_from_the_json_config_and_each_problem_names_its_flag():
+    info = {"vllm_config": {
+        "model_config": {"logprobs_mode": "processed_logits", "max_logprobs": 20},
+        "weight_transfer_config": {"backend": "ipc"}, "device_config": {"device_type": "cuda"},
+        "cache_config": {"enable_prefix_caching": False},
+    }}  # fmt: skip
+    settings = server_settings(info)
+    assert settings == ServerSettings("processed_logits", "ipc", "cuda", False)
+    problems = server_problems(settings, push_weights=True)
+    assert len(problems) == 2
+    assert "'processed_logits' (logits, not log-probs)" in problems[0]
+    assert problems[0].endswith("add --logprobs-mode processed_logprobs")
+    assert "backend is 'ipc'; grpokit pushes over NCCL" in problems[1]
+    assert server_problems(settings, push_weights=False) == problems[:1]
+    right = ServerSettings("processed_logprobs", "nccl", "cuda", True)
+    assert server_problems(right, push_weights=True) == []
+    on_cuda = server_settings({"vllm_config": {"device_config": {"device": None}}})  # CUDA: left to workers
+    assert on_cuda.device_type is None and on_cuda.logprobs_mode is None
+    config = {"device_config": {"device": "cpu"}, "model_config": {"logprobs_mode": "processed_logprobs"}}
+    cpu = server_settings({"vllm_config": config})
+    assert cpu.device_type == "cpu" and cpu.weight_transfer_backend is None
+    assert server_problems(cpu, push_weights=True) == []  # on this machine: the weight directory
+    (far,) = server_problems(cpu, push_weights=True, local=False)
+    assert "needs the server on this machine" in far and "nccl, sparse_nccl, nccl_m2n: NCCL" in far
+    with pytest.raises(VLLMServerConfigError, match="returned its config as text"):
+        server_settings({"vllm_config": "model='m', ..."})  # a server without ?config_format=json
+
+
 def test_health_is_polled_until_the_server_is_up():
     fake = FakeVLLMServer(unhealthy=2)
     try:
@@ -379,6 +433,18 @@ def test_an_unreachable_server_is_a_clear_error_after_the_timeout(tmp_path):
     ) as err:
         make_server_backend(args.vllm_settings(), tiny())
     assert "trl vllm-serve" in str(err.value) and "use_vllm=False" in str(err.value)
+
+
+@pytest.mark.skipif(HAS_VLLM_GPU, reason="vLLM and CUDA are here")
+def test_a_cuda_server_needs_nccl_on_the_trainers_side_too(server, tmp_path):
+    args = GRPOConfig(
+        output_dir=str(tmp_path), use_vllm=True, vllm_mode="server", vllm_server_base_url=server.url,
+        vllm_server_timeout=5.0,
+    )  # fmt: skip
+    refusal = r"runs on CUDA and receives the policy's weights over NCCL, which needs"
+    with pytest.raises(VLLMUnavailableError, match=refusal):
+        make_server_backend(args.vllm_settings(), tiny())
+    assert [path for _, path, _ in server.requests] == ["/health", "/server_info?config_format=json"]
 
 
 def test_server_mode_under_several_processes_needs_step_sync(tmp_path, monkeypatch):
