@@ -12,22 +12,18 @@ import torch
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.parallel.distributed import end_processes
 from grpokit.rollout import SamplingParams
-from tests.vllm.helpers import encode, hf_greedy, tiny_policy
-
-
-def count_a(prompts, completions, completion_ids, **kwargs):
-    return [text.count("a") / max(len(text), 1) for text in completions]
+from tests.vllm.helpers import digits, encode, hf_greedy, tiny_policy
 
 
 def main(out: str) -> None:
-    model, tokenizer = tiny_policy(seed=4)
+    model, tokenizer = tiny_policy(seed=4, sharpen=2.0)
     rows = [{"prompt": f"{a}+{b}="} for a in range(10) for b in range(10)]
     config = GRPOConfig(
         output_dir=f"{out}/run", use_vllm=True, generation_dtype="float32", max_steps=2, num_generations=4,
         per_device_train_batch_size=8, max_prompt_length=8, max_completion_length=8, temperature=0.7,
         learning_rate=3e-2, beta=0.0, logging_steps=1, disable_tqdm=True, seed=0,
     )  # fmt: skip
-    trainer = GRPOTrainer(model, [count_a], config, rows, processing_class=tokenizer)
+    trainer = GRPOTrainer(model, [digits], config, rows, processing_class=tokenizer)
     history = trainer.train()
     prompts = encode(tokenizer, ["3+4=", "9+9=", "1+0="])
     params = SamplingParams(max_new_tokens=8, do_sample=False, eos_token_ids=(tokenizer.eos_token_id,))

@@ -27,6 +27,11 @@ def tiny_policy(seed: int = 0, *, tie: bool = True, sharpen: float = 8.0) -> tup
     return model.eval(), tokenizer
 
 
+def digits(prompts, completions, completion_ids, **kwargs) -> list[float]:
+    """A reward: the share of the completion's characters that are digits (a random tiny policy: ~0.1)."""
+    return [sum(ch.isdigit() for ch in text) / max(len(text), 1) for text in completions]
+
+
 def encode(tokenizer, texts: list[str]) -> list[list[int]]:
     return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
 
