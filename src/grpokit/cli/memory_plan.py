@@ -352,9 +352,9 @@ def plan_memory(
     resident = p["weights"] + p["optimizer"] + p["grad_buckets"] + (0 if offloaded else p.get("reference", 0))
     resident += p.get("generation_copy", 0)
     phases = {"generation": resident + p["generation_weights"] + p["kv_cache"] + p["generation_activations"]}
-    phases["generation"] += p["vllm_engine"]
+    phases["generation"] += p.get("vllm_engine", 0)
     if not args.vllm_enable_sleep_mode:  # else the engine sleeps through the passes and the update
-        resident += p["vllm_engine"]
+        resident += p.get("vllm_engine", 0)
     passes = []
     if args.beta > 0:
         passes.append(p["logprob_pass"] + (p["reference"] if offloaded else 0))
