@@ -14,15 +14,34 @@ def config(tmp_path, **fields) -> GRPOConfig:
     return GRPOConfig(output_dir=str(tmp_path), use_vllm=True, **fields)
 
 
+def context(args: GRPOConfig, model_context: int | None = 100_000) -> int | None:
+    """The engine's max_model_len for ``args`` on a model whose context is ``model_context``."""
+    return colocate_engine_kwargs(args.vllm_settings(), "/cfg", rank=0, model_context=model_context)[
+        "max_model_len"
+    ]
+
+
 def test_the_engine_context_defaults_to_prompt_plus_completion(tmp_path):
-    args = config(tmp_path, max_prompt_length=512, max_completion_length=4096)
-    assert args.vllm_settings().max_model_length == 512 + 4096
+    assert context(config(tmp_path, max_prompt_length=512, max_completion_length=4096)) == 512 + 4096
     # generation_kwargs' max_new_tokens is the completion budget the run uses (TRL's precedence)
-    args = config(tmp_path, max_prompt_length=100, generation_kwargs={"max_new_tokens": 300})
-    assert args.vllm_settings().max_model_length == 400
+    assert context(config(tmp_path, max_prompt_length=100, generation_kwargs={"max_new_tokens": 300})) == 400
     # prompts kept whole: no bound is known, the engine takes the model config's context
-    assert config(tmp_path, max_prompt_length=None).vllm_settings().max_model_length is None
-    assert config(tmp_path, vllm_max_model_length=5000).vllm_settings().max_model_length == 5000
+    assert context(config(tmp_path, max_prompt_length=None)) is None
+    assert context(config(tmp_path, vllm_max_model_length=5000)) == 5000
+
+
+def test_a_run_bound_beyond_the_models_context_takes_the_models_with_a_warning(tmp_path, caplog):
+    """The tiny recipes allow 512-token prompts on a 256-position model: the engine cannot take 552, so it
+    takes the model's context and says which completions it would cut (the policy could not score them
+    either)."""
+    args = config(tmp_path, max_prompt_length=512, max_completion_length=40)
+    with caplog.at_level("WARNING", logger="grpokit.rollout.vllm_backend"):
+        assert context(args, model_context=256) is None
+    assert (
+        "max_prompt_length + max_completion_length (552) is more than the model's context (256)"
+        in caplog.text
+    )
+    assert context(args, model_context=552) == 552
 
 
 @pytest.mark.parametrize(
@@ -43,7 +62,7 @@ def test_a_context_shorter_than_the_run_needs_is_refused_naming_both_numbers(tmp
 
 def test_a_context_that_fits_is_taken(tmp_path):
     args = config(tmp_path, max_prompt_length=64, max_completion_length=64, vllm_max_model_length=128)
-    assert args.vllm_settings().max_model_length == 128
+    assert context(args) == 128
 
 
 def test_the_cpu_engine_runs_eagerly_without_sleep_mode(tmp_path):

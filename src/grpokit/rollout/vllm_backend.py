@@ -55,6 +55,8 @@ __all__ = [
     "is_truncated",
     "make_vllm_backend",
     "process_layout",
+    "refresh_tied_heads",
+    "refuse_cpu_sleep_mode",
     "require_vllm",
     "vllm_sampling_kwargs",
 ]
@@ -77,8 +79,10 @@ class VLLMSettings:
     """colocate: the fraction of the GPU's memory the engine takes (vLLM's CPU engine: of the host's memory,
     unless ``VLLM_CPU_KVCACHE_SPACE`` sets the KV cache in GiB)."""
     max_model_length: int | None = None
-    """colocate: the engine's context length (``GRPOConfig.vllm_settings`` fills in what the run needs,
-    max_prompt_length + max_completion_length; None: the model config's)."""
+    """colocate: the engine's context length as set (``vllm_max_model_length``); None: ``context_needed``."""
+    context_needed: int | None = None
+    """What the run needs of the engine's context: max_prompt_length + max_completion_length (None: prompts
+    are not bounded, the model config's context)."""
     enable_sleep_mode: bool = False
     """colocate: the engine sleeps (level 2: weights and KV cache discarded) while the trainer updates, and
     wakes for the next push. GPU only."""
@@ -228,8 +232,33 @@ def engine_config_dir(model: nn.Module) -> str:
     return path
 
 
+def engine_context(settings: VLLMSettings, model_context: int | None) -> int | None:
+    """The engine's ``max_model_len``: ``vllm_max_model_length`` when set, else what the run needs
+    (``context_needed``). When that is more than the model's own context (``max_position_embeddings``: a
+    recipe's prompt bound larger than a small model allows) the engine takes the model's (None), with a
+    warning: the policy's own forward is past its context there too."""
+    needed = settings.context_needed
+    if settings.max_model_length is not None:
+        return settings.max_model_length
+    if needed is not None and model_context is not None and needed > model_context:
+        logger.warning(
+            "max_prompt_length + max_completion_length (%d) is more than the model's context (%d): the vLLM "
+            "engine's context is the model's, and a completion whose prompt and completion pass %d tokens "
+            "would be cut by it (the policy's own forward is past its context there too); lower "
+            "max_prompt_length so that the sum fits",
+            needed, model_context, model_context,
+        )  # fmt: skip
+        return None
+    return needed
+
+
 def colocate_engine_kwargs(
-    settings: VLLMSettings, config_dir: str, *, rank: int, platform: str = "cuda"
+    settings: VLLMSettings,
+    config_dir: str,
+    *,
+    rank: int,
+    platform: str = "cuda",
+    model_context: int | None = None,
 ) -> dict[str, Any]:
     """``vllm.LLM`` keyword arguments for one training process's colocated engine (TRL 1.16's colocate
     settings, with ``load_format="dummy"``: the weights come from the policy, pushed before generating).
@@ -238,22 +267,24 @@ def colocate_engine_kwargs(
     (grpokit's ``SamplingParams`` say everything); ``skip_tokenizer_init``: prompts and completions are token
     ids. ``seed``: the run's seed plus the process rank (each process draws its own samples). ``platform``
     "cpu" (``engine_platform``): ``enforce_eager`` (compiling the model with inductor takes minutes on a
-    small CPU) and no sleep mode (the CPU worker has none)."""
+    small CPU) and no sleep mode (the CPU worker has none). ``model_context``: the model config's context
+    (``engine_context``)."""
     cpu = platform == "cpu"
+    context = engine_context(settings, model_context)
     return {
         "model": config_dir,
         "load_format": "dummy",
         "dtype": settings.dtype,
         "tensor_parallel_size": 1,
         "gpu_memory_utilization": settings.gpu_memory_utilization,
-        "max_model_len": settings.max_model_length,
+        "max_model_len": context,
         "enable_sleep_mode": settings.enable_sleep_mode and not cpu,
         "enable_prefix_caching": True,
         "enforce_eager": cpu,
         "model_impl": settings.model_impl,
         "distributed_executor_backend": "external_launcher",
         "seed": settings.seed + rank,
-        "max_num_batched_tokens": max(4096, settings.max_model_length or 0),
+        "max_num_batched_tokens": max(4096, context or 0),
         "logprobs_mode": "processed_logprobs",
         "generation_config": "vllm",
         "skip_tokenizer_init": True,
@@ -407,6 +438,10 @@ def make_vllm_backend(settings: VLLMSettings, model: nn.Module, *, step_sync: bo
     rank, local_rank, world_size = process_layout()
     set_launcher_env(rank, local_rank, world_size)
     config_dir = engine_config_dir(model)
-    engine_kwargs = colocate_engine_kwargs(settings, config_dir, rank=rank, platform=platform or "cuda")
+    text_config = hf_model(model).config.get_text_config(decoder=True)
+    engine_kwargs = colocate_engine_kwargs(
+        settings, config_dir, rank=rank, platform=platform or "cuda",
+        model_context=getattr(text_config, "max_position_embeddings", None),
+    )  # fmt: skip
     logger.info("vLLM colocate engine on process %d: %s", rank, engine_kwargs)
     return VLLMColocateBackend(model, engine_kwargs)
