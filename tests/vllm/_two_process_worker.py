@@ -40,6 +40,7 @@ def main(out: str) -> None:
     }
     with open(f"{out}/rank{record['rank']}.json", "w") as handle:
         json.dump(record, handle)
+    trainer.backend.close()  # both processes: vLLM's shutdown also ends the process group
     end_processes()
 
 

@@ -341,7 +341,6 @@ class VLLMColocateBackend:
 
         self.model, self._vllm = model, vllm
         self.sleep_mode = bool(engine_kwargs.get("enable_sleep_mode"))
-        self._owns_process_group = not torch.distributed.is_initialized()  # vLLM's own, for close()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
         self.llm = vllm.LLM(**engine_kwargs)
         self._stale, self._asleep = True, False
@@ -395,15 +394,14 @@ class VLLMColocateBackend:
         return outputs_to_generation(outputs, params.eos_token_ids)
 
     def close(self) -> None:
-        """Shut the engine down and free its memory; vLLM's parallel groups are destroyed, and its process
-        group too when vLLM made it (a single process), so that another engine can be built here."""
-        from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
-
+        """Shut the engine down and free its memory, once generation is over, on every training process.
+        vLLM's in-process engine tears down torch.distributed as it shuts down: its own groups and the
+        default one (the trainer's, under several processes), so the processes first meet at a barrier;
+        in a single process another engine can then be built here."""
+        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            torch.distributed.barrier()
         self.llm.llm_engine.engine_core.shutdown()
         del self.llm
-        destroy_model_parallel()
-        if self._owns_process_group:
-            destroy_distributed_environment()
 
 
 def refuse_cpu_sleep_mode(settings: VLLMSettings, platform: str | None) -> None:
