@@ -316,7 +316,9 @@ class GRPOConfig:
     process, which the server's workers connect to."""
     vllm_gpu_memory_utilization: float = 0.3
     """colocate: the fraction of the GPU's memory the engine takes (weights and KV cache); the rest is the
-    trainer's. In server mode it is the server's ``--gpu-memory-utilization``."""
+    trainer's (``grpokit plan`` counts it). vLLM's CPU engine takes it of the host's memory, unless
+    ``VLLM_CPU_KVCACHE_SPACE`` (GiB) sets its KV cache. In server mode it is the server's
+    ``--gpu-memory-utilization``."""
     vllm_max_model_length: int | None = None
     """colocate: the engine's context length. None: what the run needs, ``max_prompt_length +
     max_completion_length`` (the model config's when ``max_prompt_length`` is None). A shorter value is
