@@ -27,7 +27,12 @@ from tests.vllm.helpers import (
 pytest.importorskip("vllm", reason="vLLM is not installed: .ci/run's second stage runs tests/vllm")
 pytestmark = pytest.mark.vllm
 
-from grpokit.rollout.vllm_backend import VLLMColocateBackend, make_vllm_backend  # noqa: E402
+from grpokit.rollout.vllm_backend import (  # noqa: E402
+    VLLMColocateBackend,
+    engine_platform,
+    make_vllm_backend,
+    require_vllm,
+)
 
 TEXTS = ["12+34=", "hello", "abcdefghijkl", "7*8=", "The cat ", "zz"]  # "abcdefghijkl": max_prompt_length
 
@@ -62,6 +67,20 @@ def sgd_step(model: torch.nn.Module, prompts: list[list[int]], lr: float) -> Non
         loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+
+
+def test_the_installed_build_is_accepted_and_the_cpu_engine_refuses_sleep_mode(tmp_path):
+    """vLLM's CPU build is an engine for colocate mode (no CUDA needed); asking it for sleep mode is refused
+    before an engine is built, since its worker's sleep would keep everything."""
+    platform = engine_platform()
+    assert platform in ("cpu", "cuda")
+    require_vllm("colocate")
+    if platform != "cpu":
+        pytest.skip("the CPU build's refusal: this vLLM runs on a GPU")
+    model, _ = tiny_policy()
+    args = GRPOConfig(output_dir=str(tmp_path), use_vllm=True, vllm_enable_sleep_mode=True)
+    with pytest.raises(ValueError, match="vllm_enable_sleep_mode=True is not supported by vLLM's CPU engine"):
+        make_vllm_backend(args.vllm_settings(), model)
 
 
 def test_the_engine_context_is_what_the_run_needs_and_greedy_equals_transformers(engine):
