@@ -95,6 +95,10 @@ def test_the_engine_context_is_what_the_run_needs_and_greedy_equals_transformers
     eos = tokenizer.eos_token_id
     assert all(len(c) == COMPLETION_LEN or c[-1] == eos for c in out.completion_ids)
     assert out.truncated == [len(c) == COMPLETION_LEN and c[-1] != eos for c in out.completion_ids]
+    # G greedy completions of a prompt (vLLM itself refuses n > 1 at temperature 0): G copies of the one
+    three = backend.generate(prompts, 3, greedy(tokenizer))
+    assert three.completion_ids == [c for c in expected for _ in range(3)]
+    assert len(three.logprobs) == len(three.truncated) == 3 * len(prompts)
 
 
 def test_weights_reach_the_engine_once_per_push(engine):

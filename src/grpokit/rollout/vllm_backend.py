@@ -204,6 +204,17 @@ def outputs_to_generation(outputs: Sequence[Any], eos_ids: Sequence[int]) -> Gen
     return GenerationOutput(ids, reported, truncated)
 
 
+def repeated(output: GenerationOutput, times: int) -> GenerationOutput:
+    """Each completion of ``output`` ``times`` times in a row: G greedy completions of a prompt are one
+    (vLLM refuses ``n > 1`` at temperature 0: "n must be 1 when using greedy sampling")."""
+
+    def rows(values: list[Any]) -> list[Any]:
+        return [list(value) if isinstance(value, list) else value for value in values for _ in range(times)]
+
+    logprobs = None if output.logprobs is None else rows(output.logprobs)
+    return GenerationOutput(rows(output.completion_ids), logprobs, rows(output.truncated))
+
+
 def process_layout() -> tuple[int, int, int]:
     """``(rank, local_rank, world_size)`` of this training process: torch.distributed's when initialised
     (accelerate does it for several processes), else the launcher's environment, else a single process."""
@@ -386,12 +397,14 @@ class VLLMColocateBackend:
         """``num_generations`` completions per prompt (grouped contiguously), with sampling log-probs."""
         if self._stale or self._asleep:
             self.sync_weights()
-        kwargs = vllm_sampling_kwargs(params, num_generations)
+        copies = 1 if params.do_sample else num_generations  # greedy: one completion, repeated
+        kwargs = vllm_sampling_kwargs(params, num_generations // copies)
         sampling = self._vllm.SamplingParams(**kwargs, detokenize=False)
         prompts = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
         with autocast_off():  # the engine runs in its own dtype, not under the trainer's autocast
             outputs = self.llm.generate(prompts, sampling_params=sampling, use_tqdm=False)
-        return outputs_to_generation(outputs, params.eos_token_ids)
+        generated = outputs_to_generation(outputs, params.eos_token_ids)
+        return generated if copies == 1 else repeated(generated, copies)
 
     def close(self) -> None:
         """Shut the engine down and free its memory, once generation is over, on every training process.
