@@ -9,5 +9,22 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in the test's process
+
+PROCESS_WIDE = ("VLLM_ENABLE_V1_MULTIPROCESSING",)
+"""Set by vLLM for the whole process when an engine runs in it (the external launcher)."""
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _vllm_environment():
+    """Each module ends with the environment it started with: a vLLM server that a later module starts
+    must not inherit the in-process engine's ``VLLM_ENABLE_V1_MULTIPROCESSING=0``."""
+    saved = {name: os.environ.get(name) for name in PROCESS_WIDE}
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
