@@ -369,6 +369,8 @@ class VLLMColocateBackend:
         (KV computed with the old weights)."""
         started = time.perf_counter()
         if self._asleep:  # level 2: the weights' memory first, the KV cache after the push
+            if torch.cuda.is_available():  # the blocks the update freed, back from torch's cache to vLLM
+                torch.cuda.empty_cache()
             self.llm.wake_up(tags=["weights"])
         with autocast_off():  # the merged LoRA weights in the policy's dtype, not the trainer's autocast
             self.llm.collective_rpc(
