@@ -5,8 +5,12 @@
     python benchmarks/gpu/vllm_check.py train-lora  # the same with a LoRA policy (merged adapters pushed)
     python benchmarks/gpu/vllm_check.py server      # server mode: `vllm serve` as `trl vllm-serve` runs it
 
-``bash benchmarks/gpu/vllm_check.sh`` runs all four (a few minutes on one GPU). Each check prints PASS/FAIL
-with its numbers; the exit status is the number of failed checks.
+``bash benchmarks/gpu/vllm_check.sh`` runs all four within 10 minutes on one GPU; without vLLM or a GPU it
+fails (nothing checked is not a pass). Each check prints PASS/FAIL with its numbers; the exit status is the
+number of failed checks. What only a GPU run shows (tests/vllm runs the rest on vLLM's CPU engine): CUDA
+kernels and their bf16 numerics against the trainer's, compiled engines (CUDA graphs), sleep mode (level 2:
+the memory it frees and the cost of waking and pushing, against level 1's offload), and the server's NCCL
+weight transfer.
 
 The policy is grpokit's tiny Llama (``build_tiny_model``), saved locally, with its LM head scaled x10 so
 that its next-token distributions are peaked (a random tiny model's are nearly flat, and greedy decoding
@@ -134,9 +138,9 @@ def compare_greedy(name: str, vllm_ids, fast_ids, exact_ids) -> None:
 
 def vllm_config(out: Path, **overrides) -> GRPOConfig:
     values = dict(
-        output_dir=str(out), use_vllm=True, vllm_gpu_memory_utilization=0.2, vllm_max_model_length=128,
-        max_steps=1, num_generations=4, per_device_train_batch_size=16, max_completion_length=8,
-        learning_rate=1e-2, beta=0.0, disable_tqdm=True, seed=0, logging_steps=1,
+        output_dir=str(out), use_vllm=True, vllm_gpu_memory_utilization=0.2, max_prompt_length=16,
+        max_steps=2, num_generations=4, per_device_train_batch_size=16, max_completion_length=8,
+        learning_rate=1e-2, beta=0.0, disable_tqdm=True, seed=0, logging_steps=1, temperature=0.7,
         model_init_kwargs={"dtype": "bfloat16"}, generation_dtype="bfloat16",
     )  # fmt: skip
     return GRPOConfig(**{**values, **overrides})
@@ -186,8 +190,52 @@ def check_synced(label: str, trainer: GRPOTrainer, directory: Path, before: list
     report(f"{label}: weights synced after a step", ok, detail)
 
 
+def check_correction(label: str, history: list[dict[str, float]]) -> None:
+    """The importance-sampling metrics of each step, by value: bf16 engine and bf16 trainer at temperature
+    0.7 differ by kernel rounding only (mean |delta logp| < 0.05; log-probs taken before the temperature, or
+    of another model, differ by far more), and the ratios lie on both sides of 1, near it."""
+    for metrics in history:
+        diff = metrics.get("sampling/sampling_logp_difference/mean", float("nan"))
+        low = metrics.get("sampling/importance_sampling_ratio/min", float("nan"))
+        mean = metrics.get("sampling/importance_sampling_ratio/mean", float("nan"))
+        high = metrics.get("sampling/importance_sampling_ratio/max", float("nan"))
+        ok = 0 < diff < 0.05 and low <= 1 <= high and abs(mean - 1) < 0.1
+        report(
+            f"{label}: IS metrics, step {metrics.get('step')}", ok,
+            f"logp difference mean {diff:.4f}, ratio min/mean/max {low:.4f}/{mean:.4f}/{high:.4f}",
+        )  # fmt: skip
+
+
+def measure_sleep(backend) -> None:
+    """Sleep mode on the GPU: the memory level 2 frees and the time to wake and push, against level 1
+    (weights offloaded to host memory and copied back) on the same engine."""
+    timings = {}
+    for level in (1, 2):
+        torch.cuda.synchronize()
+        free = torch.cuda.mem_get_info()[0]
+        started = time.monotonic()
+        if level == 1:
+            backend.llm.sleep(level=1)
+        else:
+            backend.release_memory()  # what the trainer calls before its passes: level 2
+        slept = time.monotonic() - started
+        freed = torch.cuda.mem_get_info()[0] - free
+        started = time.monotonic()
+        if level == 1:
+            backend.llm.wake_up()
+        else:
+            backend.sync_weights()  # what the trainer calls after the update: wake, push, KV cache
+        timings[level] = (slept, time.monotonic() - started, freed / 2**20)
+    detail = "; ".join(
+        f"level {lv}: sleep {s:.3f} s, wake{' + push' if lv == 2 else ''} {w:.3f} s, freed {f:.0f} MiB"
+        for lv, (s, w, f) in timings.items()
+    )
+    report("sleep mode levels 1 and 2", timings[2][2] > 0, detail)
+
+
 def part_train(tmp: Path, lora: bool) -> None:
-    """One GRPOTrainer step with a large learning rate; the LoRA run also sleeps the engine between steps."""
+    """Two GRPOTrainer steps with a large learning rate at temperature 0.7; the LoRA run also sleeps the
+    engine (level 2) through each update."""
     directory = build_policy(tmp / "policy")
     peft_config = None
     if lora:
@@ -200,12 +248,15 @@ def part_train(tmp: Path, lora: bool) -> None:
     prompts, greedy = prompts_and_params(directory, greedy=True)
     before = trainer.backend.generate(prompts, 1, greedy).completion_ids
     history = trainer.train()
+    pushes = trainer.backend.pushes
+    report(f"{label}: one push per step", pushes == 1 + 2, f"{pushes} pushes for 2 steps (1 + one per step)")
+    pushed = [m.get("time/weight_push", float("nan")) for m in history]
+    report(f"{label}: push timed", all(t > 0 for t in pushed), f"time/weight_push {pushed} s")
+    check_correction(label, history)
     check_synced(label, trainer, directory, before)
-    metrics = history[-1] if history else {}
-    names = ["sampling/importance_sampling_ratio/mean", "sampling/importance_sampling_ratio/min",
-             "sampling/importance_sampling_ratio/max", "sampling/sampling_logp_difference/mean"]  # fmt: skip
-    present = all(name in metrics and metrics[name] == metrics[name] for name in names)
-    report(f"{label}: IS metrics logged", present, ", ".join(f"{n}={metrics.get(n)}" for n in names))
+    if lora:
+        measure_sleep(trainer.backend)
+        check_synced(f"{label} after sleeping", trainer, directory, before)
 
 
 def free_port() -> int:
@@ -283,8 +334,8 @@ def main() -> int:
     parser.add_argument("part", choices=["sampling", "train", "train-lora", "server"])
     part = parser.parse_args().part
     if not torch.cuda.is_available():
-        print(f"SKIP  {part}: no CUDA GPU", flush=True)
-        return 0
+        print(f"FAIL  {part}: no CUDA GPU, nothing checked", flush=True)
+        return 1
     with tempfile.TemporaryDirectory() as tmp:
         started = time.monotonic()
         if part == "sampling":

@@ -282,8 +282,8 @@ STEPS = "a whole number of steps >= 1 or a ratio in (0, 1) of the run's steps"
         ({"rm_batch_size": 0}, "rm_batch_size must be >= 1, got 0"),
         ({"rm_buffer_capacity": 0}, "rm_buffer_capacity must be >= 1 (or None: no limit), got 0"),
         ({"vllm_server_port": 0}, "vllm_server_port must be a TCP port (1-65535), got 0"),
-        ({"vllm_max_model_length": 0}, "vllm_max_model_length must be >= 1 (or None: the model config's "
-         "context length), got 0"),
+        ({"vllm_max_model_length": 0}, "vllm_max_model_length must be >= 1 (or None: max_prompt_length + "
+         "max_completion_length), got 0"),
         ({"seed": -1}, "seed must be in [0, 2**32 - 1] (numpy's seeds), got -1"),
         ({"weight_decay": -0.1}, "weight_decay must be >= 0, got -0.1"),
         ({"max_grad_norm": -1.0}, "max_grad_norm must be >= 0, got -1.0"),

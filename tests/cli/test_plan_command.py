@@ -119,3 +119,9 @@ def test_describe_plan_for_grpokit_train():
     unknown = parse_train_args(["arithmetic-tiny", "model=nobody/no-such-model"])
     assert describe_plan(unknown, 1).startswith("grpokit: no memory plan: model: no config")
     assert 40 < plan_train_args(args, 8).peak / GIB < 80
+
+
+def test_a_colocated_vllm_engine_is_planned_from_the_device_memory(capsys):
+    out = run_plan(capsys, "arithmetic-tiny", "use_vllm=true", "device_memory_gb=40")
+    assert re.search(r"^  vllm_engine +12\.00 ", out, re.MULTILINE)  # 0.3 x 40 GiB
+    assert re.search(r"^  logprobs ", out, re.MULTILINE)  # the correction's pi_old pass

@@ -458,3 +458,34 @@ def test_a_sampler_in_another_dtype_adds_its_copy_to_every_phase():
     )
     same = plan_memory(config, GRPOConfig(**base, generation_dtype="float32"))  # the policy's own dtype
     assert same.generation_copy == 0
+
+
+# ---------------------------------------------------------------------------------------- vLLM
+def test_a_colocated_vllm_engine_takes_its_share_and_forces_the_old_policy_pass():
+    """use_vllm colocate: the engine reserves vllm_gpu_memory_utilization (0.3) of the 80 GiB device in
+    every phase, replacing the in-process KV cache and prefill; the off-policy correction adds pi_old's pass
+    at mu = 1 and beta = 0, where the plain run has no log-prob pass at all."""
+    plain = small_plan(small_args(beta=0.0))
+    assert "logprobs" not in plain.phases
+    resident = plain.weights + plain.optimizer  # DDP over one process, no reference
+    engine = math.ceil(0.3 * 80 * GIB)
+    vllm = small_plan(small_args(beta=0.0, use_vllm=True), device_bytes=80 * GIB)
+    assert vllm.vllm_engine == engine and vllm.kv_cache == vllm.generation_activations == 0
+    assert vllm.phases["generation"] == resident + engine
+    assert vllm.phases["logprobs"] == resident + engine + plain.logprob_pass
+    assert vllm.phases["update"] == plain.phases["update"] + engine
+    # sleep mode: the engine is asleep (weights and KV cache discarded) through the passes and the update
+    asleep = small_plan(
+        small_args(beta=0.0, use_vllm=True, vllm_enable_sleep_mode=True), device_bytes=80 * GIB
+    )
+    assert asleep.phases["generation"] == resident + engine
+    assert asleep.phases["logprobs"] == resident + plain.logprob_pass
+    assert asleep.phases["update"] == plain.phases["update"]
+    # a server holds nothing here, the correction's pass stays; without the correction no pass
+    server = small_plan(small_args(beta=0.0, use_vllm=True, vllm_mode="server"), device_bytes=80 * GIB)
+    assert server.vllm_engine == 0 and server.phases["generation"] == resident
+    assert server.phases["logprobs"] == resident + plain.logprob_pass
+    uncorrected = small_args(beta=0.0, use_vllm=True, vllm_importance_sampling_correction=False)
+    assert "logprobs" not in small_plan(uncorrected, device_bytes=80 * GIB).phases
+    # no device size given: the reservation cannot be counted (and is not guessed)
+    assert small_plan(small_args(beta=0.0, use_vllm=True)).vllm_engine == 0

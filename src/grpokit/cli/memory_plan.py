@@ -21,6 +21,11 @@ What is counted, per device (process), and how exactly:
   cache at full length. Keys/values are in the compute dtype (bf16/fp16 under autocast, else the weights').
 - **FSDP** gathers a unit's weights in the compute dtype under mixed precision (``parallel.fsdp``): the
   generation phase holds the full weights in that dtype, the update two layers and the root at a time.
+- **vLLM** (``use_vllm``): in colocate mode the engine reserves ``vllm_gpu_memory_utilization`` of the
+  device (its weights and KV cache; ``device_bytes``), in every phase unless sleep mode frees it during the
+  log-prob passes and the update; in-process generation buffers (KV cache, fused copies) are then not
+  used. A server holds nothing on the training devices. Either way the off-policy correction
+  (``vllm_importance_sampling_correction``) forces the old-policy pass at mu = 1.
 
 Phases: ``generation``, ``logprobs`` (reference and old-policy passes; absent when neither runs) and
 ``update``; ``peak`` is the largest. Gradients are freed after each optimizer step (``set_to_none``), so they
@@ -130,6 +135,9 @@ class MemoryPlan:
     generation_weights: int = _part("FSDP's full weights, fast sampler's fused copies, autocast copies")
     kv_cache: int = _part("generation KV cache")
     generation_activations: int = _part("prefill of one batch of prompts, float32 sampling logits")
+    vllm_engine: int = _part(
+        "colocated vLLM engine: vllm_gpu_memory_utilization of the device (sleep mode: generation only)"
+    )
     phases: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -194,6 +202,7 @@ def plan_memory(
     lora_r: int | None = None,
     lora_target_modules: list[str] | None = None,
     device_type: str = "cuda",
+    device_bytes: float | None = None,
 ) -> MemoryPlan:
     """The memory plan of ``args`` on the model ``model_config`` describes, per device of ``num_processes``.
 
@@ -204,7 +213,8 @@ def plan_memory(
     policy that generation reads, kept in every phase). ``lora_r``: train LoRA adapters of that rank on
     ``lora_target_modules`` (None: all linear layers but the LM head). ``device_type``: "cuda" (AdamW's
     foreach step: one trainable-sized temporary) or "cpu" (per-tensor step: two copies of the largest
-    tensor).
+    tensor). ``device_bytes``: the device's memory, which a colocated vLLM engine takes its fraction of
+    (None: the engine's reservation is not counted).
     """
     if strategy not in ("ddp", "fsdp", "zero", "zero3"):
         raise ValueError(f"strategy must be 'ddp', 'fsdp', 'zero' or 'zero3', got {strategy!r}")
@@ -305,7 +315,8 @@ def plan_memory(
     if strategy == "zero3":  # a persistent full copy, refreshed before each generation
         p["generation_copy"] = full_weights
     sampler_dtype = getattr(args, "generation_dtype", "auto")
-    if sampler_dtype not in ("auto", w_name):  # the sampler's own copy in its dtype (sampling.off_policy)
+    vllm = args.use_vllm  # vLLM generates: its weights in its own reservation, no in-process buffers
+    if sampler_dtype not in ("auto", w_name) and not vllm:  # the sampler's copy (sampling.off_policy)
         p["generation_copy"] = p.get("generation_copy", 0) + total * DTYPE_BYTES[sampler_dtype]
     # fast (and auto, which picks it for the architectures planned here): fused [q; k; v] and [gate; up];
     # each prompt's cache once
@@ -331,18 +342,25 @@ def plan_memory(
         + 3 * call_prompts * group * vocab * 4  # logits, processed scores, CDF: float32 [rows, V]
         + extra_cache
     )
+    if vllm:  # the engine batches and caches in its reservation; FSDP still gathers the weights to push
+        p["kv_cache"] = p["generation_activations"] = 0
+        p["generation_weights"] = total * g + (trainable_bytes if lora else 0) if strategy == "fsdp" else 0
+        colocated = args.vllm_mode == "colocate" and device_bytes is not None
+        p["vllm_engine"] = math.ceil(args.vllm_gpu_memory_utilization * device_bytes) if colocated else 0
 
     # --- phases -------------------------------------------------------------------------------------------
     resident = p["weights"] + p["optimizer"] + p["grad_buckets"] + (0 if offloaded else p.get("reference", 0))
     resident += p.get("generation_copy", 0)
     phases = {"generation": resident + p["generation_weights"] + p["kv_cache"] + p["generation_activations"]}
+    phases["generation"] += p.get("vllm_engine", 0)
+    if not args.vllm_enable_sleep_mode:  # else the engine sleeps through the passes and the update
+        resident += p.get("vllm_engine", 0)
     passes = []
     if args.beta > 0:
         passes.append(p["logprob_pass"] + (p["reference"] if offloaded else 0))
-    # pi_old: off-policy updates, or a sampler in another dtype with the correction on (sampling.off_policy)
-    corrected = sampler_dtype not in ("auto", w_name) and getattr(
-        args, "vllm_importance_sampling_correction", False
-    )
+    # pi_old: off-policy updates, or a sampler that is not pi_old (another dtype, vLLM) with the correction
+    # on (sampling.off_policy)
+    corrected = (vllm or sampler_dtype not in ("auto", w_name)) and args.vllm_importance_sampling_correction
     if batch.optimizer_steps > 1 or corrected:
         passes.append(p["logprob_pass"] + policy_casts)
     if passes:

@@ -94,10 +94,15 @@ def _tiny_config(task: str) -> Any:
 
 
 def plan_train_args(
-    train_args: TrainArgs, num_processes: int = 1, strategy: str | None = None, device_type: str = "cuda"
+    train_args: TrainArgs,
+    num_processes: int = 1,
+    strategy: str | None = None,
+    device_type: str = "cuda",
+    device_memory_gb: float | None = None,
 ) -> MemoryPlan:
     """The memory plan of a recipe. ``strategy`` None: "fsdp" when its ``fsdp`` option has full_shard,
-    "zero" when it names a ``deepspeed`` config, else "ddp"."""
+    "zero" when it names a ``deepspeed`` config, else "ddp". ``device_memory_gb``: the device's memory, of
+    which a colocated vLLM engine takes ``vllm_gpu_memory_utilization``."""
     if strategy is None:
         config = train_args.config
         strategy = "fsdp" if "full_shard" in config.fsdp.split() else _zero_strategy(config)
@@ -109,6 +114,7 @@ def plan_train_args(
         lora_r=train_args.lora_r if train_args.use_peft else None,
         lora_target_modules=train_args.lora_target_modules if train_args.use_peft else None,
         device_type=device_type,
+        device_bytes=None if device_memory_gb is None else device_memory_gb * GIB,
     )
 
 
@@ -142,13 +148,13 @@ def describe_plan(
     """What ``grpokit train`` prints before it starts: the plan's table and, when it does not fit, the
     warning. ``device_memory_gb`` None: the CUDA device's memory when there is one (else no fit check). A
     model whose config cannot be planned gives one line saying why, never an error."""
-    try:
-        device = "cpu" if train_args.config.use_cpu else "cuda"
-        plan = plan_train_args(train_args, num_processes, strategy, device_type=device)
-    except ValueError as err:
-        return f"grpokit: no memory plan: {err}"
     if device_memory_gb is None:
         device_memory_gb = _cuda_memory_gib()
+    try:
+        device = "cpu" if train_args.config.use_cpu else "cuda"
+        plan = plan_train_args(train_args, num_processes, strategy, device, device_memory_gb)
+    except ValueError as err:
+        return f"grpokit: no memory plan: {err}"
     warning = fit_warning(plan, device_memory_gb) if device_memory_gb is not None else None
     return plan.table() + (f"\n{warning}" if warning else "")
 
@@ -206,7 +212,7 @@ def plan_main(argv: list[str]) -> int:
     num_processes, strategy, memory = _plan_options(options)
     train_args = parse_train_args(rest)
     try:
-        plan = plan_train_args(train_args, num_processes, strategy)
+        plan = plan_train_args(train_args, num_processes, strategy, device_memory_gb=memory)
     except ValueError as err:
         raise SystemExit(f"grpokit: {err}") from None
     print(plan.table())

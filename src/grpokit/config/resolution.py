@@ -29,6 +29,7 @@ __all__ = [
     "policy_loss",
     "sampling_fields",
     "save_strategy",
+    "vllm_context_length",
 ]
 
 GENERATION_KWARGS = {
@@ -89,6 +90,13 @@ def importance_sampling_clip_max(config: Any) -> float | None:
     ``vllm_importance_sampling_clip_max``."""
     cap = config.vllm_importance_sampling_cap
     return cap if cap is not None else config.vllm_importance_sampling_clip_max
+
+
+def vllm_context_length(max_prompt_length: int | None, max_completion_length: int) -> int | None:
+    """The context a vLLM engine needs for a run: the longest prompt plus the completion budget (an episode
+    with an environment, observations included, fits in the same budget after its prompt:
+    ``envs.episodes``). None when prompts are not bounded (``max_prompt_length=None``)."""
+    return None if max_prompt_length is None else max_prompt_length + max_completion_length
 
 
 def sampling_fields(config: Any) -> dict[str, Any]:

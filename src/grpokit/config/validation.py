@@ -207,7 +207,17 @@ def _check_vllm(c: Any) -> None:
         f"got {c.vllm_tensor_parallel_size}; serve a model that needs several GPUs with "
         "vllm_mode='server' and the server's --tensor-parallel-size",
     )
-    _at_least(c, "vllm_max_model_length", 1, none="the model config's context length")
+    _at_least(c, "vllm_max_model_length", 1, none="max_prompt_length + max_completion_length")
+    needed = resolution.vllm_context_length(c.max_prompt_length, c.max_completion_length)
+    given = c.vllm_max_model_length
+    require(
+        given is None or needed is None or given >= needed,
+        "vllm_max_model_length",
+        f"({given}) is shorter than max_prompt_length + max_completion_length ({c.max_prompt_length} + "
+        f"{c.max_completion_length} = {needed}): vLLM stops a sequence at its context, so completions "
+        f"would be cut before their budget; set vllm_max_model_length >= {needed}, or leave it None (then "
+        f"{needed})",
+    )
     for name in ("vllm_server_port", "vllm_group_port"):
         port = getattr(c, name)
         require(1 <= port <= 65535, name, f"must be a TCP port (1-65535), got {port}")

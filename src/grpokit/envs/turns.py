@@ -29,7 +29,7 @@ from typing import Protocol
 import torch
 
 from grpokit.core import pad_left
-from grpokit.models.parts import model_device, returned_cache
+from grpokit.models.parts import cache_argument, model_device, returned_cache
 from grpokit.rollout.base import RolloutBackend, SamplingParams
 from grpokit.rollout.logits import process_logits, sample_token
 
@@ -119,7 +119,7 @@ class CachedTurnSession:
         with torch.inference_mode(), _eval_mode(model):
             out = model(
                 input_ids=ids, attention_mask=mask, position_ids=positions,
-                cache=self.cache, use_cache=True, logits_to_keep=1,
+                use_cache=True, logits_to_keep=1, **cache_argument(model, self.cache),
             )  # fmt: skip
         self.cache = returned_cache(out, self.cache)
         repeat = torch.repeat_interleave(
@@ -213,7 +213,7 @@ class CachedTurnSession:
         self.mask = torch.cat([self.mask, real.long()], dim=1)
         out = self.model(
             input_ids=ids, attention_mask=self.mask, position_ids=positions,
-            cache=self.cache, use_cache=True, logits_to_keep=1,
+            use_cache=True, logits_to_keep=1, **cache_argument(self.model, self.cache),
         )  # fmt: skip
         self.cache = returned_cache(out, self.cache)
         self.positions = self.positions + real.long().sum(dim=1)

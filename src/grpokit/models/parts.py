@@ -4,11 +4,13 @@ backbone themselves; this is where both find it."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any
 
 import torch
 
-__all__ = ["decoder_of", "linear_weight", "model_device", "returned_cache"]
+__all__ = ["cache_argument", "decoder_of", "linear_weight", "model_device", "returned_cache"]
 
 
 def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
@@ -24,6 +26,19 @@ def returned_cache(out: Any, fallback: Any) -> Any:
         if value is not None:
             return value
     return fallback
+
+
+def cache_argument(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
+    """``{name: cache}`` for ``model``'s forward: ``cache`` (``transformers`` >= 5.2x, which deprecates the
+    old name) or ``past_key_values`` (earlier releases, e.g. the 5.17-5.19 that vLLM 0.31-0.32 pin, where an
+    unknown ``cache=`` would be silently ignored and the forward would run without the cache)."""
+    return {_cache_name(type(model)): cache}
+
+
+@functools.cache
+def _cache_name(model_class: type) -> str:
+    parameters = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 def model_device(model: torch.nn.Module) -> torch.device:

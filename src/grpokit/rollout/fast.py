@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from grpokit.core import pad_left
-from grpokit.models.parts import decoder_of, model_device, returned_cache
+from grpokit.models.parts import cache_argument, decoder_of, model_device, returned_cache
 from grpokit.rollout.base import GenerationOutput, SamplingParams
 from grpokit.rollout.logits import process_logits, sample_token
 from grpokit.rollout.native_decode import NativeDecoder, native_supported
@@ -202,7 +202,7 @@ class FastSampler:
                 input_ids=ids,
                 attention_mask=mask,
                 position_ids=position_ids,
-                cache=cache,
+                **cache_argument(self.model, cache),
                 use_cache=True,
                 logits_to_keep=1,
             )
@@ -219,7 +219,7 @@ class FastSampler:
                 input_ids=ids[sl],
                 attention_mask=mask[sl],
                 position_ids=position_ids[sl],
-                cache=cache,
+                **cache_argument(base, cache),
                 use_cache=True,
             )
             cache = returned_cache(out, cache)
@@ -260,7 +260,7 @@ class _HFDecoder:
             input_ids=tokens[:, None],
             attention_mask=self.mask[:, : self.prompt_width + t + 1],
             position_ids=self.positions + t,
-            cache=self.cache,
+            **cache_argument(self.model, self.cache),
             use_cache=True,
             logits_to_keep=1,
         )

@@ -19,10 +19,11 @@ ratio pi_old / pi_sampler, truncated or masked per ``vllm_importance_sampling_mo
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ from grpokit.rollout.records import RolloutBatch
 __all__ = [
     "CopiedWeightsBackend",
     "OffPolicyCorrection",
+    "WeightSync",
     "correction_metrics",
     "generation_copy",
     "make_sampler",
@@ -143,6 +145,41 @@ def make_sampler(
     copied = generation_copy(model, dtype)
     inner = make_backend(args.generation_backend, copied, micro_batch_size=size)
     return CopiedWeightsBackend(model, copied, inner), OffPolicyCorrection.from_config(args, off_policy=True)
+
+
+class WeightSync:
+    """Keeps a sampler that holds its own copy of the policy's weights (vLLM, colocated or a server) in step
+    with the policy: one push per update, not one per ``generate`` call.
+
+    The trainer calls ``release()`` once its samples are drawn (with vLLM's sleep mode the engine gives the
+    update its memory) and ``push(timer)`` after the update, on every process and within ``full_weights()``
+    (the trainer's full-weights context: FSDP units gathered, ZeRO-3's copy refreshed), timed as
+    ``time/weight_push``; every later ``generate`` of the step, the evaluation and the next step's draw reuse
+    the weights pushed. ``mark_changed()``: the weights changed outside a step (a resume), pushed at the next
+    generation. A sampler that reads the live policy has no such methods, and the three calls do nothing.
+    """
+
+    def __init__(self, backend: Any, full_weights: Callable[[], contextlib.AbstractContextManager[Any]]):
+        self.backend, self.full_weights = backend, full_weights
+        self._push = getattr(backend, "sync_weights", None)
+
+    def release(self) -> None:
+        """The sampler's memory to the update (vLLM's sleep mode), until the next push."""
+        release = getattr(self.backend, "release_memory", None)
+        if callable(release):
+            release()
+
+    def push(self, timer: Any) -> None:
+        """The policy's updated weights into the sampler, in ``timer``'s ``weight_push`` phase."""
+        if callable(self._push):
+            with timer.phase("weight_push"), self.full_weights():
+                self._push()
+
+    def mark_changed(self) -> None:
+        """The policy's weights changed outside a step: the sampler pushes them before its next generation."""
+        mark = getattr(self.backend, "mark_weights_changed", None)
+        if callable(mark):
+            mark()
 
 
 class OffPolicyCorrection:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from grpokit.models.parts import decoder_of
+from grpokit.models.parts import cache_argument, decoder_of
 from grpokit.models.prefix_cache import RecordingCache, full_attention_only, replay_safe_layers
 from grpokit.train.lm_head import head_logprobs
 
@@ -267,8 +267,9 @@ def _shared_prefix_hidden(
     recording = RecordingCache(model.config.get_text_config(decoder=True).num_hidden_layers)
     with replay_safe_layers(decoder):
         out = decoder(
-            input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, cache=recording, use_cache=True
-        )
+            input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, use_cache=True,
+            **cache_argument(decoder, recording),
+        )  # fmt: skip
         first = out.last_hidden_state[:, -1:].repeat_interleave(group, dim=0)  # [B, 1, H] predicts token 0
         if num_completion == 1:
             return first
@@ -280,6 +281,7 @@ def _shared_prefix_hidden(
         c_pos = torch.maximum(c_pos, lengths)  # keep padded positions in range
         attention_mask = torch.cat([prompt_mask, c_mask], dim=1)  # [B, P+C-1]
         out = decoder(
-            input_ids=c_ids, attention_mask=attention_mask, position_ids=c_pos, cache=prefix, use_cache=True
-        )
+            input_ids=c_ids, attention_mask=attention_mask, position_ids=c_pos, use_cache=True,
+            **cache_argument(decoder, prefix),
+        )  # fmt: skip
     return torch.cat([first, out.last_hidden_state], dim=1)  # [B, C, H]

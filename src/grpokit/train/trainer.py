@@ -48,7 +48,7 @@ from grpokit.rollout.records import RolloutBatch, Samples
 from grpokit.rollout.vllm_backend import require_vllm
 from grpokit.sampling.async_draw import AsyncDrawer, check_async_generation, draws_ahead
 from grpokit.sampling.groups import DrawSettings, GroupDrawer, GroupSizes, Round, prompt_statistics
-from grpokit.sampling.off_policy import make_sampler
+from grpokit.sampling.off_policy import WeightSync, make_sampler
 from grpokit.train.batch import LogprobPass, pad_samples, score_samples
 from grpokit.train.forward import PolicyLogprobs
 from grpokit.train.hooks import StepHooks, run_hooks
@@ -128,7 +128,7 @@ class GRPOTrainer:
             rollout_func=rollout_func, environment_factory=environment_factory,
         )  # fmt: skip
         refuse_resets_of_adapter_reference(self.args, peft_config)
-        if self.args.use_vllm:  # no vLLM or no GPU: refused before any weights load
+        if self.args.use_vllm:  # no vLLM or no device for its engine: refused before any weights load
             require_vllm(self.args.vllm_mode)
         set_seed(self.args.seed)  # the same initial weights (LoRA adapters, heads) on every process
         self.accelerator = make_accelerator(self.args.mixed_precision, self.args.use_cpu)
@@ -177,8 +177,11 @@ class GRPOTrainer:
         # on for every batch when the samples are drawn ahead from older copies of the policy
         ahead = draws_ahead(self.args)
         self.backend, self.correction = make_sampler(
-            self.args, self.generation_model, rollout_backend, self.strategy, drawn_ahead=ahead
-        )
+            self.args, self.generation_model, rollout_backend, self.strategy, step_sync=True,
+            drawn_ahead=ahead,
+        )  # fmt: skip
+        # a sampler with its own copy of the weights (vLLM) gets them once per step, after the update
+        self.weight_sync = WeightSync(self.backend, self.placed.generation_weights)
         self.prompt_stats, curriculum = prompt_statistics(self.args, len(self.train_rows))
         self.prompts = PromptSampler(len(self.train_rows), self.plan.prompts, self.args, curriculum)
         self.group_sizes = GroupSizes.from_config(self.args, self.prompt_stats)  # G of each prompt
@@ -250,6 +253,7 @@ class GRPOTrainer:
         self.run_state.refuse_to_overwrite(self.args, resume, self.step)
         if resume:
             self.step = self.run_state.resume(resume, self.args.output_dir)
+            self.weight_sync.mark_changed()  # the restored weights reach vLLM before its next generation
         history: list[dict[str, float]] = []
         main = self.accelerator.is_main_process
         hide = self.args.disable_tqdm or not self.accelerator.is_local_main_process
@@ -336,7 +340,8 @@ class GRPOTrainer:
                 batch = self.rollout_batch(samples, scores.advantages[scores.local])
             # 5. fixed log-probs [n, C]: pi_old only when the update is off-policy (mu > 1, several
             #    optimizer steps per generation, or a sampler that is not pi_old: IS weights
-            #    pi_old / pi_sampler); pi_ref if beta > 0
+            #    pi_old / pi_sampler); pi_ref if beta > 0. (vLLM's sleep mode: the engine's memory to them)
+            self.weight_sync.release()
             with timer.phase("old_logprobs"), self.accelerator.autocast():
                 off_policy = self.plan.optimizer_steps > 1 or self.correction.applies(batch)
                 batch.old_logps = self.logprob_pass(self.placed.scorer, batch) if off_policy else None
@@ -347,6 +352,7 @@ class GRPOTrainer:
             # 6. mu epochs of clipped policy-gradient updates on the same samples
             with timer.phase("update"):
                 update = {**run_update(batch, self.args, self.update_context), **correction}
+            self.weight_sync.push(timer)  # vLLM: the updated weights into the engine, once (time/weight_push)
             num_tokens = batch.num_completion_tokens()
         # 7. what follows the update (reference reset, RM update), then metrics describing the whole batch
         with timer.phase("after_update"):
