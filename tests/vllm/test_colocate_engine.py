@@ -27,12 +27,8 @@ from tests.vllm.helpers import (
 pytest.importorskip("vllm", reason="vLLM is not installed: .ci/run's second stage runs tests/vllm")
 pytestmark = pytest.mark.vllm
 
-from grpokit.rollout.vllm_backend import (  # noqa: E402
-    VLLMColocateBackend,
-    engine_platform,
-    make_vllm_backend,
-    require_vllm,
-)
+from grpokit.rollout.vllm_backend import VLLMColocateBackend, make_vllm_backend  # noqa: E402
+from grpokit.rollout.vllm_common import engine_platform, require_vllm  # noqa: E402
 
 TEXTS = ["12+34=", "hello", "abcdefghijkl", "7*8=", "The cat ", "zz"]  # "abcdefghijkl": max_prompt_length
 

@@ -72,7 +72,7 @@ if TYPE_CHECKING:
     from grpokit.data.loading import DataSettings
     from grpokit.envs.sampler import EpisodeSettings
     from grpokit.rollout.base import SamplingParams
-    from grpokit.rollout.vllm_backend import VLLMSettings
+    from grpokit.rollout.vllm_common import VLLMSettings
 
 __all__ = ["GRPOConfig"]
 
@@ -660,7 +660,7 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     def vllm_settings(self) -> VLLMSettings:
         """The ``vllm_*`` fields and what the engine shares with the run (dtype, seed, remote code), for
         ``grpokit.rollout.vllm_backend``."""
-        from grpokit.rollout.vllm_backend import VLLMSettings
+        from grpokit.rollout.vllm_common import VLLMSettings
 
         url = self.vllm_server_base_url
         completion = resolution.sampling_fields(self)["max_completion_length"]

@@ -67,7 +67,7 @@ import torch
 from torch import nn
 
 from grpokit.rollout.base import GenerationOutput, SamplingParams
-from grpokit.rollout.vllm_backend import (
+from grpokit.rollout.vllm_common import (
     ALTERNATIVE,
     VLLMSettings,
     VLLMUnavailableError,

@@ -45,7 +45,7 @@ from grpokit.reporting.publish import Publisher
 from grpokit.rewards.base import refuse_missing_columns
 from grpokit.rollout import RolloutBackend, SamplingParams
 from grpokit.rollout.records import RolloutBatch, Samples
-from grpokit.rollout.vllm_backend import require_vllm
+from grpokit.rollout.vllm_common import require_vllm
 from grpokit.sampling.async_draw import AsyncDrawer, check_async_generation, draws_ahead
 from grpokit.sampling.groups import DrawSettings, GroupDrawer, GroupSizes, Round, prompt_statistics
 from grpokit.sampling.off_policy import WeightSync, make_sampler
