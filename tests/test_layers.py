@@ -110,6 +110,75 @@ def test_the_rules_have_no_cycle():
             del remaining[room]
 
 
+def module_graph(root: Path) -> dict[str, set[str]]:
+    """module -> the grpokit modules it imports (every import, as above): ``from pkg import name`` counts as
+    ``pkg.name`` when that is a module, else as ``pkg`` (its ``__init__``)."""
+    modules = {module_name(path, root): path for path in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([node.module] if node.module else []))
+                for alias in node.names:
+                    targets.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+        graph[name] = {target for target in targets if target in modules and target != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_module_imports_itself_back():
+    """No cycle between modules either (function-local imports counted): a package's ``__init__`` imports
+    its modules, and none of them imports the package (or another module that leads back) in turn."""
+    assert cycles(module_graph(PACKAGE)) == []
+
+
+def test_a_planted_module_cycle_is_found(tmp_path):
+    root = tmp_path / "grpokit"
+    (root / "tasks").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "tasks" / "__init__.py").write_text("from grpokit.tasks.cold_start import warm\n")
+    (root / "tasks" / "cold_start.py").write_text("def warm():\n    from grpokit.tasks import get_task\n")
+    assert cycles(module_graph(root)) == [["grpokit.tasks", "grpokit.tasks.cold_start"]]
+
+
 def test_core_imports_only_torch():
     """Pure math: torch and the standard library, nothing else (no transformers, no files)."""
     import sys
