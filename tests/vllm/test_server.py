@@ -359,6 +359,19 @@ def test_pushed_weights_reach_the_server_and_the_originals_come_back(server, pol
     assert backend.generate(PROMPTS, 1, GREEDY).completion_ids == original
 
 
+def test_a_policy_with_a_tied_head_is_refused_by_a_cpu_server(server, tmp_path):
+    """vLLM's reload does not re-process a head tied to the embeddings, and on the CPU engine that head keeps
+    the server's starting weights (measured: after a push, greedy was neither the old nor the new model's):
+    refused at connection, naming colocate mode."""
+    tokenizer = build_char_tokenizer()
+    tied = build_tiny_model(
+        tokenizer, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, seed=0,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    with pytest.raises(VLLMServerConfigError, match=r"tie_word_embeddings=True.*vllm_mode='colocate'"):
+        make_server_backend(server_args(server, tmp_path).vllm_settings(), tied)
+
+
 def test_a_push_drops_the_prefix_cache_of_the_old_weights(server, policy_dir, tmp_path):
     """A prompt cached under the old weights is computed again under the new ones (its cached KV would
     give another completion)."""

@@ -86,6 +86,7 @@ __all__ = [
     "VLLMServerConfigError",
     "make_server_backend",
     "parse_completions",
+    "refuse_tied_head_on_cpu_server",
     "server_problems",
     "server_settings",
     "weight_metadata",
@@ -511,6 +512,23 @@ def require_nccl(url: str) -> None:
         )
 
 
+def refuse_tied_head_on_cpu_server(model: nn.Module, url: str) -> None:
+    """A CPU server cannot take the weights of a policy whose LM head is tied to its input embedding: vLLM's
+    in-place reload processes the layers whose weights it loads, a tied head loads none, and on the CPU
+    engine its packed copy (oneDNN's) keeps the weights the server started with; no endpoint can redo that
+    processing (colocate mode does it in process: ``vllm_backend.refresh_tied_heads``). Measured: after a
+    push the server's greedy completions were neither the old nor the new weights'."""
+    inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    config = getattr(inner, "config", None)
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    if getattr(text, "tie_word_embeddings", False):
+        raise VLLMServerConfigError(
+            f"the vLLM server at {url} runs on its CPU build, where a pushed policy with an LM head tied to "
+            "its embeddings (tie_word_embeddings=True) keeps the head's old weights (vLLM's reload does not "
+            "re-process a tied head); use vllm_mode='colocate', which does, or a GPU server"
+        )
+
+
 def make_server_backend(
     settings: VLLMSettings, model: nn.Module, *, step_sync: bool = False
 ) -> VLLMServerBackend:
@@ -531,6 +549,7 @@ def make_server_backend(
     server = client.check_server(push_weights=rank == 0)
     sender = None
     if rank == 0 and weight_route(server) == "directory":
+        refuse_tied_head_on_cpu_server(model, client.base_url)
         sender = DirectoryWeightSender(client)
     elif rank == 0:
         require_nccl(client.base_url)
