@@ -2,6 +2,11 @@
 
 Every process draws its own random numbers (sampling, the update's row order), so the RNG states are saved
 one per process, in process order (``rng_state.pt`` holds the list), and each process restores its own.
+
+Every file is read with an explicit ``map_location``: tensors saved from ``cuda:0`` would otherwise load
+back onto ``cuda:0`` in every process. The optimizer state and the extra state go to the reading process's
+own device, the rest to the CPU. A process that does not need a full state (FSDP's other processes, which
+receive their shards from the main one) reads none: ``load_checkpoint(read_full_states=False)``.
 """
 
 from __future__ import annotations
@@ -65,12 +70,23 @@ def _tuples(value: Any) -> Any:
     return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
-def load_checkpoint_file(file: Path) -> Any:
-    """A checkpoint file, with ``weights_only=True``: tensors and plain Python values only, never arbitrary
-    pickled objects (a checkpoint from elsewhere cannot run code when it is resumed). A file that holds such
-    objects is refused as that; one that is cut off or damaged as "corrupt or truncated"."""
+def device_name(device: torch.device | str) -> str:
+    """``device`` as the loaders take it: "cpu" for any CPU device (accelerate's can be "cpu:0", which
+    ``torch.load`` and safetensors do not know), else e.g. "cuda:3"."""
+    device = torch.device(device)
+    return "cpu" if device.type == "cpu" else str(device)
+
+
+def load_checkpoint_file(file: Path, map_location: Any = "cpu", *, mmap: bool = False) -> Any:
+    """A checkpoint file, its tensors on ``map_location`` (default the CPU: never the device it was saved
+    from), with ``weights_only=True``: tensors and plain Python values only, never arbitrary pickled objects
+    (a checkpoint from elsewhere cannot run code when it is resumed). ``mmap``: tensors are mapped from the
+    file and read only when touched (CPU only). A file that holds such objects is refused as that; one that
+    is cut off or damaged as "corrupt or truncated"."""
+    if isinstance(map_location, (str, torch.device)):
+        map_location = device_name(map_location)
     try:
-        return torch.load(file, weights_only=True)
+        return torch.load(file, weights_only=True, map_location=map_location, mmap=mmap)
     except Exception as err:  # torch raises UnpicklingError with its own explanation
         if not _holds_objects(err):
             raise corrupt(file, "resume_from_checkpoint", _first_line(err)) from err
@@ -160,10 +176,15 @@ def load_checkpoint(
     process_index: int = 0,
     num_processes: int = 1,
     load_optimizer_state: Any = None,
+    device: torch.device | str = "cpu",
+    read_full_states: bool = True,
 ) -> tuple[dict, dict]:
     """Restore optimizer, scheduler and this process's RNG states (``generator``'s too); return
     (trainer_state, extra_tensors). ``load_optimizer_state``: how a full optimizer state is loaded (FSDP);
-    default ``optimizer.load_state_dict``.
+    default ``optimizer.load_state_dict``. ``device``: this process's device, where the optimizer state and
+    the extra tensors are loaded. ``read_full_states=False``: the optimizer state is not read (an empty one
+    is passed to ``load_optimizer_state``, which receives it from the main process) and the extra state's
+    tensors are mapped, not read (the small values in it are used, the reference's weights are not).
 
     Model weights are loaded by the caller (``from_pretrained(path)`` or ``load_model_weights``).
     """
@@ -171,15 +192,22 @@ def load_checkpoint(
         raise FileNotFoundError(
             f"resume_from_checkpoint: {path} is not a grpokit checkpoint (no {STATE_FILE})"
         )
-    (load_optimizer_state or optimizer.load_state_dict)(load_checkpoint_file(path / "optimizer.pt"))
+    optimizer_state = load_checkpoint_file(path / "optimizer.pt", device) if read_full_states else {}
+    (load_optimizer_state or optimizer.load_state_dict)(optimizer_state)
     scheduler.load_state_dict(load_checkpoint_file(path / "scheduler.pt"))
     set_rng_state(process_rng_state(path, process_index, num_processes), generator)
-    extra = load_checkpoint_file(path / "extra_state.pt")
+    extra_file = path / "extra_state.pt"
+    extra = (
+        load_checkpoint_file(extra_file, device)
+        if read_full_states
+        else load_checkpoint_file(extra_file, "cpu", mmap=True)
+    )
     return read_json_file(path / STATE_FILE, "resume_from_checkpoint"), extra
 
 
-def read_model_weights(path: Path) -> dict[str, torch.Tensor]:
-    """The weights ``save_pretrained`` wrote to ``path`` (all safetensors files, or a PEFT adapter's)."""
+def read_model_weights(path: Path, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """The weights ``save_pretrained`` wrote to ``path`` (all safetensors files, or a PEFT adapter's), on
+    ``device``."""
     from safetensors.torch import load_file
 
     files = sorted(path.glob("*.safetensors"))
@@ -188,19 +216,20 @@ def read_model_weights(path: Path) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     for file in files:
         check_safetensors_file(file, "resume_from_checkpoint")
-        state.update(load_file(str(file)))
+        state.update(load_file(str(file), device=device_name(device)))
     return state
 
 
-def load_model_weights(model: torch.nn.Module, path: Path) -> None:
-    """Load the safetensors weights saved by ``save_pretrained`` into an existing model (strict).
+def load_model_weights(model: torch.nn.Module, path: Path, device: torch.device | str = "cpu") -> None:
+    """Load the safetensors weights saved by ``save_pretrained`` into an existing model (strict), read
+    onto ``device`` (the model's own, so no other device is touched).
 
     A PEFT model saved only its adapters: those are loaded into its adapters (the base weights are the
     ones it was built from, unchanged by training)."""
     if hasattr(model, "peft_config"):
-        _load_adapter_weights(model, path)
+        _load_adapter_weights(model, path, device)
         return
-    state = read_model_weights(path)
+    state = read_model_weights(path, device)
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {name for name in missing if "lm_head" in name}
     if set(missing) - tied or unexpected:
@@ -209,7 +238,7 @@ def load_model_weights(model: torch.nn.Module, path: Path) -> None:
         )
 
 
-def _load_adapter_weights(model: torch.nn.Module, path: Path) -> None:
+def _load_adapter_weights(model: torch.nn.Module, path: Path, device: torch.device | str) -> None:
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
@@ -217,7 +246,7 @@ def _load_adapter_weights(model: torch.nn.Module, path: Path) -> None:
     if not file.exists():
         raise FileNotFoundError(f"checkpoint {path} holds no adapter weights (adapter_model.safetensors)")
     check_safetensors_file(file, "resume_from_checkpoint")
-    result = set_peft_model_state_dict(model, load_file(str(file)))
+    result = set_peft_model_state_dict(model, load_file(str(file), device=device_name(device)))
     unexpected = list(getattr(result, "unexpected_keys", []) or [])
     adapter_missing = [k for k in getattr(result, "missing_keys", []) or [] if "lora_" in k]
     if unexpected or adapter_missing:

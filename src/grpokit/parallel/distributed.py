@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,6 +130,17 @@ class PreparedPolicy:
         generation."""
         return self.zero.generation_model if self.zero is not None else self.model
 
+    def micro_batch(self, last: bool) -> AbstractContextManager[Any]:
+        """The context of one micro-batch's forward and backward; ``last``: the optimizer step's last.
+        DDP: gradients are all-reduced only at the last (``no_sync`` before: one all-reduce per optimizer
+        step, not per micro-batch). DeepSpeed: the engine's accumulation boundary. FSDP: nothing (each
+        micro-batch's gradients are reduce-scattered into the shards; skipping it would keep every unit's
+        full gradients across micro-batches, the memory FSDP exists to save)."""
+        if self.zero is not None:
+            return self.zero.micro_batch(last)
+        no_sync = getattr(self.policy, "no_sync", None)  # DDP (several processes)
+        return nullcontext() if last or no_sync is None or self.sharded else no_sync()
+
     def generation_weights(self) -> Any:
         """A context with the full weights where generation reads them: FSDP gathers its units, ZeRO-3
         refreshes its generation copy."""
@@ -169,7 +181,7 @@ def prepare_policy(
         from grpokit.parallel.zero import ZeroEngine
 
         optimizer, scheduler = build_optimizers(model, args, total_optimizer_steps)
-        zero = ZeroEngine(runner.to(accelerator.device), model, optimizer, args)
+        zero = ZeroEngine(runner.to(accelerator.device), model, optimizer, args, accelerator.autocast)
         if reference is not None:
             reference.to(accelerator.device)
             if zero.stage == 3:

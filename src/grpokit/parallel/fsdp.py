@@ -120,22 +120,30 @@ def full_state_dict(root: nn.Module, prefix: str = "model.") -> dict[str, torch.
 
 
 def load_full_state_dict(
-    root: nn.Module, state: dict[str, torch.Tensor], prefix: str = "model.", *, strict: bool = True
+    root: nn.Module,
+    state: dict[str, torch.Tensor],
+    prefix: str = "model.",
+    *,
+    strict: bool = True,
+    from_main: bool = False,
 ) -> None:
-    """Load full weights (read on every process) into a sharded ``root``: each process keeps its shard.
-    ``strict=False`` for a partial state (a PEFT model's adapters)."""
+    """Load full weights into a sharded ``root``: each process keeps its shard. ``from_main``: only the
+    main process holds ``state`` (read from disk there) and sends it, tensor by tensor, to the others, which
+    pass an empty dict; otherwise every process passes the same full state. ``strict=False`` for a partial
+    state (a PEFT model's adapters). A collective."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    options = StateDictOptions(full_state_dict=True, strict=strict)
+    options = StateDictOptions(full_state_dict=True, strict=strict, broadcast_from_rank0=from_main)
     set_model_state_dict(root, {prefix + k: v for k, v in state.items()}, options=options)
 
 
-def load_sharded_weights(root: nn.Module, model: nn.Module, path: Any) -> None:
-    """Resume: the full weights a checkpoint holds, into the sharded ``root`` of ``model`` (a PEFT model's
-    adapters are restored from the checkpoint's extra state instead: ``parallel.run_state``)."""
+def load_sharded_weights(root: nn.Module, model: nn.Module, path: Any, *, is_main: bool) -> None:
+    """Resume: the full weights a checkpoint holds, read by the main process only and sent to the others'
+    shards (a PEFT model's adapters are restored from the checkpoint's extra state instead:
+    ``parallel.run_state``). A collective."""
     from grpokit.parallel.checkpoint import read_model_weights
 
-    load_full_state_dict(root, read_model_weights(path))
+    load_full_state_dict(root, read_model_weights(path) if is_main else {}, from_main=True)
 
 
 def full_optimizer_state(root: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -149,10 +157,12 @@ def full_optimizer_state(root: nn.Module, optimizer: torch.optim.Optimizer) -> d
 def load_full_optimizer_state(
     root: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
 ) -> None:
-    """Load a full optimizer state (read on every process) into the optimizer of a sharded ``root``."""
+    """Load a full optimizer state into the optimizer of a sharded ``root``: the main process holds it
+    (read from disk there) and sends it, tensor by tensor, to the others, which pass an empty dict. A
+    collective."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    options = StateDictOptions(full_state_dict=True)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     set_optimizer_state_dict(root, _bare(optimizer), optim_state_dict=state, options=options)
 
 

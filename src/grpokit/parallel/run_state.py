@@ -153,16 +153,19 @@ class RunState:
         path = plan.path
         settings = OptimizerSettings.capture(self.optimizer, self.scheduler)
         load_optimizer_state = None  # the optimizer's own load_state_dict
-        adapters = self.strategy == "fsdp" and hasattr(self.model, "peft_config")
-        if self.strategy == "fsdp":
+        device, main = self.accelerator.device, self.accelerator.is_main_process
+        sharded = self.strategy == "fsdp"  # full states read by the main process, sent to the shards
+        partitioned = sharded or (self.zero is not None and self.zero.stage == 3)  # the reference too
+        adapters = sharded and hasattr(self.model, "peft_config")
+        if sharded:
             if not adapters:  # adapters come from extra_state.pt below
-                fsdp.load_sharded_weights(self.policy, self.model, path)
+                fsdp.load_sharded_weights(self.policy, self.model, path, is_main=main)
             load_optimizer_state = partial(fsdp.load_full_optimizer_state, self.policy, self.optimizer)
         elif self.strategy == "zero":  # weights and this process's optimizer partition, from the engine
             self.zero.engine.load_checkpoint(str(path), tag=ZERO_TAG, load_lr_scheduler_states=False)
             load_optimizer_state = _loaded_by_the_engine
         else:
-            checkpoint.load_model_weights(self.model, path)
+            checkpoint.load_model_weights(self.model, path, device)
         state, extra = checkpoint.load_checkpoint(
             path,
             optimizer=self.optimizer,
@@ -171,10 +174,14 @@ class RunState:
             process_index=self.accelerator.process_index,
             num_processes=self.accelerator.num_processes,
             load_optimizer_state=load_optimizer_state,
+            device=device,
+            read_full_states=main or not partitioned,
         )
         settings.restore(self.optimizer, self.scheduler)
         if adapters:
-            fsdp.load_full_state_dict(self.policy, extra["adapters"], strict=False)
+            fsdp.load_full_state_dict(
+                self.policy, extra["adapters"] if main else {}, strict=False, from_main=True
+            )
         self.prompts.load_state_dict(state["prompts"])
         if self.reference is not None:
             self.reference.load_state_dict(extra.get("reference"))

@@ -8,28 +8,39 @@ dict, whose ``zero_optimization`` section is used) or by ``accelerate launch`` w
 grpokit builds the engine itself (``deepspeed.initialize`` around ``PolicyLogprobs``, the module whose
 forward is the lean log-prob pass), on CUDA and on CPU processes over gloo alike, with the run's own AdamW
 and schedule; everything grpokit decides is set here, whatever the file says: the micro-batch, the number
-of micro-batches per optimizer step, gradient clipping, and no DeepSpeed precision mode (mixed precision is
-accelerate's autocast, as without DeepSpeed, so the weights stay in their own dtype and
-``save_pretrained`` writes them whole). The update calls the engine's ``backward`` then ``step`` per
-micro-batch, as DeepSpeed expects; the optimizer steps at the last micro-batch.
+of micro-batches per optimizer step, gradient clipping, and no DeepSpeed precision mode. Mixed precision is
+accelerate's autocast, as without DeepSpeed: the engine's module runs its forward under the same autocast
+as the trainer's other passes (accelerate adds it only to what ``prepare`` wraps, and the engine is not),
+so the update, the old-policy and the reference passes compute in one precision (at learning rate 0 the
+ratio is exactly 1) while the weights stay in their own dtype (float32 master weights, and
+``save_pretrained`` writes them whole). fp16 is refused: it needs loss scaling, which the engine would do
+only in its own fp16 mode. The update calls the engine's ``backward`` then ``step`` per micro-batch, as
+DeepSpeed expects, with the accumulation boundary set explicitly (``set_gradient_accumulation_boundary``):
+the optimizer steps at the last micro-batch of grpokit's optimizer step, also when a step holds fewer
+micro-batches than ``gradient_accumulation_steps`` (ragged groups), so DeepSpeed's counter never drifts
+from the schedule. ZeRO-2 reduces the gradients of each micro-batch into their partitions (its design; no
+``no_sync``).
 
 Stage 3: DeepSpeed gathers a module's weights around its forward and backward. The lean log-prob pass reads
 the LM head's weight inside its fused chunked head rather than calling the module, so that weight is
 registered as an external parameter of the ``PolicyLogprobs`` root (gathered for the root's forward and
-backward). Generation reads weights directly too (the fast sampler's fused projections): it runs on a full
-copy of the policy kept on each device and refreshed from the gathered weights before every generation
-(the cost: one full copy of the weights per device, as FSDP's gather during generation). The reference is a
-second, inference-only engine (partitioned the same way); its reset and checkpoints gather weights
-explicitly (``gathered_params``).
+backward). Generation reads weights directly too (the fast sampler's fused projections): it runs on a copy
+of the policy whose tensors exist only during a generation call. Before each, the copy is filled one
+parameter at a time from the partitioned weights (one parameter gathered at a time, never the whole model);
+after it, the copy's storage is released (as TRL's ``unwrap_model_for_generation`` gathers the weights
+for the generation call only; the plan counts the copy in the generation phase). The reference is a
+second, inference-only engine (partitioned the same way, gathered module by module in its pass); its reset
+and the checkpoints gather one parameter at a time too (``gathered_params``).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -124,17 +135,31 @@ class ZeroEngine:
     ``model``), and the update's two hooks into it."""
 
     def __init__(
-        self, runner: torch.nn.Module, model: torch.nn.Module, optimizer: torch.optim.Optimizer, args: Any
+        self,
+        runner: torch.nn.Module,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        args: Any,
+        autocast: Callable[[], AbstractContextManager[Any]] | None = None,
     ) -> None:
+        """``autocast``: the trainer's mixed-precision context (``accelerator.autocast``), which the
+        engine's forward runs under (None: none)."""
         import deepspeed
 
+        if str(getattr(args, "mixed_precision", "no")) == "fp16" or getattr(args, "fp16", False):
+            raise ValueError(
+                "GRPOConfig.fp16 is not supported with DeepSpeed ZeRO: fp16 needs loss scaling, which the "
+                "engine applies only in its own fp16 mode; use bf16=true (no loss scaling needed)"
+            )
         self.model, self.stage = model, zero_stage(args)
-        # stage 3: a full copy to generate from, taken before the weights are partitioned
+        # stage 3: a copy to generate from, its tensors filled before each generation and released after
+        # (it starts full: samplers that copy the weights once at construction read it)
         self.generation_model = copy.deepcopy(model) if self.stage == 3 else model
-        policy = runner
-        _register_head(policy, model, self.stage)
+        if autocast is not None:
+            _run_forward_under(runner, autocast)
+        _register_head(runner, model, self.stage)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=policy, optimizer=optimizer, config=deepspeed_config(args)
+            model=runner, optimizer=optimizer, config=deepspeed_config(args)
         )
 
     @property
@@ -144,21 +169,36 @@ class ZeroEngine:
 
     @contextmanager
     def for_generation(self) -> Iterator[None]:
-        """Stage 3: refresh the generation copy from the gathered weights first."""
-        if self.stage == 3:
-            copies = dict(self.generation_model.named_parameters())
-            with gathered_params(self.model), torch.no_grad():
-                for name, param in self.model.named_parameters():
-                    copies[name].copy_(param)
-        yield
+        """Stage 3: the generation copy filled from the partitioned weights, one parameter gathered at a
+        time (a collective), for the duration; its storage released after. Below stage 3: nothing."""
+        if self.stage != 3:
+            yield
+            return
+        copies = dict(self.generation_model.named_parameters())
+        with torch.no_grad():
+            for name, param in self.model.named_parameters():
+                with gathered_params(param):
+                    copies[name].data = param.data.detach().clone()
+        try:
+            yield
+        finally:
+            for param in copies.values():  # the copy keeps its modules (and tied parameters), not its bytes
+                param.data = torch.empty(0, dtype=param.dtype, device=param.device)
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Stage 3: the full weights on the CPU (a collective); below: None (the model's own are whole)."""
         return gathered_state(self.model) if self.stage == 3 else None
 
+    @contextmanager
+    def micro_batch(self, last: bool) -> Iterator[None]:
+        """One micro-batch's forward and backward; ``last``: the last of grpokit's optimizer step, where the
+        engine's step updates the weights (the boundary set explicitly, whatever DeepSpeed's counter says)."""
+        self.engine.set_gradient_accumulation_boundary(last)
+        yield
+
     def backward(self, loss: torch.Tensor) -> None:
         """One micro-batch: backward (the loss is already scaled for accumulation), then the engine's step,
-        which only updates at the last micro-batch of an optimizer step."""
+        which only updates at the boundary ``micro_batch`` set."""
         self.engine.backward(loss, scale_wrt_gas=False)
         self.engine.step()
 
@@ -172,6 +212,19 @@ class ZeroEngine:
             return None if norm is None else torch.as_tensor(float(norm))
 
         return step
+
+
+def _run_forward_under(module: torch.nn.Module, context: Callable[[], AbstractContextManager[Any]]) -> None:
+    """``module``'s forward runs inside ``context()`` (what ``accelerator.prepare`` does for the modules it
+    wraps, here for the one DeepSpeed wraps)."""
+    forward = module.forward
+
+    @functools.wraps(forward)
+    def forward_in_context(*args: Any, **kwargs: Any) -> Any:
+        with context():
+            return forward(*args, **kwargs)
+
+    module.forward = forward_in_context
 
 
 def _register_head(root: torch.nn.Module, model: torch.nn.Module, stage: int) -> None:
@@ -199,28 +252,35 @@ def partitioned_runner(runner: torch.nn.Module, model: torch.nn.Module, args: An
 
 
 @contextmanager
-def gathered_params(module: torch.nn.Module, modifier_rank: int | None = None) -> Iterator[None]:
-    """The full weights of a stage-3 ``module`` for the duration (changes made on ``modifier_rank`` are
-    kept); on other modules nothing happens."""
+def gathered_params(*params: torch.nn.Parameter, modifier_rank: int | None = None) -> Iterator[None]:
+    """The full tensors of stage-3 ``params`` for the duration (changes made on ``modifier_rank`` are
+    kept); parameters DeepSpeed does not partition are left as they are. A collective."""
     import deepspeed
 
-    params = [p for p in module.parameters() if hasattr(p, "ds_id")]
-    if not params:
+    partitioned = [p for p in params if hasattr(p, "ds_id")]
+    if not partitioned:
         yield
         return
-    with deepspeed.zero.GatheredParameters(params, modifier_rank=modifier_rank):
+    with deepspeed.zero.GatheredParameters(partitioned, modifier_rank=modifier_rank):
         yield
 
 
 def gathered_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The full weights of a stage-3 ``module`` by name, on the CPU (a collective: every process calls
-    it)."""
-    with gathered_params(module):
-        return {name: p.detach().cpu().clone() for name, p in module.named_parameters()}
+    """The full weights of a stage-3 ``module`` by name, on the CPU, one parameter gathered at a time (a
+    collective: every process calls it)."""
+    state = {}
+    for name, param in module.named_parameters():
+        with gathered_params(param):
+            state[name] = param.detach().cpu().clone()
+    return state
 
 
-def load_gathered_state(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Full weights into a stage-3 ``module`` (a collective; every process reads the same state)."""
-    with gathered_params(module, modifier_rank=0), torch.no_grad():
+def load_gathered_state(module: torch.nn.Module, state: dict[str, torch.Tensor], *, is_main: bool) -> None:
+    """Full weights into a stage-3 ``module``, one parameter at a time: the main process's ``state`` is
+    copied into the gathered parameter and partitioned to every process (the others' ``state`` is not
+    read). A collective."""
+    with torch.no_grad():
         for name, param in module.named_parameters():
-            param.copy_(state[name])
+            with gathered_params(param, modifier_rank=0):
+                if is_main:
+                    param.copy_(state[name])

@@ -34,15 +34,27 @@ def sync_reference(reference: torch.nn.Module, policy: torch.nn.Module, alpha: f
     """
     policy_params = dict(policy.named_parameters())
     for name, ref_param in reference.named_parameters():
-        source = policy_params[name].detach().to(ref_param.dtype)
-        if alpha == 1.0:
-            ref_param.copy_(source)
-        else:
-            ref_param.mul_(1.0 - alpha).add_(source, alpha=alpha)
+        mix_into(ref_param, policy_params[name], alpha)
+    copy_buffers(reference, policy)
+
+
+@torch.no_grad()
+def copy_buffers(reference: torch.nn.Module, policy: torch.nn.Module) -> None:
+    """The policy's buffers (rotary tables, ...) into the reference's of the same name."""
     policy_buffers = dict(policy.named_buffers())
     for name, ref_buffer in reference.named_buffers():
         if name in policy_buffers:
             ref_buffer.copy_(policy_buffers[name])
+
+
+@torch.no_grad()
+def mix_into(ref_param: torch.Tensor, policy_param: torch.Tensor, alpha: float) -> None:
+    """ref <- alpha * policy + (1 - alpha) * ref for one parameter, in the reference's dtype."""
+    source = policy_param.detach().to(ref_param.dtype)
+    if alpha == 1.0:
+        ref_param.copy_(source)
+    else:
+        ref_param.mul_(1.0 - alpha).add_(source, alpha=alpha)
 
 
 class Reference:
@@ -134,11 +146,15 @@ class Reference:
         """ref <- alpha * policy + (1 - alpha) * ref (:func:`sync_reference`)."""
         if self.model is None:
             raise ValueError("the reference of a PEFT policy is its base model: it cannot be reset")
-        if self.zero3:  # gather both, change the reference's on one process, partition again
+        if self.zero3:  # parameter by parameter: gather both, change the reference's on one process
             from grpokit.parallel.zero import gathered_params
 
-            with gathered_params(self.model, modifier_rank=0), gathered_params(self.policy):
-                sync_reference(self.model, self.policy, alpha)
+            policy_params = dict(self.policy.named_parameters())
+            for name, ref_param in self.model.named_parameters():
+                source = policy_params[name]
+                with gathered_params(ref_param, modifier_rank=0), gathered_params(source):
+                    mix_into(ref_param, source, alpha)
+            copy_buffers(self.model, self.policy)  # buffers are not partitioned
             return
         if self.runner is not None:  # sharded: a root keeps its weights gathered after a no-grad forward
             self.runner.reshard()
@@ -161,16 +177,19 @@ class Reference:
         return self.model.state_dict()
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """The copy's weights from a checkpoint. Sharded or partitioned: only the main process's ``state``
+        is read (a collective)."""
         if self.model is None or state is None:
             return
-        if self.zero3:
+        main = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+        if self.zero3:  # partitioned: the main process's state, partitioned to every process
             from grpokit.parallel.zero import load_gathered_state
 
-            load_gathered_state(self.model, state)
-        elif self.runner is not None:
+            load_gathered_state(self.model, state, is_main=main)
+        elif self.runner is not None:  # sharded: the main process's state, sent to every shard
             from grpokit.parallel.fsdp import load_full_state_dict
 
-            load_full_state_dict(self.runner, state)
+            load_full_state_dict(self.runner, state if main else {}, from_main=True)
         else:
             self.model.load_state_dict(state)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,9 @@ class UpdateContext:
     sum_across_processes: Callable[[torch.Tensor], torch.Tensor]
     num_processes: int
     generator: torch.Generator
+    micro_batch: Callable[[bool], AbstractContextManager[Any]] = lambda last: nullcontext()  # around one
+    # micro-batch's forward and backward, given whether it is the optimizer step's last: gradients are
+    # synchronised there (DDP's no_sync before it, DeepSpeed's accumulation boundary at it)
 
     @classmethod
     def from_accelerator(
@@ -50,6 +54,7 @@ class UpdateContext:
             loss=loss,
             policy=policy,
             backward=backward,
+            micro_batch=placed.micro_batch,
             step=step,
             sum_across_processes=lambda t: accelerator.reduce(t.to(accelerator.device), "sum"),
             num_processes=accelerator.num_processes,
@@ -112,11 +117,12 @@ def _optimizer_step(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext)
     num_items = float(global_tokens) / ctx.num_processes
     divide_by_micro_batches = not ctx.loss.is_global
     metric_sums: dict[str, float] = defaultdict(float)
-    for rows in micro_batches:
-        loss, metrics = _micro_batch_loss(batch.select(rows), config, ctx, num_items)
-        if divide_by_micro_batches:
-            loss = loss / len(micro_batches)
-        ctx.backward(loss)
+    for index, rows in enumerate(micro_batches):
+        with ctx.micro_batch(index == len(micro_batches) - 1):  # gradients synchronised at the last
+            loss, metrics = _micro_batch_loss(batch.select(rows), config, ctx, num_items)
+            if divide_by_micro_batches:
+                loss = loss / len(micro_batches)
+            ctx.backward(loss)
         metric_sums["loss"] += float(loss.detach())  # micro-batch losses add up to the step's loss
         for name, value in metrics.items():
             metric_sums[name] += float(value) / len(micro_batches)
