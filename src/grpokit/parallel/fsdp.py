@@ -116,7 +116,21 @@ def full_state_dict(root: nn.Module, prefix: str = "model.") -> dict[str, torch.
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     state = get_model_state_dict(root, options=options)
-    return {k.removeprefix(prefix): v for k, v in state.items()}
+    # a tied weight (the LM head = the embeddings) under its first name only, as save_pretrained writes it
+    tied = _tied_names(root)
+    return {k.removeprefix(prefix): v for k, v in state.items() if k not in tied}
+
+
+def _tied_names(root: nn.Module) -> dict[str, str]:
+    """Each second name of a parameter that appears under several (a tied LM head) -> its first name."""
+    first: dict[int, str] = {}
+    tied = {}
+    for name, param in root.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            tied[name] = first[id(param)]
+        else:
+            first[id(param)] = name
+    return tied
 
 
 def load_full_state_dict(
@@ -134,7 +148,11 @@ def load_full_state_dict(
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, strict=strict, broadcast_from_rank0=from_main)
-    set_model_state_dict(root, {prefix + k: v for k, v in state.items()}, options=options)
+    state = {prefix + k: v for k, v in state.items()}
+    for name, first in _tied_names(root).items():  # a tied weight saved under its first name only
+        if first in state and name not in state:
+            state[name] = state[first]
+    set_model_state_dict(root, state, options=options)
 
 
 def load_sharded_weights(root: nn.Module, model: nn.Module, path: Any, *, is_main: bool) -> None:
