@@ -53,12 +53,17 @@ NO_EFFECT: dict[str, str] = {
     "eval_do_concat_batches": "grpokit's evaluation reports reward means, not predictions",
     "eval_use_gather_object": "grpokit's evaluation gathers rewards with gather_object already",
     "log_multimodal": "grpokit trains text models",
-    "ds3_gather_for_generation": "ZeRO-3 generation always reads a full copy of the weights",
     "logging_nan_inf_filter": "grpokit logs a NaN/inf metric as null and skips (and counts) NaN/inf steps",
 }
 
 # name -> (values that leave the feature off, why grpokit refuses any other value)
 REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "ds3_gather_for_generation": (
+        (True,),
+        "ZeRO-3 generation gathers the full weights for each generation call (TRL's default), one "
+        "parameter at a time into a copy released after it; generating through per-module gathers is not "
+        "offered",
+    ),
     "vllm_structured_outputs_regex": (
         (None,),
         "structured outputs (regex-constrained decoding) are not supported by grpokit's vLLM backend",
