@@ -1,5 +1,7 @@
 """RewardModel: a tiny sequence-classification model loaded from disk scores prompt + completion."""
 
+import os
+
 import pytest
 import torch
 
@@ -61,3 +63,34 @@ def test_loaded_module_needs_a_tokenizer(reward_model):
 def test_resolve_reward_loads_a_model_directory(reward_model_dir):
     model = resolve_reward(str(reward_model_dir), batch_size=4)
     assert isinstance(model, RewardModel) and model.batch_size == 4
+
+
+def test_resolve_reward_loads_a_hub_id_from_the_local_cache_offline(reward_model_dir, tmp_path):
+    """A reward model named by its Hub id (as TRL takes it: ``reward_funcs="org/name"``) loads from the
+    local Hugging Face cache with the Hub offline; its scores equal the model directory's; an id that is in
+    no cache is refused naming what was tried."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    snapshot = tmp_path / "hub" / "models--someone--tiny-rm" / "snapshots" / "0123abcd"
+    shutil.copytree(reward_model_dir, snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("0123abcd")
+    script = (
+        "import json; from grpokit.rewards import resolve_reward\n"
+        "rm = resolve_reward('someone/tiny-rm')\n"
+        "scores = rm(prompts=['1+1='], completions=['2'], completion_ids=[[0]])\n"
+        "try:\n    resolve_reward('someone/missing-rm')\nexcept ValueError as e:\n    error = str(e)\n"
+        "print(json.dumps({'name': rm.__name__, 'scores': scores, 'error': error}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_HUB_CACHE=str(tmp_path / "hub"), HF_HUB_OFFLINE="1")
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    local = resolve_reward(str(reward_model_dir))
+    assert seen["name"] == "tiny-rm"
+    assert seen["scores"] == pytest.approx(local(prompts=["1+1="], completions=["2"], completion_ids=[[0]]))
+    assert "'someone/missing-rm'" in seen["error"] and "Hub model id" in seen["error"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -78,6 +79,22 @@ def _is_model_dir(spec: str) -> bool:
     return os.path.isdir(spec) and os.path.isfile(os.path.join(spec, "config.json"))
 
 
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def _is_hub_model(spec: str) -> bool:
+    """Whether ``spec`` is a Hub model id (``org/name``, as TRL takes a reward model) whose ``config.json``
+    is in the local Hugging Face cache or, unless ``HF_HUB_OFFLINE`` is set, can be fetched from the Hub."""
+    if not _HUB_ID.match(spec) or os.path.exists(spec):
+        return False
+    from transformers.utils import cached_file
+
+    try:
+        return cached_file(spec, "config.json", _raise_exceptions_for_missing_entries=False) is not None
+    except OSError:  # not on the Hub, no network, or offline and not cached
+        return False
+
+
 def _import(spec: str) -> Any:
     """``package.module:attr`` or ``package.module.attr`` -> the object; None when it does not import."""
     module_name, _, attr = spec.partition(":") if ":" in spec else spec.rpartition(".")
@@ -106,6 +123,7 @@ def resolve_reward(spec: Any, **kwargs: Any) -> Any:
     * a built-in name (``sorted(BUILTIN_REWARDS)``; ``_reward`` suffixes accepted): the default instance,
       or the factory called with ``kwargs``. ``soft_overlong_punishment`` and ``format`` need arguments;
     * a local directory with a ``config.json``: a :class:`RewardModel` (sequence classification);
+    * a Hub model id (``org/name``) in the local Hugging Face cache or on the Hub: the same, as TRL;
     * ``package.module:attr`` or ``package.module.attr``: the imported object, called with ``kwargs`` when
       there are any (then it is a factory);
     * a mapping ``{"name": spec, **kwargs}`` (for YAML recipes): ``resolve_reward(spec, **kwargs)``.
@@ -127,7 +145,7 @@ def resolve_reward(spec: Any, **kwargs: Any) -> Any:
     name = _ALIASES.get(text, text)
     if name in BUILTIN_REWARDS:
         return _builtin(name, kwargs)
-    if _is_model_dir(text):
+    if _is_model_dir(text) or _is_hub_model(text):
         from grpokit.rewards.reward_model import RewardModel
 
         return RewardModel(text, **kwargs)
@@ -136,7 +154,8 @@ def resolve_reward(spec: Any, **kwargs: Any) -> Any:
         return target(**kwargs) if kwargs else target
     raise ValueError(
         f"unknown reward {text!r}: not a built-in ({', '.join(sorted(BUILTIN_REWARDS))}), "
-        "not a directory holding a sequence-classification model, and not an importable module:attr path"
+        "not a directory holding a sequence-classification model, not a Hugging Face Hub model id "
+        "(org/name) found in the local cache or on the Hub, and not an importable module:attr path"
     )
 
 
