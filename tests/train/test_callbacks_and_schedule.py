@@ -90,13 +90,39 @@ def test_callbacks_get_every_event_in_trl_order_with_the_state(tiny_model_dir, r
         expected += [(e[0], s - 1 if e[0] == "step_begin" else s) for e in step]
         if s == 2:
             expected.append(("epoch_end", 2))
-    expected.append(("train_end", 3))
+    expected += [("log", 3), ("train_end", 3)]  # the run's summary is logged last, as transformers does
     assert [(e, s) for e, s, _ in recorder.events] == expected
     assert [epoch for e, _, epoch in recorder.events if e == "step_end"] == [0.5, 1.0, 1.5]
-    assert recorder.logs == [{k: v for k, v in r.items() if k != "step"} for r in metrics_steps(tmp_path)]
+    steps = metrics_steps(tmp_path)
+    assert recorder.logs[:-1] == [{k: v for k, v in r.items() if k != "step"} for r in steps]
     assert recorder.objects["model"] is trainer.model and recorder.objects["optimizer"] is trainer.optimizer
     assert recorder.objects["processing_class"] is trainer.tokenizer
-    assert [r["step"] for r in trainer.callbacks.state.log_history] == [1, 2, 3]
+    # TRL's trainer.state: every logged step, then the summary with train_loss (the steps' mean loss)
+    assert trainer.state is trainer.callbacks.state
+    assert trainer.state.global_step == trainer.state.max_steps == 3
+    assert [r["step"] for r in trainer.state.log_history] == [1, 2, 3, 3]
+    summary = trainer.state.log_history[-1]
+    assert summary["train_loss"] == pytest.approx(sum(r["loss"] for r in steps) / 3)
+    assert summary["epoch"] == 1.5 and summary["train_runtime"] > 0 and "loss" not in summary
+
+
+def test_train_returns_the_logged_steps_with_trainoutput_fields(tiny_model_dir, rows, tmp_path):
+    """``train()`` returns the logged metrics (a list) carrying transformers' TrainOutput fields; a reward
+    function gets the TrainerState as ``trainer_state`` (TRL's attribute access, and grpokit's keys)."""
+    seen = []
+
+    def state_reward(prompts, completions, completion_ids, trainer_state, **kwargs):
+        seen.append((trainer_state.global_step, trainer_state["max_steps"]))
+        return [1.0] * len(completions)
+
+    config = small_config(tmp_path, max_steps=2, beta=0.0)
+    trainer = GRPOTrainer(str(tiny_model_dir), [digit_reward, state_reward], config, train_dataset=rows)
+    trainer.backend = ScriptedBackend(trainer.tokenizer, lambda prompt, i: ["2", "5", "12", "77"][i % 4])
+    result = trainer.train()
+    assert [r["step"] for r in result] == [1, 2] and result.global_step == 2
+    assert result.training_loss == pytest.approx((result[0]["loss"] + result[1]["loss"]) / 2)
+    assert result.metrics == {k: v for k, v in trainer.state.log_history[-1].items() if k != "step"}
+    assert seen == [(0, 2), (1, 2)]  # the state as the step began
 
 
 def test_a_callback_can_stop_the_run_and_ask_for_a_checkpoint(tiny_model_dir, rows, tmp_path):

@@ -8,16 +8,23 @@ Events: ``on_init_end``, ``on_train_begin``, ``on_step_begin``, ``on_step_end``,
 its updates), the unit of ``logging_steps``/``save_steps``/``eval_steps`` here. A callback may set
 ``control.should_training_stop`` (the run ends after this step, with the final model saved),
 ``control.should_save`` (a checkpoint now) or ``control.should_evaluate`` (an evaluation now).
+
+The state is also ``GRPOTrainer.state`` (TRL's ``trainer.state``: ``global_step``, ``max_steps``,
+``log_history``, whose last entry after ``train()`` is the run's summary with ``train_loss`` as
+transformers writes it), and reward functions receive a snapshot of it as ``trainer_state`` (TRL passes the
+``TrainerState``; ``trainer_state["global_step"]`` works too).
 """
 
 from __future__ import annotations
 
+import copy
+import math
 from collections.abc import Iterable
 from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState
 
-__all__ = ["Callbacks"]
+__all__ = ["Callbacks", "KeyedTrainerState", "TrainHistory", "run_summary"]
 
 _EVENTS = (
     "on_init_end",
@@ -30,6 +37,46 @@ _EVENTS = (
     "on_epoch_end",
     "on_train_end",
 )
+
+
+class KeyedTrainerState(TrainerState):
+    """transformers' ``TrainerState`` whose fields also read as keys (``state["global_step"]``), so a reward
+    function written for TRL (``trainer_state.global_step``) and one indexing a dict both work."""
+
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return getattr(self, name)
+        except AttributeError:
+            raise KeyError(name) from None
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return getattr(self, name, default)
+
+
+class TrainHistory(list):
+    """What ``GRPOTrainer.train()`` returns: the logged metrics of each logged step (a list, as grpokit
+    always returned), with the fields of transformers' ``TrainOutput`` as attributes: ``global_step``,
+    ``training_loss`` (the mean loss of the steps this call trained) and ``metrics`` (the run's summary:
+    ``train_runtime``, ``train_steps_per_second``, ``train_loss``, ``epoch``)."""
+
+    def __init__(self, logged: Iterable[dict[str, float]], global_step: int, metrics: dict[str, float]):
+        super().__init__(logged)
+        self.global_step = global_step
+        self.training_loss = metrics.get("train_loss", float("nan"))
+        self.metrics = metrics
+
+
+def run_summary(losses: list[float], runtime: float, steps: int, epoch: float) -> dict[str, float]:
+    """The summary transformers' ``Trainer`` logs when ``train()`` ends: ``train_runtime`` (s),
+    ``train_steps_per_second``, ``train_loss`` (the mean loss of the ``steps`` trained, NaN steps left
+    out) and ``epoch``."""
+    finite = [loss for loss in losses if math.isfinite(loss)]
+    return {
+        "train_runtime": round(runtime, 4),
+        "train_steps_per_second": round(steps / runtime, 3) if runtime > 0 else 0.0,
+        "train_loss": sum(finite) / len(finite) if finite else math.nan,
+        "epoch": epoch,
+    }
 
 
 class Callbacks:
@@ -48,7 +95,7 @@ class Callbacks:
                 )
         self.args = args
         self.objects = objects
-        self.state = TrainerState()
+        self.state = KeyedTrainerState()
         self.control = TrainerControl()
 
     def __bool__(self) -> bool:
@@ -86,6 +133,10 @@ class Callbacks:
         self.state.global_step = step
         self.state.epoch = epoch
         return self.event("on_step_end")
+
+    def snapshot(self) -> KeyedTrainerState:
+        """A copy of the state as it is now (what a reward function receives as ``trainer_state``)."""
+        return copy.copy(self.state)
 
     def log(self, logs: dict[str, float]) -> None:
         self.state.log_history.append({**logs, "step": self.state.global_step})

@@ -11,12 +11,15 @@ step hooks (``grpokit.train.hooks``). Helpers get what they need as arguments; n
 
 from __future__ import annotations
 
+import math
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate.utils import gather_object, set_seed
 from tqdm.auto import tqdm
+from transformers import TrainerState
 
 from grpokit.config import GRPOConfig
 from grpokit.config.trl_fields import refuse_trainer_arguments
@@ -37,7 +40,7 @@ from grpokit.parallel.distributed import (
 from grpokit.parallel.run_state import RunState
 from grpokit.parallel.stopping import NonfiniteGuard, StopSignals
 from grpokit.parallel.threads import ThreadPolicy
-from grpokit.reporting.callbacks import Callbacks
+from grpokit.reporting.callbacks import Callbacks, TrainHistory, run_summary
 from grpokit.reporting.completion_log import CompletionLog
 from grpokit.reporting.metrics import PhaseTimer, progress_fields, reward_means, step_metrics
 from grpokit.reporting.metrics_log import MetricsLogger, plot_metrics
@@ -218,6 +221,7 @@ class GRPOTrainer:
             callbacks, self.args, model=self.model, processing_class=self.tokenizer,
             optimizer=self.optimizer, lr_scheduler=self.scheduler,
         )  # fmt: skip
+        self.callbacks.state.max_steps = self.max_steps  # (TRL's trainer.state, read by reward functions)
         self.step = 0
         self.guard = NonfiniteGuard(self.args.max_nonfinite_steps)  # NaN/inf steps in a row stop the run
         self.stopped_by: str | None = None  # the signal that ended train() early (SIGTERM, SIGINT)
@@ -241,20 +245,30 @@ class GRPOTrainer:
         return self.placed.generation_model
 
     @property
+    def state(self) -> TrainerState:
+        """transformers' ``TrainerState`` of the run, as TRL's ``trainer.state``: ``global_step``,
+        ``max_steps``, ``log_history`` (every logged step, then the run's summary with ``train_loss``)."""
+        return self.callbacks.state
+
+    @property
     def sharded(self) -> bool:
         """Whether the weights are sharded (FSDP)."""
         return self.placed.sharded
 
     # ------------------------------------------------------------------------------------------------
-    def train(self, resume_from_checkpoint: str | bool | None = None) -> list[dict[str, float]]:
-        """Run ``max_steps`` GRPO steps; returns the logged metrics. Saves the final model to output_dir.
-        SIGTERM/SIGINT end it after the current step with a checkpoint (``stopped_by`` names the signal)."""
+    def train(self, resume_from_checkpoint: str | bool | None = None) -> TrainHistory:
+        """Run ``max_steps`` GRPO steps; returns the logged metrics (a list, with transformers'
+        ``TrainOutput`` fields as attributes: ``global_step``, ``training_loss``, ``metrics``). Saves the
+        final model to output_dir. SIGTERM/SIGINT end it after the current step with a checkpoint
+        (``stopped_by`` names the signal). The run's summary (``train_loss``: the mean loss of the steps
+        trained, ``train_runtime``, ``train_steps_per_second``, ``epoch``) ends ``state.log_history``."""
         resume = resume_from_checkpoint or self.args.resume_from_checkpoint
         self.run_state.refuse_to_overwrite(self.args, resume, self.step)
         if resume:
             self.step = self.run_state.resume(resume, self.args.output_dir)
             self.weight_sync.mark_changed()  # the restored weights reach vLLM before its next generation
         history: list[dict[str, float]] = []
+        started, first_step, losses = time.perf_counter(), self.step, []
         main = self.accelerator.is_main_process
         hide = self.args.disable_tqdm or not self.accelerator.is_local_main_process
         bar = tqdm(total=self.max_steps, initial=self.step, desc="GRPO", disable=hide)
@@ -273,6 +287,7 @@ class GRPOTrainer:
                     break
                 callbacks.step_begin()
                 metrics = self.training_step()
+                losses.append(metrics.get("loss", math.nan))
                 if self.threads is not None:  # no more torch threads than the cores left idle
                     self.threads.after_step()
                 self.step += 1
@@ -300,8 +315,11 @@ class GRPOTrainer:
             if main:
                 plot_metrics(self.logger.read(), Path(self.args.output_dir) / "metrics.png")
             self.publisher.run_finished(self.reward_names, self.logger.read)
+        summary = run_summary(losses, time.perf_counter() - started, self.step - first_step,
+                              schedule.epoch(self.step))  # fmt: skip
+        callbacks.log(summary)  # the last entry of state.log_history, as transformers' Trainer writes it
         callbacks.event("on_train_end")
-        return history
+        return TrainHistory(history, self.step, summary)
 
     def _log(self, step: int, metrics: dict[str, float], history: list[dict[str, float]]) -> None:
         """Write one step's metrics to every sink and tell the callbacks."""
@@ -409,7 +427,7 @@ class GRPOTrainer:
     def reward_matrix(self, samples: Samples) -> tuple[torch.Tensor, dict[str, float]]:
         """``(rewards [n, F] with NaN for None, rewards/<name>/failures)`` under ``reward_failure`` and
         ``reward_timeout``."""
-        state = {"global_step": self.step, "max_steps": self.max_steps}
+        state = self.callbacks.snapshot()  # TRL passes the TrainerState (global_step, max_steps, ...)
         return score_samples(
             self.reward_funcs, samples, state, self.args.reward_failure, self.args.reward_timeout
         )
