@@ -141,3 +141,12 @@ def test_the_migration_guide_lists_every_refused_and_no_effect_field_with_its_re
         assert f"| `{name}` |" in guide and why in guide, name
     for name, why in NO_EFFECT.items():
         assert f"`{name}`" in guide and why in guide, name
+
+
+def test_scale_rewards_takes_trls_legacy_booleans():
+    """TRL still reads scale_rewards=True as "group" and False as "none" (its __post_init__)."""
+    assert GRPOConfig(scale_rewards=True).scale_rewards == "group"
+    assert GRPOConfig(scale_rewards=False).scale_rewards == "none"
+    assert GRPOConfig.from_dict({"scale_rewards": False}).scale_rewards == "none"
+    with pytest.raises(ValueError, match=r"GRPOConfig.scale_rewards must be one of"):
+        GRPOConfig(scale_rewards="sometimes")

@@ -116,3 +116,7 @@ LITERALS = {
 }
 """Each enumerated field -> its ``Literal`` type (a test checks every GRPOConfig field with a Literal type is
 here and uses it)."""
+
+LEGACY_BOOLEANS = {"scale_rewards": {True: "group", False: "none"}}
+"""Enumerated fields TRL still takes as booleans, and the choice each stands for (TRL maps them the same
+way in its ``GRPOConfig.__post_init__``)."""

@@ -45,6 +45,7 @@ import yaml
 from grpokit.config import resolution
 from grpokit.config.batch_plan import BatchPlan, plan_batch
 from grpokit.config.choices import (
+    LEGACY_BOOLEANS,
     Dtype,
     GenerationBackend,
     HubStrategy,
@@ -574,6 +575,8 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
         admit it means the default (TRL writes None for "not set"); ``report_to`` as a list of names."""
         for spec in dataclasses.fields(self):
             value = getattr(self, spec.name)
+            if isinstance(value, bool) and spec.name in LEGACY_BOOLEANS:  # TRL's older values
+                value = LEGACY_BOOLEANS[spec.name][value]
             annotation = field_types(type(self))[spec.name]
             if value is None and not admits_none(annotation):
                 setattr(self, spec.name, _default(spec))
