@@ -306,3 +306,21 @@ def test_completions_are_logged_and_printed(tiny_model_dir, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert printed.count("[step 2]") == 2 and printed.count("[step 3]") == 2
     assert "completion: '2'" in printed
+
+
+def test_trl_attributes_ref_model_and_datasets(tiny_model_dir, rows, tmp_path):
+    """TRL's trainer.ref_model (a frozen copy equal to the policy at the start; None without a KL term) and
+    trainer.train_dataset / eval_dataset as given."""
+    trainer = GRPOTrainer(
+        str(tiny_model_dir), [digit_reward], make_config(tmp_path, beta=0.04), train_dataset=rows,
+        eval_dataset=rows[:2],
+    )  # fmt: skip
+    assert trainer.train_dataset is rows and trainer.eval_dataset == rows[:2]
+    reference = trainer.ref_model
+    assert reference is not None and reference is not trainer.model
+    assert not any(p.requires_grad for p in reference.parameters())
+    for (name, ref), (_, param) in zip(reference.named_parameters(), trainer.model.named_parameters()):
+        assert torch.equal(ref, param), name
+    no_kl = GRPOTrainer(str(tiny_model_dir), [digit_reward], make_config(tmp_path / "b", beta=0.0),
+                        train_dataset=rows)  # fmt: skip
+    assert no_kl.ref_model is None

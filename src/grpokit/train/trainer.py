@@ -144,6 +144,7 @@ class GRPOTrainer:
         remote = self.args.trust_remote_code
         self.tokenizer = processing_class if processing_class is not None else tokenizer_of(model, remote)
         check_special_tokens(self.tokenizer)
+        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset  # as given (TRL's attributes)
         self.train_rows = self._load_rows(train_dataset, "train_dataset")
         self.eval_rows = self._load_rows(eval_dataset, "eval_dataset") if eval_dataset is not None else None
         # G episodes per prompt instead of G completions when the run has an environment (grpokit.envs)
@@ -249,6 +250,12 @@ class GRPOTrainer:
         """transformers' ``TrainerState`` of the run, as TRL's ``trainer.state``: ``global_step``,
         ``max_steps``, ``log_history`` (every logged step, then the run's summary with ``train_loss``)."""
         return self.callbacks.state
+
+    @property
+    def ref_model(self) -> torch.nn.Module | None:
+        """The frozen reference model (TRL's ``trainer.ref_model``): None when ``beta`` is 0 or the policy is
+        a PEFT model (its reference is the base with the adapters disabled)."""
+        return None if self.reference is None else self.reference.model
 
     @property
     def sharded(self) -> bool:
