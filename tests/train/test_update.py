@@ -120,3 +120,37 @@ def test_shuffle_keeps_groups_whole_when_micro_batches_hold_whole_groups():
     assert sorted(order.reshape(-1).tolist()) == list(range(16))
     for group in order:  # each block of 4 is one group k*4 .. k*4+3, in order
         assert group.tolist() == list(range(int(group[0]), int(group[0]) + 4)) and int(group[0]) % 4 == 0
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_entropy_bonus_gradient_equals_the_plain_computation(tiny_model_dir, accumulation):
+    """entropy_coef c with zero advantages (no policy-gradient term, beta 0): the update's gradient is that
+    of -c * H, H the mean per-token entropy of each micro-batch's completion tokens averaged over the
+    micro-batches (TRL's bonus), computed here from a full forward's logits."""
+    batch = make_batch()
+    batch.advantages = torch.zeros(len(batch))
+    coef, rows = 0.3, 8 // accumulation
+    (seen,) = gradients(
+        tiny_model_dir, batch, entropy_coef=coef, per_device_train_batch_size=rows,
+        gradient_accumulation_steps=accumulation,
+    )  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    bonus = 0.0
+    for start in range(0, len(batch), rows):
+        part = batch.select(torch.arange(start, start + rows))
+        ids = torch.cat([part.prompt_ids, part.completion_ids], dim=1)
+        logits = model(ids).logits[:, part.prompt_ids.shape[1] - 1 : -1].float()  # [n, C, V]
+        logp = torch.log_softmax(logits, dim=-1)
+        entropy = -(logp.exp() * logp).sum(-1)  # [n, C]
+        mask = part.completion_mask.float()
+        bonus = bonus + (entropy * mask).sum() / mask.sum() / accumulation
+    (-coef * bonus).backward()
+    expected = [p.grad for p in model.parameters()]
+    assert max(float(g.abs().max()) for g in expected) > 1e-4
+    for got, want in zip(seen, expected):
+        torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-4)
+
+
+def test_entropy_coef_must_be_finite():
+    with pytest.raises(ValueError, match=r"GRPOConfig.entropy_coef"):
+        GRPOConfig(entropy_coef=float("inf"))

@@ -235,6 +235,10 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     """Exclude completions that hit max_completion_length without EOS from the loss (DAPO)."""
     top_entropy_quantile: float = 1.0
     """Train only on the highest-entropy fraction of tokens (1.0 = all tokens)."""
+    entropy_coef: float = 0.0
+    """Entropy bonus (TRL's): the loss becomes L - entropy_coef * H, H the mean per-token entropy of the
+    micro-batch's completion tokens (those the loss trains on with top_entropy_quantile), the same for every
+    loss_type. Positive values push against entropy collapse; 0 (default) adds nothing."""
     sapo_temperature_pos: float = 1.0
     """SAPO gate temperature for positive advantages."""
     sapo_temperature_neg: float = 1.05

@@ -26,6 +26,7 @@ logger = logging.getLogger("grpokit")
 _DATALOADER = "grpokit indexes the prompts in memory and has no DataLoader"
 _DDP = "grpokit wraps the policy itself (docs/scaling.md) and sets the DDP options it needs"
 _LOGGING = "grpokit logs through Python logging and metrics.jsonl, not the Trainer's log levels"
+_ADAPTIVE_ENTROPY = "adaptive entropy control (Skywork-OR1) is not implemented; a constant entropy_coef is"
 _SCRIPT = "it only tells TRL's example scripts what to run; grpokit's train() always trains"
 
 NO_EFFECT: dict[str, str] = {
@@ -137,12 +138,11 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "vespo_lambda_pos": ((3.0,), "the VESPO loss is not implemented"),
     "vespo_k_neg": ((3.0,), "the VESPO loss is not implemented"),
     "vespo_lambda_neg": ((2.0,), "the VESPO loss is not implemented"),
-    "entropy_coef": ((0, 0.0), "an entropy bonus is not implemented (top_entropy_quantile is)"),
-    "use_adaptive_entropy": ((False,), "an entropy bonus is not implemented"),
-    "entropy_coef_min": ((0, 0.0), "an entropy bonus is not implemented"),
-    "entropy_coef_max": ((1, 1.0), "an entropy bonus is not implemented"),
-    "entropy_coef_delta": ((0.005,), "an entropy bonus is not implemented"),
-    "entropy_target": ((0.2,), "an entropy bonus is not implemented"),
+    "use_adaptive_entropy": ((False,), _ADAPTIVE_ENTROPY),
+    "entropy_coef_min": ((0, 0.0), _ADAPTIVE_ENTROPY),
+    "entropy_coef_max": ((1, 1.0), _ADAPTIVE_ENTROPY),
+    "entropy_coef_delta": ((0.005,), _ADAPTIVE_ENTROPY),
+    "entropy_target": ((0.2,), _ADAPTIVE_ENTROPY),
     "off_policy_mask_threshold": ((None,), "off-policy sequence masking is not implemented yet"),
     "log_unique_prompts": ((False,), "completions.jsonl (log_completions) holds every prompt"),
     "log_completions_hub_repo": ((None,), "completions go to <output_dir>/completions.jsonl"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from types import SimpleNamespace
 from typing import Any
 
@@ -148,6 +149,7 @@ def _check_batch(c: Any) -> None:
 
 def _check_objective(c: Any) -> None:
     _in_range(c, "top_entropy_quantile", 0, 1, closed="(]")
+    require(math.isfinite(c.entropy_coef), "entropy_coef", f"must be a finite number, got {c.entropy_coef}")
     _at_least(c, "advantage_epsilon", 0)
     timeout = c.reward_timeout
     require(timeout is None or timeout > 0, "reward_timeout", "must be > 0 seconds (or None: unbounded)")

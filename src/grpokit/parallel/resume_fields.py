@@ -145,7 +145,7 @@ EVERY_STEP_FIELDS: dict[str, str] = {
     ),
     "the objective": (
         "epsilon epsilon_high delta loss_type importance_sampling_level use_bias_correction_kl "
-        "scale_rewards mask_truncated_completions top_entropy_quantile sapo_temperature_pos "
+        "scale_rewards mask_truncated_completions top_entropy_quantile entropy_coef sapo_temperature_pos "
         "sapo_temperature_neg reward_weights multi_objective_aggregation reward_failure "
         "reward_timeout advantage_epsilon max_grad_norm max_nonfinite_steps"
     ),

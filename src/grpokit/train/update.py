@@ -122,6 +122,9 @@ def _optimizer_step(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext)
             loss, metrics = _micro_batch_loss(batch.select(rows), config, ctx, num_items)
             if divide_by_micro_batches:
                 loss = loss / len(micro_batches)
+            bonus = metrics.pop("entropy_bonus", None)  # mean entropy H, with its gradient (entropy_coef)
+            if bonus is not None:  # a per-micro-batch mean, whatever the loss type's normalisation (as TRL)
+                loss = loss - config.entropy_coef * bonus / len(micro_batches)
             ctx.backward(loss)
         metric_sums["loss"] += float(loss.detach())  # micro-batch losses add up to the step's loss
         for name, value in metrics.items():
@@ -181,4 +184,7 @@ def _micro_batch_loss(
     )
     metrics = dict(metrics)
     metrics["entropy"] = (entropy.detach() * mask).sum() / mask.sum().clamp(min=1)
+    if config.entropy_coef != 0.0:  # H over the tokens the loss trains on, with its gradient
+        trained = mask * keep if config.top_entropy_quantile < 1.0 else mask
+        metrics["entropy_bonus"] = (entropy * trained).sum() / trained.sum().clamp(min=1)
     return loss, metrics
