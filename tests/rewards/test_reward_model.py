@@ -94,3 +94,29 @@ def test_resolve_reward_loads_a_hub_id_from_the_local_cache_offline(reward_model
     assert seen["name"] == "tiny-rm"
     assert seen["scores"] == pytest.approx(local(prompts=["1+1="], completions=["2"], completion_ids=[[0]]))
     assert "'someone/missing-rm'" in seen["error"] and "Hub model id" in seen["error"]
+
+
+def test_a_loaded_model_and_reward_processing_classes_as_trl_passes_them(reward_model_dir, tmp_path):
+    """TRL's forms: a loaded sequence-classification model in reward_funcs (named after its source, scored
+    with its own tokenizer), and reward_processing_classes giving each reward model's tokenizer (None for a
+    plain function); a count that does not match is refused."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from grpokit.rewards import resolve_rewards
+
+    loaded = AutoModelForSequenceClassification.from_pretrained(reward_model_dir)
+    by_dir = resolve_reward(str(reward_model_dir))
+    (from_object,) = resolve_rewards([loaded])
+    args = {"prompts": ["1+1="], "completions": ["2"], "completion_ids": [[0]]}
+    assert from_object.__name__ == "tiny-rm"
+    assert from_object(**args) == pytest.approx(by_dir(**args))
+
+    def plain(prompts, completions, **kwargs):
+        return [0.5] * len(completions)
+
+    other = AutoTokenizer.from_pretrained(reward_model_dir)  # a tokenizer object of the caller's
+    funcs = resolve_rewards([plain, str(reward_model_dir)], processing_classes=[None, other])
+    assert funcs[0] is plain and funcs[1].tokenizer is other
+    assert funcs[1](**args) == pytest.approx(by_dir(**args))
+    with pytest.raises(ValueError, match=r"reward_processing_classes: 1 given for 2 reward function"):
+        resolve_rewards([plain, str(reward_model_dir)], processing_classes=[other])

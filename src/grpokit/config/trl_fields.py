@@ -185,8 +185,6 @@ def _same(value: Any, allowed: Any) -> bool:
 
 
 _TRAINER_ARGUMENTS = {
-    "reward_processing_classes": "reward models given by directory load their own tokenizer; pass reward "
-    "models as directories (or wrap a model in a reward function)",
     "quantization_config": "quantised (bitsandbytes) policies are not supported yet; load the weights in "
     "bfloat16 (model_init_kwargs={dtype: bfloat16}) and use peft_config for LoRA",
     "rollout_func": "pass a rollout_backend (the RolloutBackend protocol, grpokit.rollout) instead",

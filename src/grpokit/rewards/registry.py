@@ -135,6 +135,13 @@ def resolve_reward(spec: Any, **kwargs: Any) -> Any:
         if "name" not in options:
             raise ValueError(f"a reward given as a mapping needs a 'name' key, got keys {sorted(options)}")
         return resolve_reward(options.pop("name"), **options, **kwargs)
+    if is_reward_model_spec(spec) and not isinstance(spec, (str, os.PathLike)):  # a loaded classifier
+        from grpokit.rewards.reward_model import RewardModel
+
+        source = str(getattr(spec.config, "_name_or_path", "") or "")
+        tokenizer = kwargs.pop("tokenizer", None) or (source or None)
+        name = kwargs.pop("name", None) or (source.rstrip("/").split("/")[-1] or None)
+        return RewardModel(spec, tokenizer, name=name, **kwargs)
     if callable(spec):
         if kwargs:
             raise ValueError(f"resolve_reward: keyword arguments {sorted(kwargs)} given for a callable")
@@ -159,8 +166,39 @@ def resolve_reward(spec: Any, **kwargs: Any) -> Any:
     )
 
 
+def is_reward_model_spec(spec: Any) -> bool:
+    """Whether ``spec`` names or is a sequence-classification reward model: a loaded ``transformers`` model
+    (a module with a ``config``), a model directory or a Hub model id."""
+    if isinstance(spec, (str, os.PathLike)):
+        text = os.fspath(spec)
+        return _is_model_dir(text) or _is_hub_model(text)
+    import torch
+
+    return isinstance(spec, torch.nn.Module) and hasattr(spec, "config")
+
+
+def _processing_classes(classes: Any, count: int) -> list[Any]:
+    """TRL's ``reward_processing_classes``: None, one tokenizer (for a single reward function) or one per
+    reward function (None where the function is not a model, or where the model's own tokenizer is meant)."""
+    if classes is None:
+        return [None] * count
+    if not isinstance(classes, (list, tuple)):
+        classes = [classes]
+    if len(classes) != count:
+        raise ValueError(
+            f"reward_processing_classes: {len(classes)} given for {count} reward function(s); give one per "
+            "reward function (None where it is not a reward model)"
+        )
+    return list(classes)
+
+
 def resolve_rewards(
-    specs: Any, *, device: Any = None, allow_empty: bool = False, max_completion_length: int | None = None
+    specs: Any,
+    *,
+    device: Any = None,
+    allow_empty: bool = False,
+    max_completion_length: int | None = None,
+    processing_classes: Any = None,
 ) -> list[Any]:
     """A list of reward specifications (or one) -> reward functions (:func:`resolve_reward` each; None entries
     skipped); reward models are moved to ``device``. An empty list is an error unless ``allow_empty``.
@@ -168,12 +206,17 @@ def resolve_rewards(
     With ``max_completion_length`` (the run's), ``soft_overlong_punishment`` named without arguments (or
     with only some) takes DAPO's lengths from it: ``max_completion_len`` = max_completion_length and
     ``soft_punish_cache`` = a fifth of it (DAPO: a 4,096-token interval below 20,480)."""
-    funcs = [f for f in (specs if isinstance(specs, (list, tuple)) else [specs]) if f is not None]
-    if not funcs and not allow_empty:
+    specs = list(specs) if isinstance(specs, (list, tuple)) else [specs]
+    tokenizers = _processing_classes(processing_classes, len(specs))
+    pairs = [(f, t) for f, t in zip(specs, tokenizers) if f is not None]
+    if not pairs and not allow_empty:
         raise ValueError("reward_funcs: at least one reward function is required (or process_reward_funcs)")
     if max_completion_length is not None:
-        funcs = [_with_run_lengths(func, max_completion_length) for func in funcs]
-    resolved = [resolve_reward(func) for func in funcs]
+        pairs = [(_with_run_lengths(f, max_completion_length), t) for f, t in pairs]
+    resolved = [
+        resolve_reward(f, tokenizer=t) if t is not None and is_reward_model_spec(f) else resolve_reward(f)
+        for f, t in pairs
+    ]
     if device is not None:
         from grpokit.rewards.reward_model import RewardModel
 

@@ -44,11 +44,13 @@ def run_rewards(
     *,
     has_environment: bool = False,
     gather: Callable[[list[Any]], list[Any]] | None = None,
+    reward_processing_classes: Any = None,
 ) -> RunRewards:
     """Resolve the trainer's reward arguments. A run with an environment and no reward functions is scored
     by the environment's own reward (``environment_reward``). The reward model iterative GRPO trains is the
     one that scores: appended to the process rewards (process RM) or the outcome rewards (outcome RM); it
-    learns from every process's samples (``gather``, None with one process)."""
+    learns from every process's samples (``gather``, None with one process). ``reward_processing_classes``
+    (TRL's): the tokenizer of each reward model in ``reward_funcs`` (None: the model's own)."""
     empty = reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and not reward_funcs)
     if has_environment and empty:
         reward_funcs = [environment_reward]
@@ -58,9 +60,12 @@ def run_rewards(
     if iterative is not None:
         (process_specs if iterative.kind == "process" else outcome_specs).append(iterative.reward_func)
     process = ProcessSupervision(process_specs, args, tokenizer, device) if process_specs else None
+    classes = reward_processing_classes
+    if classes is not None and iterative is not None and iterative.kind != "process":
+        classes = [*(classes if isinstance(classes, (list, tuple)) else [classes]), None]  # (the RM's own)
     funcs = resolve_rewards(
         outcome_specs, device=device, allow_empty=process is not None,
-        max_completion_length=args.max_completion_length,
+        max_completion_length=args.max_completion_length, processing_classes=classes,
     )  # fmt: skip
     names = reward_names(funcs)
     weights = reward_weights(args.reward_weights, names, "reward_weights")

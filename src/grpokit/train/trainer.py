@@ -83,8 +83,10 @@ class GRPOTrainer:
             ``deepspeed``, which build the optimizer over the parameters they place.
         peft_config: a ``peft`` config to train adapters instead of all weights.
         tools: TRL's tool functions: episodes in a ``ToolEnvironment`` over them (``grpokit.envs.tools``).
-        reward_processing_classes, quantization_config, rollout_func, environment_factory: TRL's
-            arguments that grpokit does not support; anything but None is refused with the reason.
+        reward_processing_classes: TRL's: the tokenizer of each reward model in ``reward_funcs`` (one, or
+            one per reward function; None: the model's own).
+        quantization_config, rollout_func, environment_factory: TRL's arguments that grpokit does not
+            support; anything but None is refused with the reason.
         rollout_backend: override the generation backend (anything with the RolloutBackend protocol).
         environment: G multi-turn episodes per prompt (default ``args.environment``; docs/environments.md);
             ``reward_funcs`` may then be None: the environment's own reward scores them.
@@ -127,8 +129,8 @@ class GRPOTrainer:
         args.check_eval_dataset(eval_dataset is not None, "pass eval_dataset to GRPOTrainer")
         self.args = args.resolved()  # every derived value written out, once
         refuse_trainer_arguments(
-            reward_processing_classes=reward_processing_classes, quantization_config=quantization_config,
-            rollout_func=rollout_func, environment_factory=environment_factory,
+            quantization_config=quantization_config, rollout_func=rollout_func,
+            environment_factory=environment_factory,
         )  # fmt: skip
         refuse_resets_of_adapter_reference(self.args, peft_config)
         if self.args.use_vllm:  # no vLLM or no device for its engine: refused before any weights load
@@ -157,7 +159,7 @@ class GRPOTrainer:
         rewards = run_rewards(
             self.args, reward_funcs, process_reward_funcs, iterative_reward_model, rm_label_func,
             self.tokenizer, self.accelerator.device, has_environment=self.episodes is not None,
-            gather=self.gather,
+            gather=self.gather, reward_processing_classes=reward_processing_classes,
         )  # fmt: skip
         self.iterative, self.process = rewards.iterative, rewards.process  # optional step hooks
         self.reward_funcs, self.reward_names = rewards.funcs, rewards.names
