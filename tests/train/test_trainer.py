@@ -324,3 +324,21 @@ def test_trl_attributes_ref_model_and_datasets(tiny_model_dir, rows, tmp_path):
     no_kl = GRPOTrainer(str(tiny_model_dir), [digit_reward], make_config(tmp_path / "b", beta=0.0),
                         train_dataset=rows)  # fmt: skip
     assert no_kl.ref_model is None
+
+
+def test_named_eval_sets_are_evaluated_each_under_its_name(tiny_model_dir, rows, tmp_path):
+    """TRL's eval_dataset={name: data set}: each set's metrics under eval/<name>/, equal to evaluating that
+    set alone; an empty dict is refused."""
+    sets = {"first": rows[:2], "rest": rows[2:]}
+    trainer = GRPOTrainer(
+        str(tiny_model_dir), [digit_reward], make_config(tmp_path), train_dataset=rows, eval_dataset=sets
+    )
+    named = trainer.evaluate()
+    keys = [k.removeprefix("eval/") for k in trainer.evaluate(rows[:2])]  # reward, rewards/<f>/mean
+    assert set(named) == {f"eval/{n}/{k}" for n in sets for k in keys}
+    for name, data in sets.items():
+        alone = trainer.evaluate(eval_dataset=data)
+        assert {k.replace(f"eval/{name}/", "eval/"): v for k, v in named.items() if f"/{name}/" in k} == alone
+    with pytest.raises(ValueError, match="eval_dataset: an empty dict"):
+        GRPOTrainer(str(tiny_model_dir), [digit_reward], make_config(tmp_path / "b"), train_dataset=rows,
+                    eval_dataset={})  # fmt: skip

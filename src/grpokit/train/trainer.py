@@ -148,7 +148,7 @@ class GRPOTrainer:
         check_special_tokens(self.tokenizer)
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset  # as given (TRL's attributes)
         self.train_rows = self._load_rows(train_dataset, "train_dataset")
-        self.eval_rows = self._load_rows(eval_dataset, "eval_dataset") if eval_dataset is not None else None
+        self.eval_rows = self._load_eval_sets(eval_dataset)  # rows, {name: rows} (named sets) or None
         # G episodes per prompt instead of G completions when the run has an environment (grpokit.envs)
         self.episodes = EpisodeSampler.for_run(
             environment, tools, self.train_rows, self.tokenizer, self.args.episode_settings()
@@ -443,11 +443,18 @@ class GRPOTrainer:
 
     def evaluate(self, eval_dataset: Any = None, batch_size: int = 64) -> dict[str, float]:
         """``eval/reward`` and ``eval/rewards/<name>/mean`` of one greedy completion per row of
-        ``eval_dataset`` (default: the trainer's). Each process completes every ``num_processes``-th row
-        and the rewards are gathered, so every row counts once."""
-        rows = self.eval_rows if eval_dataset is None else self._load_rows(eval_dataset, "eval_dataset")
-        if rows is None:
+        ``eval_dataset`` (default: the trainer's); named eval sets (a dict, as TRL takes them) give
+        ``eval/<set>/reward``, ... for each. Each process completes every ``num_processes``-th row and the
+        rewards are gathered, so every row counts once."""
+        sets = self.eval_rows if eval_dataset is None else self._load_eval_sets(eval_dataset)
+        if sets is None:
             raise ValueError("evaluate: no eval_dataset (give one here or to GRPOTrainer)")
+        if isinstance(sets, dict):
+            return {k: v for name, rows in sets.items() for k, v in self._evaluate_rows(
+                rows, batch_size, prefix=f"eval/{name}/").items()}  # fmt: skip
+        return self._evaluate_rows(sets, batch_size, prefix="eval/")
+
+    def _evaluate_rows(self, rows: list[dict[str, Any]], batch_size: int, prefix: str) -> dict[str, float]:
         num_funcs, num_processes = len(self.reward_funcs), self.accelerator.num_processes
         share = rows[self.accelerator.process_index :: num_processes]
         parts = [torch.empty(0, num_funcs)]
@@ -457,7 +464,20 @@ class GRPOTrainer:
         matrix = torch.cat(parts)  # [len(share), F]
         if num_processes > 1:  # every process's rows, in process order
             matrix = torch.tensor(gather_object(matrix.tolist()), dtype=torch.float32).reshape(-1, num_funcs)
-        return reward_means(matrix, self.reward_weights, self.reward_names, prefix="eval/")
+        return reward_means(matrix, self.reward_weights, self.reward_names, prefix=prefix)
+
+    def _load_eval_sets(self, source: Any) -> list[dict[str, Any]] | dict[str, list[dict[str, Any]]] | None:
+        """An eval set's rows, or named eval sets (a plain dict of name -> data set, as TRL's
+        ``eval_dataset``; a ``DatasetDict`` is one data set whose ``dataset_test_split`` is used)."""
+        if source is None:
+            return None
+        if type(source) is dict:  # named sets (a DatasetDict, a dict subclass, is one data set)
+            if not source:
+                raise ValueError("eval_dataset: an empty dict of named eval sets; give at least one")
+            return {
+                str(name): self._load_rows(data, f"eval_dataset[{name!r}]") for name, data in source.items()
+            }
+        return self._load_rows(source, "eval_dataset")
 
     def _load_rows(self, source: Any, name: str) -> list[dict[str, Any]]:
         """Rows of a data set in any form (``grpokit.data``: names, files, folders, Datasets, lists), with the
