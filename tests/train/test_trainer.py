@@ -342,3 +342,32 @@ def test_named_eval_sets_are_evaluated_each_under_its_name(tiny_model_dir, rows,
     with pytest.raises(ValueError, match="eval_dataset: an empty dict"):
         GRPOTrainer(str(tiny_model_dir), [digit_reward], make_config(tmp_path / "b"), train_dataset=rows,
                     eval_dataset={})  # fmt: skip
+
+
+def test_pad_to_multiple_of_pads_with_masked_columns_and_changes_nothing(tiny_model_dir, rows, tmp_path):
+    """TRL's pad_to_multiple_of: prompts (left) and completions (right) padded to multiples of it, the new
+    columns masked: the same loss, KL and gradient norm (mu 2, beta 0.04) and the same weights after."""
+    seen = {}
+    runs = {}
+    for pad in (None, 16):
+        config = make_config(tmp_path / f"pad{pad}", pad_to_multiple_of=pad, num_iterations=2, beta=0.04)
+        trainer = GRPOTrainer(str(tiny_model_dir), [digit_reward], config, train_dataset=rows)
+        trainer.backend = ScriptedBackend(trainer.tokenizer, lambda prompt, i: ["2", "5", "12", "77"][i % 4])
+        original = trainer.rollout_batch
+
+        def recording(samples, advantages, pad=pad, original=original):
+            batch = original(samples, advantages)
+            seen[pad] = (batch.prompt_ids.shape, batch.completion_ids.shape, batch.completion_mask.sum())
+            return batch
+
+        trainer.rollout_batch = recording
+        runs[pad] = (trainer.train()[-1], trainer.model.state_dict())
+    assert seen[16][0][1] == seen[16][1][1] == 16 and seen[None][1][1] < 16  # padded to 16 columns
+    assert seen[16][2] == seen[None][2]  # no more trained tokens
+    (plain, plain_weights), (padded, padded_weights) = runs[None], runs[16]
+    for name in ("loss", "kl", "grad_norm", "ratio_mean"):
+        assert padded[name] == pytest.approx(plain[name], rel=1e-5, abs=1e-7), name
+    for name, value in plain_weights.items():
+        torch.testing.assert_close(padded_weights[name], value, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match=r"GRPOConfig\.pad_to_multiple_of"):
+        GRPOConfig(pad_to_multiple_of=0)

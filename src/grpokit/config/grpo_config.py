@@ -200,6 +200,10 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     max_prompt_length: int | None = 512
     """Prompts longer than this many tokens (>= 1) are cut from the left (or refused, ``prompt_truncation``);
     None keeps them whole."""
+    pad_to_multiple_of: int | str | None = "auto"
+    """Pad each batch's prompts and completions to a multiple of this many tokens (TRL's; for kernels or
+    compilers that want fixed shapes). "auto" (TRL's default) and None: to the batch's longest sequence.
+    The padding is masked: the loss, the KL and the gradients are the same."""
     prompt_truncation: PromptTruncation = "left"
     """A prompt longer than ``max_prompt_length`` tokens: cut from the left (keeps the end of the prompt,
     where the question and the generation prompt are; TRL's behaviour) or refuse it with an error naming the

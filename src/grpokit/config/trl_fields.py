@@ -132,7 +132,6 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "router_aux_loss_coef": ((None,), "mixture-of-experts auxiliary losses are not added to the GRPO loss"),
     "cast_lm_head_to_fp32": ((False,), "not supported; log-probs use the LM head's dtype"),
     "num_generations_eval": ((None,), "evaluation is greedy, one completion per prompt"),
-    "pad_to_multiple_of": (("auto", None), "batches are padded to their longest sequence"),
     "cache_implementation": ((None,), "generation uses the backend's own KV cache"),
     "vespo_k_pos": ((2.0,), "the VESPO loss is not implemented (loss_type lists what is)"),
     "vespo_lambda_pos": ((3.0,), "the VESPO loss is not implemented"),

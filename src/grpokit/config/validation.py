@@ -150,6 +150,12 @@ def _check_batch(c: Any) -> None:
 def _check_objective(c: Any) -> None:
     _in_range(c, "top_entropy_quantile", 0, 1, closed="(]")
     require(math.isfinite(c.entropy_coef), "entropy_coef", f"must be a finite number, got {c.entropy_coef}")
+    pad = c.pad_to_multiple_of
+    require(
+        pad is None or pad == "auto" or (isinstance(pad, int) and pad >= 1),
+        "pad_to_multiple_of",
+        f"must be a whole number of tokens >= 1, 'auto' or None, got {pad!r}",
+    )
     _at_least(c, "advantage_epsilon", 0)
     timeout = c.reward_timeout
     require(timeout is None or timeout > 0, "reward_timeout", "must be > 0 seconds (or None: unbounded)")

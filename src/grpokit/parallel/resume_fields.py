@@ -155,7 +155,8 @@ EVERY_STEP_FIELDS: dict[str, str] = {
     "generation": (
         "max_prompt_length max_completion_length temperature top_p top_k min_p repetition_penalty "
         "chat_template_kwargs generation_backend generation_micro_batch_size generation_kwargs "
-        "generation_dtype prompt_truncation use_vllm vllm_mode vllm_model_impl vllm_enable_sleep_mode "
+        "generation_dtype prompt_truncation pad_to_multiple_of use_vllm vllm_mode vllm_model_impl "
+        "vllm_enable_sleep_mode "
         "vllm_server_base_url vllm_server_host vllm_server_port vllm_server_timeout vllm_group_port "
         "vllm_gpu_memory_utilization vllm_max_model_length vllm_tensor_parallel_size "
         "vllm_importance_sampling_correction vllm_importance_sampling_mode "

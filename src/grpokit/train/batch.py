@@ -58,8 +58,10 @@ def pad_samples(
     pad_token_id: int,
     mask_truncated: bool,
     device: torch.device,
+    multiple: int | None = None,
 ) -> RolloutBatch:
-    """Prompts repeated G times and left-padded, completions right-padded; an episode's environment tokens
+    """Prompts repeated G times and left-padded, completions right-padded (with ``multiple``: P and C
+    rounded up to multiples of it, the extra columns masked); an episode's environment tokens
     (``policy_mask`` 0) and truncated completions when ``mask_truncated`` (DAPO) masked out of the loss.
     advantages: [n] (this process's rows)."""
     generated = samples.generated
@@ -78,6 +80,14 @@ def pad_samples(
         sampling = torch.zeros(c_ids.shape, dtype=torch.float32, device=device)  # [n, C]
         for row, values in enumerate(generated.logprobs):
             sampling[row, : len(values)] = torch.tensor(values, dtype=torch.float32, device=device)
+    if multiple:  # extra masked columns: prompts on the left, completions on the right
+        p_ids, p_mask = (
+            _widen(t, multiple, value, left=True) for t, value in ((p_ids, pad_token_id), (p_mask, 0))
+        )
+        c_ids, c_mask, sampling, context = (
+            None if t is None else _widen(t, multiple, value, left=False)
+            for t, value in ((c_ids, pad_token_id), (c_mask, 0), (sampling, 0.0), (context, 0))
+        )
     return RolloutBatch(
         prompt_ids=p_ids,
         prompt_mask=p_mask,
@@ -87,6 +97,12 @@ def pad_samples(
         sampling_logps=sampling,
         context_mask=context,
     )
+
+
+def _widen(tensor: torch.Tensor, multiple: int, value: float, *, left: bool) -> torch.Tensor:
+    """[n, L] -> [n, L rounded up to a multiple of ``multiple``], the new columns filled with ``value``."""
+    extra = -tensor.shape[1] % multiple
+    return torch.nn.functional.pad(tensor, (extra, 0) if left else (0, extra), value=value)
 
 
 @dataclass(frozen=True)

@@ -504,6 +504,9 @@ class GRPOTrainer:
             "pad_token_id": self.sampling_params().pad_token_id,
             "mask_truncated": self.args.mask_truncated_completions,
             "device": self.accelerator.device,
+            "multiple": pad
+            if isinstance(pad := self.args.pad_to_multiple_of, int)
+            else None,  # ("auto": none)
         }
 
     # ------------------------------------------------------------------------------------------------
