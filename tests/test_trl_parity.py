@@ -150,3 +150,12 @@ def test_scale_rewards_takes_trls_legacy_booleans():
     assert GRPOConfig.from_dict({"scale_rewards": False}).scale_rewards == "none"
     with pytest.raises(ValueError, match=r"GRPOConfig.scale_rewards must be one of"):
         GRPOConfig(scale_rewards="sometimes")
+
+
+def test_generation_kwargs_do_sample_true_is_what_grpo_does_and_false_is_refused():
+    """TRL passes generation_kwargs to its sampler; do_sample=True is GRPO's sampling (accepted, the other
+    keys still apply); do_sample=False (greedy groups of G identical completions) is refused with why."""
+    config = GRPOConfig(generation_kwargs={"do_sample": True, "top_k": 5}).resolved()
+    assert config.top_k == 5
+    with pytest.raises(ValueError, match=r"do_sample=False: GRPO samples its G completions"):
+        GRPOConfig(generation_kwargs={"do_sample": False})

@@ -194,7 +194,15 @@ def _check_generation(c: Any) -> None:
 
 
 def _check_generation_kwargs(c: Any) -> None:
-    for key in c.generation_kwargs or {}:
+    for key, value in (c.generation_kwargs or {}).items():
+        if key == "do_sample":  # GRPO samples; greedy groups would hold G copies of one completion
+            require(
+                value is True,
+                "generation_kwargs",
+                f"do_sample={value!r}: GRPO samples its G completions (do_sample=True, the default); greedy "
+                "decoding would make every group G copies of one completion, with no advantage to learn from",
+            )
+            continue
         require(
             key in resolution.GENERATION_KWARGS,
             "generation_kwargs",
