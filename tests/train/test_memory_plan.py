@@ -164,8 +164,16 @@ def test_ddp_one_process_holds_everything():
     plan = small_plan()
     assert (plan.weights, plan.gradients, plan.reference) == (PARAMS * 4,) * 3  # float32
     assert plan.optimizer == 2 * PARAMS * 4
-    assert plan.optimizer_step == PARAMS * 4  # foreach AdamW: one temporary the size of the parameters
-    assert plan.grad_buckets == plan.fsdp_gathered == plan.generation_weights == 0
+    assert plan.optimizer_step == 0  # the fused AdamW kernel (the default optim): no temporaries
+    assert plan.grad_buckets == plan.gathered == plan.generation_weights == plan.master_weights == 0
+
+
+def test_plain_adamw_temporaries():
+    """optim=adamw_torch: foreach on CUDA (one temporary per parameter), per tensor on the CPU (two
+    temporaries of the largest tensor: the 1000 x 64 embedding or head)."""
+    plain = small_args(optim="adamw_torch")
+    assert small_plan(plain).optimizer_step == PARAMS * 4
+    assert small_plan(plain, device_type="cpu").optimizer_step == 2 * 64000 * 4
 
 
 def test_ddp_several_processes_add_the_gradient_buckets():
@@ -178,12 +186,14 @@ def test_fsdp_shards_states_and_gathers_for_generation(processes):
     plan = small_plan(small_args(per_device_train_batch_size=4, num_generations=4), num_processes=processes,
                       strategy="fsdp")  # fmt: skip
     shard = -(-PARAMS * 4 // processes)  # ceil
-    assert (plan.weights, plan.gradients, plan.reference) == (shard, shard, shard)
+    assert (plan.weights, plan.gradients) == (shard, shard)
+    # the reference's shard, and its root (embeddings, head, final norm) gathered since its last pass
+    assert plan.reference == shard + (64000 + 64000 + 64) * 4
     assert plan.optimizer == -(-2 * PARAMS * 4 // processes)
     assert plan.grad_buckets == 0
     assert plan.generation_weights == PARAMS * 4  # the full weights, gathered
     # embeddings + head + final norm, two layers' weights, one layer's gradients
-    assert plan.fsdp_gathered == (64000 + 64000 + 64 + 3 * LAYER) * 4
+    assert plan.gathered == (64000 + 64000 + 64 + 3 * LAYER) * 4
 
 
 def test_lora_trains_the_adapters_only_and_needs_no_reference():
@@ -292,7 +302,9 @@ def test_the_7b_recipes_fit_on_8_x_80_gb_as_shipped():
     r1 = recipe_plan("r1-zero", strategy="fsdp")
     assert deepseek.fits(80 * GIB) and r1.fits(80 * GIB)
     assert deepseek.weights == 6_910_365_696 * 4 // 8  # float32 master weights, one eighth per GPU
-    assert deepseek.reference == 6_910_365_696 * 2 // 8  # ref_model_dtype bfloat16, sharded
+    # ref_model_dtype bfloat16, sharded; its root (embeddings, head, final norm) gathered in bf16 since its
+    # pass
+    assert deepseek.reference == 6_910_365_696 * 2 // 8 + (2 * 102400 * 4096 + 4096) * 2
     # one prompt per call: its 1024 prompt tokens once, 64 samples x 1024 completion tokens; (k, v) x 30
     # layers x 32 kv heads x 128 x 2 bytes (bf16 autocast) per token
     assert deepseek.kv_cache == (1024 + 64 * 1024) * (2 * 30 * 32 * 128 * 2)
@@ -410,29 +422,193 @@ def test_planned_peak_matches_the_measured_peak_on_cpu(dtype, args, tmp_path):
     assert 0.9 * plan.peak <= measured <= 1.1 * plan.peak, (measured / 2**20, plan.peak / 2**20)
 
 
-def test_zero2_partitions_the_optimizer_state_and_keeps_the_weights_whole():
-    config = tiny_config()
-    args = GRPOConfig(num_generations=4, per_device_train_batch_size=8, max_prompt_length=16)
-    total = count_parameters(config)
-    zero = plan_memory(config, args, num_processes=4, strategy="zero")
-    ddp = plan_memory(config, args, num_processes=4, strategy="ddp")
-    assert zero.weights == ddp.weights == total * 4  # replicated float32 weights
-    assert zero.optimizer == math.ceil(2 * total * 4 / 4)  # AdamW's two states, one quarter each
-    assert zero.reference == ddp.reference == total * 4 and zero.grad_buckets == 0
-    assert zero.peak < ddp.peak
+# ---------------------------------------------------------------------------------------- DeepSpeed
+HEAD = 64000  # the largest parameter of the small config: the 1000 x 64 LM head (and the embeddings)
+ROOT = 64000 + 64000 + 64  # embeddings, LM head, final norm
+BUCKET = 500_000_000  # DeepSpeed's default reduce_bucket_size, elements
 
 
-def test_zero3_splits_like_fsdp_and_keeps_a_full_generation_copy():
-    config = tiny_config()
-    args = GRPOConfig(num_generations=4, per_device_train_batch_size=8, max_prompt_length=16)
-    total = count_parameters(config)
-    zero3 = plan_memory(config, args, num_processes=4, strategy="zero3")
-    fsdp = plan_memory(config, args, num_processes=4, strategy="fsdp")
-    assert zero3.weights == fsdp.weights == math.ceil(total * 4 / 4)
-    assert zero3.optimizer == fsdp.optimizer and zero3.reference == fsdp.reference
-    assert zero3.generation_copy == total * 4 and fsdp.generation_copy == 0
-    # the copy is resident: every phase holds it
-    assert zero3.phases["update"] - fsdp.phases["update"] >= total * 4 - fsdp.fsdp_gathered
+def resident(plan) -> int:
+    """What every phase holds (no vLLM engine, no reference offload)."""
+    return (
+        plan.weights + plan.master_weights + plan.optimizer + plan.grad_buckets + plan.reference
+        + plan.generation_copy
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("device_type", ["cuda", "cpu"])
+def test_zero2_by_hand(device_type):
+    """ZeRO-2 over 2 processes: weights and reference whole; a float32 master copy of the half partition with
+    AdamW's two float32 states on it; the backward's reduce bucket (5e8 elements allocated on a GPU, the
+    written pages of it on the CPU: every gradient) and the reduced partition; the step's float32 gradient
+    of the partition (fused AdamW: no temporaries)."""
+    plan = small_plan(
+        small_args(deepspeed="zero2"), num_processes=2, strategy="zero", device_type=device_type
+    )
+    part = PARAMS // 2  # 101024
+    assert (plan.weights, plan.reference) == (PARAMS * 4, PARAMS * 4)
+    assert (plan.master_weights, plan.optimizer, plan.optimizer_step) == (part * 4, 2 * part * 4, part * 4)
+    bucket = 4 * (BUCKET if device_type == "cuda" else PARAMS)
+    assert plan.gradients == bucket + part * 4 and plan.grad_buckets == plan.gathered == 0
+    assert plan.generation_weights == plan.generation_copy == 0
+    assert resident(plan) == PARAMS * 4 + part * 4 + 2 * part * 4 + PARAMS * 4
+    # backward's start: activations, the chunked head, the bucket (GPU) and the head's gradient in flight;
+    # its end: the bucket and the partition; the step: the partition and its float32 gradient
+    start = plan.activations + plan.head + (bucket if device_type == "cuda" else 0) + HEAD * 4
+    assert plan.phases["update"] == resident(plan) + max(start, bucket + part * 4, part * 4 + part * 4)
+    assert plan.phases["generation"] == resident(plan) + plan.kv_cache + plan.generation_activations
+
+
+def test_zero2_reads_the_runs_deepspeed_config():
+    small_bucket = {"zero_optimization": {"stage": 2, "reduce_bucket_size": 1000}}
+    plan = small_plan(small_args(deepspeed=small_bucket), num_processes=2, strategy="zero")
+    assert plan.gradients == 1000 * 4 + PARAMS // 2 * 4
+    ddp = small_plan(small_args(), num_processes=2, strategy="ddp")
+    assert plan.peak < ddp.peak
+
+
+@pytest.mark.parametrize("device_type", ["cuda", "cpu"])
+def test_zero3_by_hand(device_type):
+    """ZeRO-3 over 2 processes: weights, reference, master copy and AdamW state split; the float32 gradient
+    partitions and the reduce bucket kept in every phase; a small model is kept gathered whole in the passes
+    and the update (DeepSpeed keeps what it uses again within 1e9 parameters); the generation copy only in
+    generation: the full float32 weights and, while it is filled, one gathered parameter."""
+    plan = small_plan(
+        small_args(deepspeed="zero3"), num_processes=2, strategy="zero3", device_type=device_type
+    )
+    part = PARAMS // 2
+    assert (plan.weights, plan.reference) == (part * 4, part * 4)
+    assert (plan.master_weights, plan.optimizer, plan.optimizer_step) == (part * 4, 2 * part * 4, part * 4)
+    bucket = 4 * (BUCKET if device_type == "cuda" else PARAMS)
+    assert plan.grad_buckets == part * 4 + bucket
+    assert plan.gradients == HEAD * 4  # the head's gradient before its reduction
+    assert plan.gathered == PARAMS * 4
+    assert plan.generation_weights == PARAMS * 4 + HEAD * 4 and plan.generation_copy == 0
+    assert resident(plan) == part * 4 * 6 + bucket  # weights, master, 2 states, partitions, reference
+    generation = resident(plan) + PARAMS * 4 + HEAD * 4 + plan.kv_cache + plan.generation_activations
+    assert plan.phases["generation"] == generation
+    backward = plan.activations + plan.head + HEAD * 4
+    assert plan.phases["update"] == resident(plan) + PARAMS * 4 + max(backward, part * 4)
+    assert plan.phases["logprobs"] == resident(plan) + PARAMS * 4 + plan.logprob_pass
+
+
+def test_zero3_keeps_the_layers_it_reuses_within_the_distance():
+    """8 layers of 36992 parameters (424000 in all) and stage3_max_reuse_distance 80000: the LM head and
+    final norm, the one last layer whose backward comes within 80000 parameters (2 x 36992 apart), the layer
+    running and the one fetched ahead."""
+    config = tiny_config(**{**SMALL, "num_hidden_layers": 8})
+    assert count_parameters(config) == ROOT + 8 * LAYER == 424000
+    reuse = {"zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 80000}}
+    plan = plan_memory(config, small_args(deepspeed=reuse), num_processes=2, strategy="zero3")
+    assert plan.gathered == (64000 + 64 + 3 * LAYER) * 4
+    whole = plan_memory(config, small_args(deepspeed="zero3"), num_processes=2, strategy="zero3")
+    assert whole.gathered == 424000 * 4  # 2 x 424000 within the default 1e9
+
+
+def test_zero3_lora():
+    """LoRA under ZeRO-3: the frozen base split, the float32 adapters' master copy, states, gradient
+    partitions and bucket (the adapters' elements on the CPU); the adapter-disabled pass is the reference."""
+    plan = small_plan(small_args(deepspeed="zero3"), num_processes=2, strategy="zero3", lora_r=2,
+                      device_type="cpu")  # fmt: skip
+    adapters = 2 * (256 + 192 + 192 + 256 + 3 * 384)  # 4096, as in test_lora_trains_the_adapters_only
+    assert plan.weights == (PARAMS * 4 + adapters * 4) // 2 and plan.reference == 0
+    assert (plan.master_weights, plan.optimizer) == (adapters // 2 * 4, adapters * 4)
+    assert plan.grad_buckets == adapters // 2 * 4 + adapters * 4
+    assert plan.gradients == 4 * 2 * 128  # the largest adapter: r x 128 (gate/up's lora_B, down's lora_A)
+    assert plan.generation_weights == PARAMS * 4 + adapters * 4 + HEAD * 4
+    # the adapter-disabled reference pass runs through the policy's engine and breaks the order DeepSpeed
+    # recorded: one update micro-batch per generation keeps nothing but the head (and final norm) and two
+    # layers; with two micro-batches the second keeps what it reuses (all of this small model)
+    assert plan.gathered == (64000 + 64 + 2 * LAYER) * 4
+    two = small_plan(small_args(deepspeed="zero3", gradient_accumulation_steps=2), num_processes=2,
+                     strategy="zero3", lora_r=2)  # fmt: skip
+    assert two.gathered == PARAMS * 4
+
+
+def test_fsdp_under_autocast_gathers_in_bf16_and_keeps_no_casts():
+    """bf16 autocast over float32 weights: DDP's backward keeps a bf16 copy of every linear weight; FSDP
+    gathers the units in bf16 (for the backward again), so it keeps none, and its reference root (bf16)."""
+    args = small_args(bf16=True)
+    ddp = small_plan(args)
+    fsdp = small_plan(args, num_processes=2, strategy="fsdp")
+    assert ddp.autocast_copies == 2 * 2 * (4096 + 2048 + 2048 + 4096 + 24576)  # 2 layers, 2 bytes
+    assert fsdp.autocast_copies == 0
+    assert fsdp.reference == PARAMS * 4 // 2 + ROOT * 2
+    assert fsdp.generation_weights == PARAMS * 2 and fsdp.gathered == (ROOT + 3 * LAYER) * 2
+
+
+# ------------------------------------------------------------------------- vLLM with the full weights
+@pytest.mark.parametrize("sleep", [False, True])
+def test_colocated_vllm_adds_its_engine_to_the_full_weights_generation_reads(sleep):
+    """vLLM colocated under ZeRO-3 and FSDP: generation (and the weight push, in the same context) holds the
+    engine's reservation (0.3 x 80 GiB) and the full weights read to push: ZeRO-3's float32 copy (+ one
+    parameter gathered while filling it), FSDP's units gathered in bf16; no in-process KV cache. Sleep mode:
+    the engine out of the passes and the update, still in generation."""
+    engine = math.ceil(0.3 * 80 * GIB)
+    part = PARAMS // 2
+    values = dict(beta=0.0, use_vllm=True, bf16=True, vllm_enable_sleep_mode=sleep)
+    zero3 = small_plan(small_args(**values, deepspeed="zero3"), num_processes=2, strategy="zero3",
+                       device_bytes=80 * GIB)  # fmt: skip
+    assert zero3.vllm_engine == engine and zero3.kv_cache == zero3.generation_activations == 0
+    base = part * 4 * 5 + BUCKET * 4  # weights, master, 2 AdamW states, gradient partitions, bucket
+    assert zero3.phases["generation"] == base + PARAMS * 4 + HEAD * 4 + engine
+    awake = 0 if sleep else engine
+    # the pi_old pass the importance-sampling correction forces (beta 0, mu 1: no other pass), under autocast
+    # over the float32 weights ZeRO-3 gathers: their bf16 casts (2 layers' linears, the head)
+    casts = 2 * (2 * (4096 + 2048 + 2048 + 4096 + 24576) + 64000)
+    # that pass runs through the policy's engine, which then releases every module after use in the one
+    # update micro-batch that follows: the head (and final norm) and two layers gathered, no more
+    gathered = (64000 + 64 + 2 * LAYER) * 4
+    assert zero3.gathered == gathered
+    assert zero3.phases["logprobs"] == base + awake + gathered + zero3.logprob_pass + casts
+    fsdp = small_plan(small_args(**values, fsdp="full_shard"), num_processes=2, strategy="fsdp",
+                      device_bytes=80 * GIB)  # fmt: skip
+    assert fsdp.phases["generation"] == PARAMS * 4 // 2 + 2 * PARAMS * 4 // 2 + PARAMS * 2 + engine
+    assert fsdp.phases["logprobs"] == (
+        PARAMS * 4 // 2 + 2 * PARAMS * 4 // 2 + awake + (ROOT + 3 * LAYER) * 2 + fsdp.logprob_pass
+    )
+
+
+def test_the_issues_7b_zero3_with_colocated_vllm():
+    """deepseekmath-rl-7b under ZeRO-3 on 8 x 80 GiB with vLLM colocated (the issue's case, where generation
+    once gathered every weight and kept a float32 copy): the generation phase holds the resident partitions,
+    the float32 copy of the 6.91 B parameters (25.7 GiB) with the 102400 x 4096 head gathered while filling
+    it, and the engine's 24 GiB: 70.9 GiB. The log-prob passes with the engine awake need more than 80 GiB
+    (the reference's and the correction's pi_old pass over 16 rows of 2048 tokens); with sleep mode the run
+    fits."""
+    from grpokit.cli.plan_command import plan_train_args
+    from grpokit.cli.recipes import parse_train_args
+
+    total, head, hidden = 6_910_365_696, 102400 * 4096, 4096
+    linear = 4 * 4096 * 4096 + 3 * 4096 * 11008  # one layer's linear weights
+    layer = linear + 2 * hidden
+    assert 30 * layer + 2 * head + hidden == total
+
+    def plan_of(*overrides):
+        values = ["deepseekmath-rl-7b", "use_vllm=true", "deepspeed=zero3", "fsdp=", *overrides]
+        return plan_train_args(parse_train_args(values), 8, "zero3", device_memory_gb=80)
+
+    plan = plan_of()
+    part = math.ceil(total / 8)
+    resident_bytes = (
+        part * 4  # float32 weights' partition
+        + part * 4  # master copy
+        + 2 * part * 4  # AdamW
+        + part * 4 + BUCKET * 4  # gradient partitions, reduce bucket
+        + math.ceil(total * 2 / 8)  # bf16 reference partition
+    )  # fmt: skip
+    engine = math.ceil(0.3 * 80 * GIB)
+    assert plan.phases["generation"] == resident_bytes + total * 4 + head * 4 + engine
+    assert 70.8 * GIB < plan.phases["generation"] < 70.9 * GIB
+    # the passes: the head, the layer within 1e9 parameters of its reuse (2 x 202 M apart: two of them), the
+    # layer running and the one fetched ahead, float32; the pi_old pass adds the bf16 casts of the policy
+    gathered = (head + hidden + 4 * layer) * 4
+    casts = 2 * (30 * linear + head)
+    logprobs = resident_bytes + engine + gathered + plan.logprob_pass + casts
+    assert plan.phases["logprobs"] == logprobs and logprobs > 80 * GIB
+    asleep = plan_of("vllm_enable_sleep_mode=true")
+    assert asleep.phases["logprobs"] == logprobs - engine
+    assert asleep.peak == asleep.phases["generation"] == plan.phases["generation"] and asleep.fits(80 * GIB)
 
 
 def test_a_sampler_in_another_dtype_adds_its_copy_to_every_phase():

@@ -13,23 +13,42 @@ What is counted, per device (process), and how exactly:
   token, counted from the ``transformers`` Llama code and checked against ``saved_tensors_hooks``
   (``layer_activation_bytes``). An upper bound: every row is taken as ``max_prompt_length +
   max_completion_length`` tokens, and the shared-prefix forward (each group's prompt run once) is ignored.
-- **transients** (estimates): the LM head's float32 logits chunk, AdamW's ``foreach`` temporaries, the
-  low-precision weight copies autocast keeps, FSDP's gathered layers, the no-grad log-prob passes, the
-  prefill and sampling logits of generation. What is not counted: allocator fragmentation and the CUDA
-  context (leave ~2-4 GiB), the activation gradients of one layer, small tensors.
+- **transients** (estimates): the LM head's float32 logits chunk, AdamW's temporaries (none with the fused
+  kernel, ``optim="adamw_torch_fused"``, the default; plain AdamW: ``foreach`` on CUDA, one
+  trainable-sized temporary, per tensor on the CPU, two of the largest), the low-precision weight copies
+  autocast keeps, the weights FSDP and ZeRO-3 gather, the no-grad log-prob passes, the prefill and sampling
+  logits of generation. What is not counted: allocator fragmentation and the CUDA context (leave ~2-4 GiB),
+  the buffers of the collectives (NCCL's; gloo's temporaries on the CPU), the activation gradients of one
+  layer, small tensors, and building the trainer (each process loads the whole model before it is
+  sharded or partitioned).
 - **KV cache**: exact for the fast sampler (pre-allocated buffers); for ``transformers`` ``generate`` the
   cache at full length. Keys/values are in the compute dtype (bf16/fp16 under autocast, else the weights').
-- **FSDP** gathers a unit's weights in the compute dtype under mixed precision (``parallel.fsdp``): the
-  generation phase holds the full weights in that dtype, the update two layers and the root at a time.
+- **FSDP** (``parallel.fsdp``) gathers a unit's weights in the compute dtype under mixed precision (so
+  autocast keeps no casts for the backward): generation holds the full weights in that dtype for its call;
+  the passes and the update the root (embeddings, LM head) and two layers at a time. A root unit stays
+  gathered after its forward (FSDP's default): the reference's root, from its pass on, in every phase.
+- **DeepSpeed** (``parallel.zero``; the ZeRO section of the run's DeepSpeed config, else DeepSpeed's
+  defaults: ``ZERO_DEFAULTS``): AdamW steps a float32 copy of this process's partition (``master_weights``,
+  a copy even of float32 weights) and keeps its states in float32; the step makes a float32 gradient of
+  the partition (ZeRO-3: of one ``sub_group_size`` group at a time). ZeRO-2 keeps the weights and the
+  reference whole; its backward fills a reduce bucket (``reduce_bucket_size`` elements) and this process's
+  gradient partition, both freed after the step. ZeRO-3 keeps, in every phase, its float32 gradient
+  partitions and the reduce bucket; generation reads a copy of the policy in the weights' dtype, filled one
+  gathered parameter at a time before the generation call and released after it (generation phase only);
+  the passes and the update gather module by module, and DeepSpeed keeps what the order it recorded uses
+  again within ``stage3_max_reuse_distance`` parameters (``zero3_gathered``: all of a small model). The
+  reduce bucket is allocated whole on a GPU; on the CPU only its written pages count (``device_type``).
 - **vLLM** (``use_vllm``): in colocate mode the engine reserves ``vllm_gpu_memory_utilization`` of the
   device (its weights and KV cache; ``device_bytes``), in every phase unless sleep mode frees it during the
   log-prob passes and the update; in-process generation buffers (KV cache, fused copies) are then not
-  used. A server holds nothing on the training devices. Either way the off-policy correction
-  (``vllm_importance_sampling_correction``) forces the old-policy pass at mu = 1.
+  used, but FSDP's gathered weights and ZeRO-3's copy still are, on top of the engine (generation and the
+  weight push run in the same full-weights context). A server holds nothing on the training devices.
+  Either way the off-policy correction (``vllm_importance_sampling_correction``) forces the old-policy pass
+  at mu = 1.
 
-Phases: ``generation``, ``logprobs`` (reference and old-policy passes; absent when neither runs) and
-``update``; ``peak`` is the largest. Gradients are freed after each optimizer step (``set_to_none``), so they
-count in the update only.
+Phases: ``generation`` (also the vLLM weight push), ``logprobs`` (reference and old-policy passes; absent
+when neither runs) and ``update``; ``peak`` is the largest. Gradients are freed after each optimizer step
+(``set_to_none``), so they count in the update only (ZeRO-3's partitions and bucket: in every phase).
 """
 
 from __future__ import annotations
@@ -43,7 +62,16 @@ from grpokit.config import GRPOConfig
 from grpokit.models.shape import DTYPE_BYTES, ModelShape, count_lora_parameters, dtype_name
 from grpokit.train.lm_head import head_chunk_rows
 
-__all__ = ["FAST_PREFILL_PROMPTS", "GIB", "MemoryPlan", "layer_activation_bytes", "plan_memory"]
+__all__ = [
+    "FAST_PREFILL_PROMPTS",
+    "GIB",
+    "ZERO_DEFAULTS",
+    "MemoryPlan",
+    "layer_activation_bytes",
+    "plan_memory",
+    "zero3_gathered",
+    "zero_settings",
+]
 
 GIB = 1024**3
 FAST_PREFILL_PROMPTS = 16
@@ -117,22 +145,21 @@ class MemoryPlan:
     tokens_per_row: int  # max_prompt_length + max_completion_length
     micro_batch_rows: int  # per_device_train_batch_size
     reference_offloaded: bool
-    weights: int = _part("policy weights (FSDP: this device's shard)")
-    gradients: int = _part("gradients of the trainable parameters (update only)")
-    grad_buckets: int = _part("DDP gradient buckets: one more copy of the gradients")
-    optimizer: int = _part("AdamW exp_avg + exp_avg_sq")
-    optimizer_step: int = _part("AdamW temporaries during optimizer.step()")
-    reference: int = _part("reference model (ref_model_offload: on the device only in its pass)")
+    weights: int = _part("policy weights (FSDP, ZeRO-3: this device's shard)")
+    master_weights: int = _part("DeepSpeed: float32 copy of this device's partition (the optimizer's)")
+    gradients: int = _part("update: gradients (ZeRO-2: reduce bucket + partition; ZeRO-3: one unreduced)")
+    grad_buckets: int = _part("DDP buckets (a gradient copy); ZeRO-3 gradient partitions + reduce bucket")
+    optimizer: int = _part("AdamW exp_avg + exp_avg_sq (DeepSpeed: float32, on its partition)")
+    optimizer_step: int = _part("optimizer.step(): AdamW temporaries, DeepSpeed's float32 gradient")
+    reference: int = _part("reference model (offload: on the device only in its pass; FSDP: + its root)")
     activations: int = _part("kept for the backward of one micro-batch, as configured")
     activations_other: int = _part("the same with gradient_checkpointing switched (not in the phases)")
     autocast_copies: int = _part("low-precision copies of float32 weights autocast keeps for the backward")
     head: int = _part("chunked LM head: float32 [chunk, V] logits, [M, H] hidden states and gradient")
     logprob_pass: int = _part("a no-grad reference / old-policy pass over one micro-batch")
-    fsdp_gathered: int = _part("FSDP/ZeRO-3: embeddings/head + two layers gathered, one layer's gradients")
-    generation_copy: int = _part(
-        "copies of the policy generation reads, kept in every phase: ZeRO-3's full copy, generation_dtype's"
-    )
-    generation_weights: int = _part("FSDP's full weights, fast sampler's fused copies, autocast copies")
+    gathered: int = _part("FSDP, ZeRO-3: weights gathered in the passes and the update")
+    generation_copy: int = _part("generation_dtype's copy of the policy, kept in every phase")
+    generation_weights: int = _part("full weights (FSDP gathered, ZeRO-3 copied), fused/autocast copies")
     kv_cache: int = _part("generation KV cache")
     generation_activations: int = _part("prefill of one batch of prompts, float32 sampling logits")
     vllm_engine: int = _part(
@@ -182,6 +209,40 @@ class MemoryPlan:
         return "\n".join(lines)
 
 
+ZERO_DEFAULTS = {
+    "reduce_bucket_size": 500_000_000,
+    "stage3_max_reuse_distance": 1_000_000_000,
+    "sub_group_size": 1_000_000_000,
+}
+"""DeepSpeed's defaults (elements) for the ZeRO settings the plan reads."""
+
+
+def zero_settings(args: GRPOConfig) -> dict[str, int]:
+    """The run's ZeRO sizes (``ZERO_DEFAULTS``' keys, in elements): its DeepSpeed config's
+    ``zero_optimization`` section (``GRPOConfig.deepspeed`` or an ``accelerate launch`` config), DeepSpeed's
+    defaults for what it leaves out."""
+    from grpokit.parallel.zero import deepspeed_config
+
+    section = deepspeed_config(args)["zero_optimization"]
+    return {key: int(float(section.get(key, default))) for key, default in ZERO_DEFAULTS.items()}
+
+
+def zero3_gathered(shape: ModelShape, reuse_distance: int) -> int:
+    """Parameters (elements) ZeRO-3 holds gathered in the update's forward and backward: DeepSpeed records
+    the order modules run in and keeps a module's weights after its use when that order uses them again
+    within ``reuse_distance`` parameters (``stage3_max_reuse_distance``). At the backward's start that is
+    the LM head (a parameter of the root, gathered for the whole pass), the last layers, whose backward
+    comes within the distance, and the layer running plus the one fetched ahead; all of them when twice the
+    model (a forward and a backward) fits the distance. ``reuse_distance`` 0 (no recorded order): the head
+    and two layers. An upper bound for the no-grad passes."""
+    total = shape.total_parameters()
+    if 2 * total <= reuse_distance:
+        return total
+    head = shape.vocab_size * shape.hidden_size + shape.hidden_size  # and the final norm
+    layer = shape.layer_parameters()
+    return head + min(shape.num_layers, reuse_distance // (2 * layer) + 2) * layer
+
+
 def weights_dtype(args: GRPOConfig, shape: ModelShape) -> str:
     """The policy weights' dtype as ``load_policy`` loads them (``models.policy.model_init_kwargs``: the
     ``dtype``, float32 without one); "auto": the config's dtype (float32 if it names none)."""
@@ -207,14 +268,13 @@ def plan_memory(
     """The memory plan of ``args`` on the model ``model_config`` describes, per device of ``num_processes``.
 
     ``strategy``: "ddp" (every process holds everything), "fsdp" (weights, gradients, optimizer state and
-    reference sharded) or "zero" (DeepSpeed ZeRO-2: AdamW state and the reduced gradients partitioned, the
-    weights and the reference replicated; the full-size gradients of the backward counted before their
-    reduction, an upper bound) or "zero3" (DeepSpeed ZeRO-3: split like FSDP, plus the full copy of the
-    policy that generation reads, kept in every phase). ``lora_r``: train LoRA adapters of that rank on
-    ``lora_target_modules`` (None: all linear layers but the LM head). ``device_type``: "cuda" (AdamW's
-    foreach step: one trainable-sized temporary) or "cpu" (per-tensor step: two copies of the largest
-    tensor). ``device_bytes``: the device's memory, which a colocated vLLM engine takes its fraction of
-    (None: the engine's reservation is not counted).
+    reference sharded), "zero" (DeepSpeed ZeRO-2: AdamW state and the reduced gradients partitioned, the
+    weights and the reference replicated) or "zero3" (DeepSpeed ZeRO-3: split like FSDP; generation reads
+    a full copy of the policy that exists only during the generation call). ``lora_r``: train LoRA adapters
+    of that rank on ``lora_target_modules`` (None: all linear layers but the LM head). ``device_type``:
+    "cuda" or "cpu" (plain AdamW's temporaries; attention's key/value copies; the written pages of
+    DeepSpeed's reduce bucket). ``device_bytes``: the device's memory, which a colocated vLLM engine takes
+    its fraction of (None: the engine's reservation is not counted).
     """
     if strategy not in ("ddp", "fsdp", "zero", "zero3"):
         raise ValueError(f"strategy must be 'ddp', 'fsdp', 'zero' or 'zero3', got {strategy!r}")
@@ -242,22 +302,40 @@ def plan_memory(
 
     # --- parameters, gradients, optimizer state, reference ---------------------------------------------
     trainable = count_lora_parameters(shape, lora_r, lora_target_modules) if lora else total
-    trainable_bytes = trainable * (4 if lora else w)  # peft upcasts bf16/fp16 adapters to float32
+    grad_bytes = 4 if lora else w  # peft upcasts bf16/fp16 adapters to float32
+    trainable_bytes = trainable * grad_bytes
     full_weights = total * w + (trainable_bytes if lora else 0)
-    zero = strategy == "zero"
-    p["weights"], p["gradients"] = shard(full_weights), shard(trainable_bytes)
-    p["grad_buckets"] = trainable_bytes if strategy == "ddp" and n > 1 else 0
-    p["optimizer"] = math.ceil(2 * trainable_bytes / n) if zero else shard(2 * trainable_bytes)
-    if lora:  # the largest trainable tensor (on the CPU AdamW steps tensor by tensor)
+    zero, zero3 = strategy == "zero", strategy == "zero3"
+    if lora:  # the largest trainable tensor
         largest = 4 * lora_r * max(max(s) for s in shape.linear_shapes().values())
     else:
         largest = w * max(vocab * hidden, shape.intermediate_size * hidden)
-    p["optimizer_step"] = shard(trainable_bytes) if device_type == "cuda" else 2 * largest
-    if zero:  # the optimizer steps this process's partition: its fp32 gradient and temporaries
-        p["optimizer_step"] = math.ceil(2 * trainable_bytes / n)
+    fused = args.optim == "adamw_torch_fused"  # one pass per tensor, no temporaries
+    # plain AdamW: foreach on CUDA (one temporary per parameter), per tensor on the CPU (two of one tensor)
+    temporaries = 0 if fused else {"cuda": 1, "cpu": 2}[device_type]
+    p["weights"], p["gradients"] = shard(full_weights), shard(trainable_bytes)
+    p["grad_buckets"] = trainable_bytes if strategy == "ddp" and n > 1 else 0
+    p["optimizer"] = shard(2 * trainable_bytes)
+    p["optimizer_step"] = temporaries * (shard(trainable_bytes) if device_type == "cuda" else largest)
+    if zero or zero3:  # DeepSpeed: AdamW steps a float32 master copy of this process's partition
+        ds = zero_settings(args)
+        part = math.ceil(trainable / n)  # this process's trainable elements
+        # the reduce bucket: allocated whole on a GPU, only its written pages count on the CPU
+        bucket = grad_bytes * (ds["reduce_bucket_size"] if device_type == "cuda" else
+                               min(ds["reduce_bucket_size"], trainable))  # fmt: skip
+        group = math.ceil(min(trainable, ds["sub_group_size"]) / n) if zero3 else part  # stepped at once
+        p["master_weights"], p["optimizer"] = 4 * part, 2 * 4 * part
+        p["optimizer_step"] = 4 * group * (1 + temporaries)  # the group's float32 gradient, AdamW's
+        if zero:  # the update's reduce bucket and the reduced partition of this process
+            p["gradients"] = bucket + grad_bytes * part
+        else:  # gradient partitions (float32) and the reduce bucket, kept; one gradient before its reduction
+            p["grad_buckets"] = 4 * part + bucket
+            p["gradients"] = largest
     if args.beta > 0 and not lora:  # with LoRA the reference is the base model, adapters disabled
         ref = w_name if args.ref_model_dtype == "auto" else args.ref_model_dtype
         p["reference"] = shard(total * DTYPE_BYTES[ref])
+        if strategy == "fsdp":  # a root unit stays gathered after its forward (FSDP's default), in c
+            p["reference"] += shape.root_parameters() * (c if autocast else DTYPE_BYTES[ref])
     offloaded = args.ref_model_offload and p.get("reference", 0) > 0
 
     # --- update: one micro-batch of [rows, T] tokens ------------------------------------------------------
@@ -285,7 +363,9 @@ def plan_memory(
         kept[args.gradient_checkpointing],
         kept[not args.gradient_checkpointing],
     )
-    if c != w:  # autocast over float32 weights: the backward keeps each linear's low-precision weight
+    # autocast over float32 weights: the backward keeps each linear's low-precision weight (FSDP under mixed
+    # precision gathers the weights in c for the forward and again for the backward: nothing to cast)
+    if c != w and strategy != "fsdp":
         p["autocast_copies"] = c * linear_layer * (1 if args.gradient_checkpointing else layers)
     completion_tokens = rows * completion
     chunk = min(head_chunk_rows(vocab), completion_tokens)
@@ -304,28 +384,44 @@ def plan_memory(
     # FSDP under mixed precision gathers the weights in the compute dtype (no autocast casts needed then)
     g = c if strategy == "fsdp" else w  # bytes per gathered / generation weight
     policy_casts = c * (layers * linear_layer + vocab * hidden) if c != g and not lora else 0
-    if fsdp:
-        gathered = shape.root_parameters() + (2 if lora else 3) * shape.layer_parameters()
-        p["fsdp_gathered"] = gathered * g
+    if strategy == "fsdp":  # the root (embeddings, head) and two layers gathered, one layer's gradients
+        p["gathered"] = g * (shape.root_parameters() + (2 if lora else 3) * shape.layer_parameters())
+    # pi_old's pass: off-policy updates, or a sampler that is not pi_old (another dtype, vLLM) with the
+    # correction on (sampling.off_policy)
+    sampler_dtype = getattr(args, "generation_dtype", "auto")
+    vllm = args.use_vllm  # vLLM generates: its weights in its own reservation, no in-process buffers
+    corrected = (vllm or sampler_dtype not in ("auto", w_name)) and args.vllm_importance_sampling_correction
+    old_pass = batch.optimizer_steps > 1 or corrected
+    if zero3:  # DeepSpeed keeps what the order it recorded uses again within stage3_max_reuse_distance; a
+        # no-grad pass through the policy's engine (pi_old's, LoRA's reference) breaks that order, so the
+        # update's first micro-batch after it releases each module after use: with one micro-batch per
+        # generation, nothing is kept
+        engine_pass = old_pass or (lora and args.beta > 0)
+        micro_batches = batch.optimizer_steps * batch.micro_batches_per_optimizer_step
+        keeps = not engine_pass or micro_batches > 1
+        p["gathered"] = w * zero3_gathered(shape, ds["stage3_max_reuse_distance"] if keeps else 0)
 
     # --- generation: this process's prompts x G ------------------------------------------------------------
     prompts, group = math.ceil(batch.prompts / n), args.num_generations
     kv_per_token = 2 * layers * shape.num_kv_heads * shape.head_dim * c  # keys/values come out in c
-    p["generation_weights"] = (total * g + (trainable_bytes if lora else 0)) if strategy == "fsdp" else 0
-    if strategy == "zero3":  # a persistent full copy, refreshed before each generation
-        p["generation_copy"] = full_weights
-    sampler_dtype = getattr(args, "generation_dtype", "auto")
-    vllm = args.use_vllm  # vLLM generates: its weights in its own reservation, no in-process buffers
+    # the full weights generation reads, for the generation call (and a vLLM push): FSDP gathers its units
+    # in g; ZeRO-3 fills a copy in the weights' dtype one gathered parameter at a time
+    full_copy = 0
+    if strategy == "fsdp":
+        full_copy = total * g + (trainable_bytes if lora else 0)
+    elif zero3:
+        full_copy = full_weights + w * max(vocab * hidden, shape.intermediate_size * hidden)
+    p["generation_weights"] = full_copy
     if sampler_dtype not in ("auto", w_name) and not vllm:  # the sampler's copy (sampling.off_policy)
-        p["generation_copy"] = p.get("generation_copy", 0) + total * DTYPE_BYTES[sampler_dtype]
+        p["generation_copy"] = total * DTYPE_BYTES[sampler_dtype]
     # fast (and auto, which picks it for the architectures planned here): fused [q; k; v] and [gate; up];
     # each prompt's cache once
     if args.generation_backend in ("fast", "auto"):
         shapes = shape.linear_shapes()
-        fused = sum(i * o for name, (i, o) in shapes.items() if name not in ("o_proj", "down_proj"))
-        p["generation_weights"] += layers * fused * g
+        fused_proj = sum(i * o for name, (i, o) in shapes.items() if name not in ("o_proj", "down_proj"))
+        p["generation_weights"] += layers * fused_proj * g
         if c != g and not lora:  # autocast caches casts of the weights applied as modules
-            p["generation_weights"] += c * (layers * (linear_layer - fused) + vocab * hidden)
+            p["generation_weights"] += c * (layers * (linear_layer - fused_proj) + vocab * hidden)
         call_prompts = min(args.generation_micro_batch_size or prompts, prompts)  # prompts per call
         prefill_rows = min(FAST_PREFILL_PROMPTS, call_prompts)
         kv_tokens = call_prompts * prompt + call_prompts * group * completion
@@ -342,15 +438,16 @@ def plan_memory(
         + 3 * call_prompts * group * vocab * 4  # logits, processed scores, CDF: float32 [rows, V]
         + extra_cache
     )
-    if vllm:  # the engine batches and caches in its reservation; FSDP still gathers the weights to push
+    if vllm:  # the engine batches and caches in its reservation; the full weights are still read to push
         p["kv_cache"] = p["generation_activations"] = 0
-        p["generation_weights"] = total * g + (trainable_bytes if lora else 0) if strategy == "fsdp" else 0
+        p["generation_weights"] = full_copy
         colocated = args.vllm_mode == "colocate" and device_bytes is not None
         p["vllm_engine"] = math.ceil(args.vllm_gpu_memory_utilization * device_bytes) if colocated else 0
 
     # --- phases -------------------------------------------------------------------------------------------
-    resident = p["weights"] + p["optimizer"] + p["grad_buckets"] + (0 if offloaded else p.get("reference", 0))
-    resident += p.get("generation_copy", 0)
+    resident = p["weights"] + p.get("master_weights", 0) + p["optimizer"] + p["grad_buckets"]
+    resident += (0 if offloaded else p.get("reference", 0)) + p.get("generation_copy", 0)
+    # generation (and a vLLM push, in the same full-weights context): the engine awake, even in sleep mode
     phases = {"generation": resident + p["generation_weights"] + p["kv_cache"] + p["generation_activations"]}
     phases["generation"] += p.get("vllm_engine", 0)
     if not args.vllm_enable_sleep_mode:  # else the engine sleeps through the passes and the update
@@ -358,21 +455,27 @@ def plan_memory(
     passes = []
     if args.beta > 0:
         passes.append(p["logprob_pass"] + (p["reference"] if offloaded else 0))
-    # pi_old: off-policy updates, or a sampler that is not pi_old (another dtype, vLLM) with the correction
-    # on (sampling.off_policy)
-    corrected = (vllm or sampler_dtype not in ("auto", w_name)) and args.vllm_importance_sampling_correction
-    if batch.optimizer_steps > 1 or corrected:
+    if old_pass:
         passes.append(p["logprob_pass"] + policy_casts)
     if passes:
-        phases["logprobs"] = resident + p.get("fsdp_gathered", 0) + max(passes)
-    # gradients grow while activations are freed: the backward's peak is at its start, unless earlier
-    # micro-batches of the same optimizer step left their gradients (the LM head's gradient comes first)
-    grads_there = (
-        p["gradients"] if args.gradient_accumulation_steps > 1 else (0 if lora else shard(vocab * hidden * w))
-    )
+        phases["logprobs"] = resident + p.get("gathered", 0) + max(passes)
+    # The backward's peak is at its start (activations at their largest), with the gradients already there:
+    # earlier micro-batches' (DDP, FSDP; the LM head's comes first), ZeRO-2's reduce bucket (allocated
+    # whole on a GPU) and partition, the one gradient ZeRO-3 has not reduced yet. Then the gradients
+    # alone, then optimizer.step() with the gradients it reads.
+    accumulating = args.gradient_accumulation_steps > 1
+    if zero:
+        bucket_first = bucket if device_type == "cuda" else 0
+        grads_there = bucket_first + (grad_bytes * part if accumulating else 0) + largest
+        step_grads = grad_bytes * part  # the bucket is released at the end of the backward
+    elif zero3:
+        grads_there, step_grads = p["gradients"], 0
+    else:
+        grads_there = p["gradients"] if accumulating else (0 if lora else shard(vocab * hidden * w))
+        step_grads = p["gradients"]
     backward = p["activations"] + p["head"] + p.get("autocast_copies", 0) + grads_there
     phases["update"] = (
-        resident + p.get("fsdp_gathered", 0) + max(backward, p["gradients"] + p["optimizer_step"])
+        resident + p.get("gathered", 0) + max(backward, p["gradients"], step_grads + p["optimizer_step"])
     )
     compute = compute_name + (" (autocast)" if autocast else "")
     # fmt: off
