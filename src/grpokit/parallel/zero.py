@@ -153,8 +153,10 @@ class ZeroEngine:
             )
         self.model, self.stage = model, zero_stage(args)
         # stage 3: a copy to generate from, its tensors filled before each generation and released after
-        # (it starts full: samplers that copy the weights once at construction read it)
-        self.generation_model = copy.deepcopy(model) if self.stage == 3 else model
+        self.generation_model = model
+        if self.stage == 3:
+            self.generation_model = copy.deepcopy(model)
+            _release(self.generation_model)
         if autocast is not None:
             _run_forward_under(runner, autocast)
         _register_head(runner, model, self.stage)
@@ -182,8 +184,7 @@ class ZeroEngine:
         try:
             yield
         finally:
-            for param in copies.values():  # the copy keeps its modules (and tied parameters), not its bytes
-                param.data = torch.empty(0, dtype=param.dtype, device=param.device)
+            _release(self.generation_model)
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Stage 3: the full weights on the CPU (a collective); below: None (the model's own are whole)."""
@@ -212,6 +213,12 @@ class ZeroEngine:
             return None if norm is None else torch.as_tensor(float(norm))
 
         return step
+
+
+def _release(model: torch.nn.Module) -> None:
+    """Free the storage of ``model``'s parameters; the modules (and tied parameters) stay."""
+    for param in model.parameters():
+        param.data = torch.empty(0, dtype=param.dtype, device=param.device)
 
 
 def _run_forward_under(module: torch.nn.Module, context: Callable[[], AbstractContextManager[Any]]) -> None:

@@ -182,10 +182,11 @@ class GRPOTrainer:
         # the sampler (the policy, its copy in generation_dtype, or rollout_backend) and its IS correction,
         # on for every batch when the samples are drawn ahead from older copies of the policy
         ahead = draws_ahead(self.args)
-        self.backend, self.correction = make_sampler(
-            self.args, self.generation_model, rollout_backend, self.strategy, step_sync=True,
-            drawn_ahead=ahead,
-        )  # fmt: skip
+        with self.placed.generation_weights():  # full weights for a sampler that copies them (ZeRO-3: filled)
+            self.backend, self.correction = make_sampler(
+                self.args, self.generation_model, rollout_backend, self.strategy, step_sync=True,
+                drawn_ahead=ahead,
+            )  # fmt: skip
         # a sampler with its own copy of the weights (vLLM) gets them once per step, after the update
         self.weight_sync = WeightSync(self.backend, self.placed.generation_weights)
         self.prompt_stats, curriculum = prompt_statistics(self.args, len(self.train_rows))
