@@ -35,21 +35,22 @@ def _bridge_trl_import_utils() -> None:
 _bridge_trl_import_utils()
 
 
-def _hub_ids(item) -> set[str]:
-    ids = set()
+def _hub_ids(item) -> tuple[set[str], set[str]]:
+    """Hub ids in this item's parameters, and in its test function's body."""
+    params, body_ids = set(), set()
     callspec = getattr(item, "callspec", None)
     if callspec is not None:
         for value in callspec.params.values():
             if isinstance(value, str):
-                ids.update(_HUB_ID.findall(repr(value)))
+                params.update(_HUB_ID.findall(repr(value)))
     try:
         source = inspect.getsource(item.function)
     except (OSError, TypeError):
-        return ids
+        return params, body_ids
     # The body only: the decorators list every parametrized id, not just this item's.
     body = source[source.find("def ") :] if "def " in source else source
-    ids.update(_HUB_ID.findall(body))
-    return ids
+    body_ids.update(_HUB_ID.findall(body))
+    return params, body_ids
 
 
 def _missing(ids: set[str]) -> list[str]:
@@ -68,6 +69,9 @@ def _missing(ids: set[str]) -> list[str]:
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_setup(item):
     # trylast: TRL's own skip marks (accelerator, vLLM, liger, ...) are evaluated first and win.
-    missing = _missing(_hub_ids(item))
+    params, body_ids = _hub_ids(item)
+    # Report the item's own parameter if that is what is missing (the body may name other models in
+    # conditions); otherwise whatever the body loads.
+    missing = _missing(params) or _missing(body_ids)
     if missing:
         pytest.skip(f"{NOT_BUILT}: {', '.join(missing)}")

@@ -89,19 +89,27 @@ def parse_junit(xml: Path) -> dict[str, dict]:
 
 
 def cause(result: dict) -> str:
-    """Exception type + first 80 characters of the message's first line (addresses and ids normalised)."""
+    """Exception type + first 80 characters of the message's first line (addresses normalised).
+
+    Two refinements: a bare ``assert ...`` message is an AssertionError; a ``pytest.raises(match=...)``
+    mismatch ("Regex pattern did not match.") is labelled with the exception's actual message instead, since
+    the first line is the same for every mismatch.
+    """
     message = result["message"].strip()
     if result["outcome"] == "skipped":
         return "skipped: " + message.splitlines()[0][:80] if message else "skipped"
-    first = message.splitlines()[0] if message else ""
-    first = re.sub(r"0x[0-9a-f]+", "0x…", first)
-    match = re.match(
-        r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Failed|Timeout)?):\s?(.*)$", first
-    )
-    if match and (match.group(1)[0].isupper() or "." in match.group(1)):
+    lines = message.splitlines() or [""]
+    first = re.sub(r"0x[0-9a-f]+", "0x…", lines[0])
+    if first.endswith("Regex pattern did not match."):
+        actual = next((ln.split(":", 1)[1].strip() for ln in lines if "Actual message:" in ln), "")
+        return f"raises(match=) mismatch, actual: {actual.strip(chr(34) + chr(39))[:80]}"
+    if first.startswith("assert "):
+        first = "AssertionError: " + first
+    match = re.match(r"^([A-Za-z_][\w.]*):\s?(.*)$", first)
+    if match and match.group(1).split(".")[-1][:1].isupper():
         exc, text = match.group(1).split(".")[-1], match.group(2)
     else:
-        exc, text = (result["type"].split(".")[-1] or result["outcome"]), first
+        exc, text = (result["type"] or "").split(".")[-1] or result["outcome"], first
     if exc == "Failed" and text.startswith("Timeout"):
         return "Timeout (pytest-timeout)"
     return f"{exc}: {text[:80]}"
@@ -262,6 +270,11 @@ def main(argv=None) -> int:
         xmls["grpokit"], walls["grpokit"] = run_side(
             "grpokit", args.grpokit_python, HERE / ".deps" / "grpokit-side", args.timeout, extra
         )
+    walls_file = WORK / "walls.json"
+    if args.reuse:
+        walls = json.loads(walls_file.read_text()) if walls_file.exists() else {}
+    else:
+        walls_file.write_text(json.dumps(walls) + "\n")
     for side, xml in xmls.items():
         if not xml.exists():
             print(f"no report from the {side} run ({xml}); see {WORK / (side + '.log')}", file=sys.stderr)

@@ -19,7 +19,10 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 TRL_VERSION="${TRL_VERSION:-1.16.0}"
-GRPOKIT_PYTHON="${GRPOKIT_PYTHON:-$ROOT/.venv/bin/python}"
+GRPOKIT_PYTHON="${GRPOKIT_PYTHON:-}"
+if [ -z "$GRPOKIT_PYTHON" ]; then
+    if [ -x "$ROOT/.venv/bin/python" ]; then GRPOKIT_PYTHON="$ROOT/.venv/bin/python"; else GRPOKIT_PYTHON="python3"; fi
+fi
 TRL_VENV="${TRL_VENV:-$ROOT/benchmarks/.venv-trl}"
 TRL_PYTHON="$TRL_VENV/bin/python"
 

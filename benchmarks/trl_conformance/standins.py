@@ -15,11 +15,12 @@ repository: a few hidden units, two layers, bf16 weights, the real model family'
 generation config) and its ``scripts/generate_zen_dataset.py`` (Zen-of-Python prompts, 19 rows, 10% test
 split without shuffling). What differs from the Hub originals:
 
-* Tokenizers are built here: byte-level BPE (GPT-2 byte alphabet, no merges, so text encodes one byte per
-  token) with each family's special tokens. The Qwen family keeps Qwen's real vocabulary size and ids
-  for the byte tokens, the special tokens, and the few word tokens TRL's tests hard-code (tool-call tests
-  decode fixed Qwen ids such as 151657 ``<tool_call>`` or 17453 ``Done``; the strings are read off those
-  tests' comments); every other id decodes to a placeholder ``t<id>``. Other families get a compact vocab.
+* Tokenizers are built here: byte-level BPE (GPT-2 byte alphabet, and merges learned from the chat
+  templates' text, a tool schema and the Zen of Python; deterministic) with each family's special tokens.
+  The Qwen family keeps Qwen's real vocabulary size and ids for the byte tokens, the special tokens, and
+  the few word tokens TRL's tests hard-code (tool-call tests decode fixed Qwen ids such as 151657
+  ``<tool_call>`` or 17453 ``Done``; the strings are read off those tests' comments); the learned pieces
+  take free ids and every other id decodes to a placeholder ``t<id>``. Other families get a compact vocab.
 * Chat templates are the families' original templates as shipped inside the installed TRL package
   (``trl/chat_templates/*.jinja``, which TRL itself uses to recognise a model), so this script must run
   with a Python that has ``trl`` installed (run.sh uses TRL's environment).
