@@ -255,7 +255,11 @@ def main(argv=None) -> int:
         "--reuse", action="store_true", help="summarise the last run's XML reports, run nothing"
     )
     parser.add_argument("--top", type=int, default=15, help="failure groups to print")
-    parser.add_argument("--tag", default="", help="suffix for the results files (e.g. subset)")
+    parser.add_argument(
+        "--tag",
+        default="",
+        help="suffix for the results files (default: 'subset' with -k or pytest arguments)",
+    )
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments, after --")
     args = parser.parse_args(argv)
 
@@ -281,7 +285,8 @@ def main(argv=None) -> int:
             return 1
     summary = summarise(parse_junit(xmls["trl"]), parse_junit(xmls["grpokit"]), walls, args)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = f"trl_conformance-{summary['date']}" + (f"-{args.tag}" if args.tag else "")
+    tag = args.tag or ("subset" if args.k or args.pytest_args else "")  # a subset never overwrites a full run
+    stem = f"trl_conformance-{summary['date']}" + (f"-{tag}" if tag else "")
     (RESULTS / f"{stem}.json").write_text(json.dumps(summary, indent=2) + "\n")
     (RESULTS / f"{stem}.md").write_text(render_markdown(summary))
     print_report(summary, args.top)
