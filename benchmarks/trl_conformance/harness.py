@@ -47,7 +47,8 @@ def run_side(side: str, python: str, deps: Path, timeout: int, pytest_args: list
         HF_HUB_DISABLE_TELEMETRY="1",
         WANDB_DISABLED="true",
         TOKENIZERS_PARALLELISM="false",
-        PYTHONPATH=os.pathsep.join([str(deps), str(HERE)]),
+        # grpokit's side imports this checkout's src/ (a worktree tests its own code, not the installed copy)
+        PYTHONPATH=os.pathsep.join([str(deps), str(HERE)] + ([str(ROOT / "src")] if side == "grpokit" else [])),
     )
     cmd = [
         python, "-m", "pytest", "-c", str(HERE / "pytest.ini"), "--rootdir", str(HERE / "vendor"),
@@ -254,6 +255,13 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--reuse", action="store_true", help="summarise the last run's XML reports, run nothing"
     )
+    parser.add_argument(
+        "--only",
+        choices=("trl", "grpokit"),
+        default=None,
+        help="run one side and summarise it against the other side's last report (TRL's side does not "
+        "change while grpokit is developed: --only grpokit reruns grpokit's side alone)",
+    )
     parser.add_argument("--top", type=int, default=15, help="failure groups to print")
     parser.add_argument(
         "--tag",
@@ -267,17 +275,15 @@ def main(argv=None) -> int:
     extra = list(args.pytest_args) + (["-k", args.k] if args.k else [])
     walls: dict[str, float] = {}
     xmls = {"trl": WORK / "trl.xml", "grpokit": WORK / "grpokit.xml"}
-    if not args.reuse:
-        xmls["trl"], walls["trl"] = run_side(
-            "trl", args.trl_python, HERE / ".deps" / "trl-side", args.timeout, extra
-        )
-        xmls["grpokit"], walls["grpokit"] = run_side(
-            "grpokit", args.grpokit_python, HERE / ".deps" / "grpokit-side", args.timeout, extra
-        )
     walls_file = WORK / "walls.json"
-    if args.reuse:
+    if args.reuse or args.only:
         walls = json.loads(walls_file.read_text()) if walls_file.exists() else {}
-    else:
+    if not args.reuse:
+        pythons = {"trl": args.trl_python, "grpokit": args.grpokit_python}
+        for side in [args.only] if args.only else ["trl", "grpokit"]:
+            xmls[side], walls[side] = run_side(
+                side, pythons[side], HERE / ".deps" / f"{side}-side", args.timeout, extra
+            )
         walls_file.write_text(json.dumps(walls) + "\n")
     for side, xml in xmls.items():
         if not xml.exists():

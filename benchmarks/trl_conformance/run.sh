@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # TRL's own GRPO tests on TRL and on grpokit, one command (see README.md):
 #
-#   bash benchmarks/trl_conformance/run.sh [-k EXPR | --subset EXPR] [--timeout S] [--reuse] [-- PYTEST_ARGS]
+#   bash benchmarks/trl_conformance/run.sh [-k EXPR | --subset EXPR] [--timeout S] [--reuse] [--only trl|grpokit] [-- PYTEST_ARGS]
 #
 # Prepares what is missing, then runs the test file on each side and prints
 # "TRL: N passed; grpokit: M passed" and grpokit's failures grouped by cause; writes
