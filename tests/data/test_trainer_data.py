@@ -38,7 +38,7 @@ def test_a_folder_with_splits_and_renamed_columns_trains_and_evaluates(tiny_mode
     assert trainer.train_rows == [{"prompt": "1+1=", "answer": "2"}, {"prompt": "2+3=", "answer": "5"}]
     assert trainer.eval_rows == [{"prompt": "4+4=", "answer": "8"}]
     trainer.train()
-    assert set(trainer.evaluate()) == {"eval/reward", "eval/rewards/seen_solutions/mean"}
+    assert set(trainer.evaluate()) == {"eval/reward", "eval/rewards/seen_solutions/mean", "eval_loss"}
 
 
 def test_prompts_longer_than_max_prompt_length_are_refused_when_asked(tiny_model_dir, tmp_path):

@@ -157,7 +157,12 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     eval_on_start: bool = False
     """Evaluate once before the first step (a baseline); needs an eval set."""
     per_device_eval_batch_size: int = 64
-    """Prompts per greedy generation call in evaluation."""
+    """Prompts per generation call in evaluation."""
+    num_generations_eval: int | None = None
+    """Completions per eval prompt. None (grpokit's default): one greedy completion per prompt, a
+    deterministic held-out score. A number k (TRL's meaning; TRL's default is ``num_generations``): k
+    completions sampled with the training settings (temperature, top_p, ...), their mean reward, and
+    ``eval_loss`` the GRPO loss of those groups (ratio 1, group advantages, ``beta`` * KL)."""
     save_strategy: Strategy | None = None
     """When to save a resumable checkpoint: "no", every ``save_steps`` steps, or each epoch. None: "steps"
     if ``save_steps`` > 0, else "no". The final model is saved either way."""
@@ -571,6 +576,18 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     def __post_init__(self) -> None:
         self._type_values()
         validate(self)
+        if self.importance_sampling_level == "sequence" and self.loss_type in (
+            "bnpo",
+            "dr_grpo",
+            "dapo",
+            "cispo",
+        ):
+            logger.warning(
+                "GRPOConfig: with importance_sampling_level='sequence' the %r loss sums per-token "
+                "contributions, which weights each sequence by its completion length instead of optimising "
+                "the per-sequence objective; GSPO's setup is loss_type='grpo' (as TRL warns)",
+                self.loss_type,
+            )
         if self.vllm_importance_sampling_cap is not None:
             logger.warning(
                 "GRPOConfig.vllm_importance_sampling_cap is deprecated (as in TRL): it sets "

@@ -107,6 +107,7 @@ def _check_schedule(c: Any) -> None:
         if value is not None:
             require(0 <= value <= MAX_SEED, name, f"must be in [0, 2**32 - 1] (numpy's seeds), got {value}")
     _at_least(c, "per_device_eval_batch_size", 1)
+    _at_least(c, "num_generations_eval", 1, none="one greedy completion per eval prompt")
     _at_least(c, "num_completions_to_print", 0, none="print none")
     _at_least(c, "save_total_limit", 1, none="keep every checkpoint")
 

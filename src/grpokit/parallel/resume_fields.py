@@ -139,7 +139,7 @@ _GROUPS: list[tuple[tuple[str, ...], ResumeRule]] = [
 EVERY_STEP_FIELDS: dict[str, str] = {
     "output, logging, evaluation, checkpoints, tracking, hub": (
         "output_dir logging_steps logging_first_step save_steps save_strategy save_total_limit "
-        "eval_strategy eval_steps eval_on_start per_device_eval_batch_size disable_tqdm "
+        "eval_strategy eval_steps eval_on_start per_device_eval_batch_size num_generations_eval disable_tqdm "
         "log_completions num_completions_to_print report_to run_name project logging_dir push_to_hub "
         "hub_model_id hub_strategy hub_private_repo hub_revision"
     ),

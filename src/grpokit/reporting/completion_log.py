@@ -9,7 +9,8 @@ One JSON line per completion of the step's whole batch (all processes)::
      "reward": 1.1, "advantage": 0.84}
 
 ``rewards`` holds each function's value (null where it returned None), ``reward`` the weighted sum the
-advantage was computed from, ``advantage`` the group-relative (outcome) advantage of the completion.
+advantage was computed from, ``advantage`` the group-relative (outcome) advantage of the completion, and
+``extra`` (when a reward function called TRL's ``log_extra``) the logged columns' values.
 """
 
 from __future__ import annotations
@@ -88,6 +89,8 @@ class CompletionLog:
         self.is_logged = is_logged
         self.gather = gather
         self.enabled = enabled
+        self.last: list[dict[str, Any]] = []
+        """The records of the last logged step (every process's), as written."""
 
     @property
     def wanted(self) -> bool:
@@ -98,18 +101,26 @@ class CompletionLog:
         """At a logged step: every process's completions with their rewards and advantages."""
         if not (self.wanted and self.is_logged(step)):
             return
-        pairs = [(row["prompt"], text) for row, text in zip(samples.rows, samples.texts)]
+        extra = samples.extra or {}
+        columns = [{name: values[i] for name, values in extra.items()} for i in range(len(samples.texts))]
+        triples = [
+            (row["prompt"], text, cols) for row, text, cols in zip(samples.rows, samples.texts, columns)
+        ]
         if self.gather is not None:
-            pairs = self.gather(pairs)  # every process's, in process order: the order of the scores
+            triples = self.gather(triples)  # every process's, in process order: the order of the scores
         records = completion_records(
-            [p for p, _ in pairs],
-            [t for _, t in pairs],
+            [p for p, _, _ in triples],
+            [t for _, t, _ in triples],
             self.reward_names,
             scores.rewards,
             scores.combined,
             scores.advantages,
             scores.kept,
         )
+        for record, (_, _, cols) in zip(records, triples):
+            if cols:  # the reward functions' log_extra columns
+                record["extra"] = cols
+        self.last = records
         self.log(step, records)
 
     def log(self, step: int, records: list[dict[str, Any]]) -> None:

@@ -38,7 +38,10 @@ ProcessRewardFunc = Callable[..., Sequence[Sequence[float] | None]]
 """``fn(prompts, completions, steps, **columns) -> list[list[float] | None]``, one float per step."""
 
 
-PASSED = frozenset({"prompts", "completions", "completion_ids", "trainer_state", "steps", "step_spans"})
+PASSED = frozenset({
+    "prompts", "completions", "completion_ids", "trainer_state", "steps", "step_spans",
+    "log_metric", "log_extra",
+})  # fmt: skip
 """Keywords every call passes (not dataset columns)."""
 
 

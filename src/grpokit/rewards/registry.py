@@ -186,8 +186,8 @@ def _processing_classes(classes: Any, count: int) -> list[Any]:
         classes = [classes]
     if len(classes) != count:
         raise ValueError(
-            f"reward_processing_classes: {len(classes)} given for {count} reward function(s); give one per "
-            "reward function (None where it is not a reward model)"
+            f"reward_processing_classes: {len(classes)} given for {count} reward function(s); the "
+            "numbers must match: give one per reward function (None where it is not a reward model)"
         )
     return list(classes)
 

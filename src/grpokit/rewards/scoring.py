@@ -39,6 +39,7 @@ import torch
 
 from grpokit.core import combine_rewards
 from grpokit.rewards.bounded import BoundedCaller, CallTimeout
+from grpokit.rewards.reward_logs import RewardLogs
 
 __all__ = [
     "ON_ERROR",
@@ -262,6 +263,7 @@ def score_completions(
     trainer_state: Any = None,
     on_error: str = "raise",
     timeout: float | None = None,
+    reward_logs: RewardLogs | None = None,
 ) -> tuple[torch.Tensor, dict[str, int]]:
     """Score N completions with F reward functions, each call within ``timeout`` seconds (None: unbounded;
     a slower call is a failure under ``on_error``).
@@ -269,6 +271,8 @@ def score_completions(
     Returns ``(rewards, failures)``: ``rewards`` is a float32 tensor [N, F] with NaN where a function
     returned None (or failed, with ``on_error="none"``); ``failures`` maps each function's unique metric name
     (:func:`reward_names`) to its number of failed values in this call (0 when all went well).
+    ``reward_logs``: where the functions' ``log_metric`` / ``log_extra`` calls go (None: where nothing
+    reads them, e.g. ``grpokit eval``, they are accepted and not recorded).
     """
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
@@ -277,6 +281,8 @@ def score_completions(
     names = reward_names(funcs)
     kwargs = {"prompts": prompts, "completions": completions, "completion_ids": completion_ids}
     kwargs.update(columns, trainer_state=trainer_state)
+    # TRL's log_metric / log_extra keywords (grpokit.rewards.reward_logs), always passed as TRL does
+    kwargs.update((reward_logs or RewardLogs()).keywords(n))
     outcomes = call_reward_functions(funcs, kwargs, timeout)
     matrix = torch.full((n, len(funcs)), math.nan, dtype=torch.float32)  # [N, F]
     failures = dict.fromkeys(names, 0)

@@ -37,6 +37,8 @@ class Samples:
     """Completions of each prompt (adaptive group sizes); None: every group has n / len(prompt_ids)."""
     episodes: list[Any] | None = None
     """[n] multi-turn episodes (``grpokit.envs.episodes.Episode``) when the run has an environment."""
+    extra: dict[str, list[Any]] | None = None
+    """Columns the reward functions logged with ``log_extra``: [n] values each (None: none)."""
 
     def sizes(self) -> list[int]:
         """The size of every group, in order."""

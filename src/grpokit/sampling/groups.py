@@ -70,6 +70,8 @@ class Round:
     """[P * k] the training rows the groups were drawn for."""
     failures: dict[str, float]
     """``rewards/<name>/failures`` on this process."""
+    logged: dict[str, float] = field(default_factory=dict)
+    """The metrics reward functions logged with ``log_metric`` (their means over the round's calls)."""
 
 
 class DrawRound(Protocol):
@@ -328,6 +330,10 @@ def join_rounds(rounds: list[Round], num_processes: int) -> Drawn:
     per_process = [r.rewards.unflatten(0, (num_processes, len(r.rewards) // num_processes)) for r in rounds]
     rewards = torch.cat(per_process, 1).flatten(0, 1)  # [M, F]
     failures = {k: sum(r.failures.get(k, 0.0) for r in rounds) for k in rounds[0].failures}
+    logged: dict[str, list[float]] = {}  # log_metric means of the rounds that logged each metric
+    for r in rounds:
+        for name, value in r.logged.items():
+            logged.setdefault(name, []).append(value)
     return Drawn(
         samples=concat_samples([r.samples for r in rounds]),
         rewards=rewards,
@@ -335,6 +341,7 @@ def join_rounds(rounds: list[Round], num_processes: int) -> Drawn:
         prompt_indices=_process_major([r.prompt_indices for r in rounds], num_processes),
         failures=failures,
         rounds=len(rounds),
+        metrics={name: sum(values) / len(values) for name, values in logged.items()},
     )
 
 
@@ -368,12 +375,26 @@ def concat_samples(parts: list[Samples]) -> Samples:
         [text for p in parts for text in p.texts],
         group_sizes=[g for p in parts for g in p.sizes()],
         episodes=_joined([p.episodes for p in parts]),
+        extra=_joined_columns([p.extra for p in parts], [len(p.texts) for p in parts]),
     )
 
 
 def _joined(lists: list[list[Any] | None]) -> list[Any] | None:
     """The lists one after another; None when any is None (a field only some parts have is dropped)."""
     return None if any(x is None for x in lists) else [item for x in lists for item in x]
+
+
+def _joined_columns(
+    parts: list[dict[str, list[Any]] | None], lengths: list[int]
+) -> dict[str, list[Any]] | None:
+    """Logged columns of several parts, one after another; a column a part lacks is None on its rows."""
+    names = list(dict.fromkeys(name for p in parts if p for name in p))
+    if not names:
+        return None
+    return {
+        name: [v for p, n in zip(parts, lengths) for v in ((p or {}).get(name) or [None] * n)]
+        for name in names
+    }
 
 
 def select_groups(samples: Samples, groups: list[int]) -> Samples:
@@ -396,6 +417,7 @@ def _group_payloads(samples: Samples) -> list[dict[str, Any]]:
             "policy_mask": None if generated.policy_mask is None else generated.policy_mask[rows],
             "episodes": None if samples.episodes is None else samples.episodes[rows],
             "texts": samples.texts[rows],
+            "extra": None if samples.extra is None else {k: v[rows] for k, v in samples.extra.items()},
         })  # fmt: skip
         start += size
     return out
@@ -418,6 +440,7 @@ def _samples_from_payloads(groups: list[dict[str, Any]]) -> Samples:
         [text for g in groups for text in g["texts"]],
         group_sizes=[len(g["texts"]) for g in groups],
         episodes=_joined([g["episodes"] for g in groups]) if groups else None,
+        extra=_joined_columns([g["extra"] for g in groups], [len(g["texts"]) for g in groups]),
     )
 
 

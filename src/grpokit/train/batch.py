@@ -6,6 +6,7 @@ N = prompts x G completions of the whole step, n = this process's share; groups 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,9 +15,12 @@ import torch
 from grpokit.core import pad_left, pad_right
 from grpokit.data.chat import as_completion
 from grpokit.data.loading import reward_columns
+from grpokit.rewards.reward_logs import RewardLogs
 from grpokit.rewards.scoring import score_completions
 from grpokit.rollout.records import RolloutBatch, Samples
 from grpokit.train.forward import no_grad_logprobs
+
+logger = logging.getLogger("grpokit")
 
 __all__ = [
     "LogprobPass",
@@ -32,11 +36,13 @@ def score_samples(
     trainer_state: dict[str, Any],
     on_error: str,
     timeout: float | None = None,
+    reward_logs: RewardLogs | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Samples -> ``(rewards [n, F] with NaN for None, rewards/<name>/failures)``: every reward function
     called with TRL's keywords (completions as the prompt's format has them, the rows' columns,
     ``trainer_state``) under the failure policy ``on_error``, each call within ``timeout`` seconds
-    (``grpokit.rewards.score_completions``)."""
+    (``grpokit.rewards.score_completions``); their ``log_metric`` / ``log_extra`` calls go to
+    ``reward_logs``."""
     rows = samples.rows
     matrix, failures = score_completions(
         reward_funcs,
@@ -47,7 +53,16 @@ def score_samples(
         trainer_state=trainer_state,
         on_error=on_error,
         timeout=timeout,
+        reward_logs=reward_logs,
     )
+    unscored = torch.isnan(matrix).all(dim=1) if matrix.shape[1] else torch.zeros(0, dtype=torch.bool)  # [n]
+    if bool(unscored.any()):  # such a row counts as reward 0 in its group's advantages
+        row = int(unscored.nonzero()[0])
+        logger.warning(
+            "All reward functions returned None for the following kwargs:\n%s\nfor %d of %d completions this "
+            "step; please ensure that at least one reward function returns a valid reward",
+            {**rows[row], "completion": samples.texts[row]}, int(unscored.sum()), len(rows),
+        )  # fmt: skip
     return matrix, {f"rewards/{name}/failures": float(count) for name, count in failures.items()}
 
 

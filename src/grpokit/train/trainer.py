@@ -27,7 +27,7 @@ from grpokit.core import multi_reward_advantages
 from grpokit.data.chat import encode_prompt
 from grpokit.data.loading import load_dataset_rows
 from grpokit.envs.sampler import EpisodeSampler, sample_groups, template_kwargs
-from grpokit.models.policy import check_special_tokens, load_policy, tokenizer_of
+from grpokit.models.policy import check_special_tokens, load_policy, tokenizer_of, warn_router_loss_not_added
 from grpokit.parallel.cpu_runtime import apply_cpu_runtime
 from grpokit.parallel.distributed import (
     any_process,
@@ -46,6 +46,7 @@ from grpokit.reporting.metrics import PhaseTimer, progress_fields, reward_means,
 from grpokit.reporting.metrics_log import MetricsLogger, plot_metrics
 from grpokit.reporting.publish import Publisher
 from grpokit.rewards.base import refuse_missing_columns
+from grpokit.rewards.reward_logs import RewardLogs
 from grpokit.rollout import RolloutBackend, SamplingParams
 from grpokit.rollout.records import RolloutBatch, Samples
 from grpokit.rollout.vllm_common import require_vllm
@@ -53,6 +54,7 @@ from grpokit.sampling.async_draw import AsyncDrawer, check_async_generation, dra
 from grpokit.sampling.groups import DrawSettings, GroupDrawer, GroupSizes, Round, prompt_statistics
 from grpokit.sampling.off_policy import WeightSync, make_sampler
 from grpokit.train.batch import LogprobPass, pad_samples, score_samples
+from grpokit.train.evaluation import eval_advantages, eval_loss
 from grpokit.train.forward import PolicyLogprobs
 from grpokit.train.hooks import StepHooks, run_hooks
 from grpokit.train.process_supervision import EpisodeSupervision
@@ -155,6 +157,7 @@ class GRPOTrainer:
         )
         episode_hook = EpisodeSupervision.for_run(self.args, self.episodes is not None)  # env/*, turn rewards
         self.model = load_policy(model, self.args, peft_config)
+        warn_router_loss_not_added(self.model)  # (TRL adds an MoE model's load-balancing loss)
         self.gather = gather_across_processes(self.accelerator)  # lists from every process, or None
         rewards = run_rewards(
             self.args, reward_funcs, process_reward_funcs, iterative_reward_model, rm_label_func,
@@ -255,6 +258,33 @@ class GRPOTrainer:
         return self.callbacks.state
 
     @property
+    def aux_loss_enabled(self) -> bool:
+        """TRL's: whether a mixture-of-experts load-balancing loss is added to the loss. Never in grpokit
+        (``router_aux_loss_coef`` is refused; a warning at construction says so for an MoE policy)."""
+        return False
+
+    @property
+    def _logs(self) -> dict[str, Any]:
+        """TRL's table of the last logged completions: ``prompt``, ``completion``, ``rewards`` (per function),
+        ``advantages`` and ``extra`` (the reward functions' ``log_extra`` columns), lists over the
+        completions of the last step written to the completion log (``log_completions``)."""
+        records = self.completion_log.last
+        extra_names = list(dict.fromkeys(name for r in records for name in r.get("extra", {})))
+        return {
+            "prompt": [r["prompt"] for r in records],
+            "completion": [r["completion"] for r in records],
+            "rewards": {name: [r["rewards"][name] for r in records] for name in self.reward_names},
+            "advantages": [r["advantage"] for r in records],
+            "extra": {name: [r.get("extra", {}).get(name) for r in records] for name in extra_names},
+        }
+
+    @property
+    def reward_processing_classes(self) -> list[Any]:
+        """TRL's: the tokenizer of each reward function that is a reward model (given in
+        ``reward_processing_classes`` or the model's own), None for the others; one per reward function."""
+        return [getattr(func, "tokenizer", None) for func in self.reward_funcs]
+
+    @property
     def ref_model(self) -> torch.nn.Module | None:
         """The frozen reference model (TRL's ``trainer.ref_model``): None when ``beta`` is 0 or the policy is
         a PEFT model (its reference is the base with the adapters disabled)."""
@@ -279,6 +309,7 @@ class GRPOTrainer:
             self.weight_sync.mark_changed()  # the restored weights reach vLLM before its next generation
         history: list[dict[str, float]] = []
         started, first_step, losses = time.perf_counter(), self.step, []
+        last_metrics: dict[str, float] = {}
         main = self.accelerator.is_main_process
         hide = self.args.disable_tqdm or not self.accelerator.is_local_main_process
         bar = tqdm(total=self.max_steps, initial=self.step, desc="GRPO", disable=hide)
@@ -298,6 +329,7 @@ class GRPOTrainer:
                 callbacks.step_begin()
                 metrics = self.training_step()
                 losses.append(metrics.get("loss", math.nan))
+                last_metrics = metrics
                 if self.threads is not None:  # no more torch threads than the cores left idle
                     self.threads.after_step()
                 self.step += 1
@@ -327,7 +359,9 @@ class GRPOTrainer:
             self.publisher.run_finished(self.reward_names, self.logger.read)
         summary = run_summary(losses, time.perf_counter() - started, self.step - first_step,
                               schedule.epoch(self.step))  # fmt: skip
-        callbacks.log(summary)  # the last entry of state.log_history, as transformers' Trainer writes it
+        # the last entry of state.log_history, as transformers' Trainer writes it; like TRL's, it also carries
+        # the metrics of the last step (reward, rewards/*, kl, ...; its loss is in train_loss)
+        callbacks.log({**{k: v for k, v in last_metrics.items() if k != "loss"}, **summary})
         callbacks.event("on_train_end")
         return TrainHistory(history, self.step, summary)
 
@@ -338,7 +372,7 @@ class GRPOTrainer:
         self.callbacks.log(metrics)
 
     def _evaluate_with_callbacks(self) -> dict[str, float]:
-        metrics = self.evaluate(batch_size=self.args.per_device_eval_batch_size)
+        metrics = self.evaluate()
         self.callbacks.event("on_evaluate", metrics=metrics)
         return metrics
 
@@ -406,9 +440,13 @@ class GRPOTrainer:
             samples = self.sample([self.train_rows[i] for i in indices], group_sizes=sizes, backend=backend)
         # 2. score: every reward function on every completion; the reward matrix of every process
         with timer.phase("reward"):
-            rewards, failures = self.reward_matrix(samples)  # [n, F], NaN where a function returned None
+            logs = RewardLogs()  # what the reward functions log with log_metric / log_extra
+            rewards, failures = self.reward_matrix(
+                samples, logs
+            )  # [n, F], NaN where a function returned None
             every = self.accelerator.gather(rewards.to(self.accelerator.device)).cpu()  # [P * n, F]
-            return Round(samples, every, self._gathered(sizes), self._gathered(indices), failures)
+            logged, samples.extra = logs.take()
+            return Round(samples, every, self._gathered(sizes), self._gathered(indices), failures, logged)
 
     def rollout_batch(self, samples: Samples, advantages: torch.Tensor) -> RolloutBatch:
         """Step 4: prompts left-padded, completions right-padded, ``advantages`` [n] (this process's);
@@ -434,45 +472,72 @@ class GRPOTrainer:
         texts = self.tokenizer.batch_decode(generated.completion_ids, skip_special_tokens=True)
         return Samples(rows, prompt_ids, generated, texts, group_sizes=sizes, episodes=run)
 
-    def reward_matrix(self, samples: Samples) -> tuple[torch.Tensor, dict[str, float]]:
+    def reward_matrix(
+        self, samples: Samples, reward_logs: RewardLogs
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         """``(rewards [n, F] with NaN for None, rewards/<name>/failures)`` under ``reward_failure`` and
-        ``reward_timeout``."""
+        ``reward_timeout``; the functions' ``log_metric`` / ``log_extra`` go to ``reward_logs``."""
         state = self.callbacks.snapshot()  # TRL passes the TrainerState (global_step, max_steps, ...)
         return score_samples(
-            self.reward_funcs, samples, state, self.args.reward_failure, self.args.reward_timeout
-        )
+            self.reward_funcs, samples, state, self.args.reward_failure, self.args.reward_timeout,
+            reward_logs=reward_logs,
+        )  # fmt: skip
 
-    def evaluate(self, eval_dataset: Any = None, batch_size: int = 64) -> dict[str, float]:
-        """``eval/reward`` and ``eval/rewards/<name>/mean`` of one greedy completion per row of
-        ``eval_dataset`` (default: the trainer's); named eval sets (a dict, as TRL takes them) give
-        ``eval/<set>/reward``, ... for each. Each process completes every ``num_processes``-th row and the
-        rewards are gathered, so every row counts once."""
+    def evaluate(self, eval_dataset: Any = None, batch_size: int | None = None) -> dict[str, float]:
+        """``eval/reward``, ``eval/rewards/<name>/mean`` and ``eval_loss`` of the eval prompts (default: the
+        trainer's eval set): one greedy completion per prompt, or ``num_generations_eval`` sampled ones
+        (``grpokit.train.evaluation``). Named eval sets (a dict or ``DatasetDict``, as TRL takes them) give
+        ``eval/<set>/reward``, ... and ``eval_<set>_loss`` for each. Each process completes every
+        ``num_processes``-th prompt and the results are gathered, so every prompt counts once.
+        ``batch_size``: prompts per generation call (default ``per_device_eval_batch_size``)."""
         sets = self.eval_rows if eval_dataset is None else self._load_eval_sets(eval_dataset)
         if sets is None:
             raise ValueError("evaluate: no eval_dataset (give one here or to GRPOTrainer)")
+        size = batch_size or self.args.per_device_eval_batch_size
         if isinstance(sets, dict):
             return {k: v for name, rows in sets.items() for k, v in self._evaluate_rows(
-                rows, batch_size, prefix=f"eval/{name}/").items()}  # fmt: skip
-        return self._evaluate_rows(sets, batch_size, prefix="eval/")
+                rows, size, prefix=f"eval/{name}/", loss_key=f"eval_{name}_loss").items()}  # fmt: skip
+        return self._evaluate_rows(sets, size, prefix="eval/", loss_key="eval_loss")
 
-    def _evaluate_rows(self, rows: list[dict[str, Any]], batch_size: int, prefix: str) -> dict[str, float]:
+    def _evaluate_rows(
+        self, rows: list[dict[str, Any]], batch_size: int, prefix: str, loss_key: str
+    ) -> dict[str, float]:
         num_funcs, num_processes = len(self.reward_funcs), self.accelerator.num_processes
+        per_prompt = self.args.num_generations_eval  # None: one greedy completion
         share = rows[self.accelerator.process_index :: num_processes]
-        parts = [torch.empty(0, num_funcs)]
+        parts, weighted_loss, tokens = [torch.empty(0, num_funcs)], 0.0, 0
+        logs = RewardLogs()  # the reward functions' log_metric values: eval metrics of their own
         for start in range(0, len(share), batch_size):
-            samples = self.sample(share[start : start + batch_size], greedy=True)
-            parts.append(self.reward_matrix(samples)[0])
-        matrix = torch.cat(parts)  # [len(share), F]
+            chunk = share[start : start + batch_size]
+            sizes = None if per_prompt is None else [per_prompt] * len(chunk)
+            samples = self.sample(chunk, greedy=per_prompt is None, group_sizes=sizes)
+            rewards = self.reward_matrix(samples, logs)[0]  # [n, F]
+            parts.append(rewards)
+            advantages = eval_advantages(rewards, self.reward_weights, samples.group_sizes, self.args)
+            with self.accelerator.autocast():
+                loss, count = eval_loss(
+                    samples, advantages, loss=self.loss, scorer=self.placed.scorer, reference=self.reference,
+                    temperature=self.args.temperature, micro_batch_size=batch_size, padding=self._padding(),
+                )  # fmt: skip
+            weighted_loss, tokens = weighted_loss + loss * count, tokens + count
+        matrix = torch.cat(parts)  # [len(share) * completions per prompt, F]
         if num_processes > 1:  # every process's rows, in process order
             matrix = torch.tensor(gather_object(matrix.tolist()), dtype=torch.float32).reshape(-1, num_funcs)
-        return reward_means(matrix, self.reward_weights, self.reward_names, prefix=prefix)
+            totals = gather_object([(weighted_loss, tokens)])
+            weighted_loss, tokens = sum(t[0] for t in totals), sum(t[1] for t in totals)
+        metrics = reward_means(matrix, self.reward_weights, self.reward_names, prefix=prefix)
+        metrics.update(
+            {f"{prefix}{name}": value for name, value in logs.take()[0].items()}
+        )  # (this process's)
+        metrics[loss_key] = weighted_loss / tokens if tokens else math.nan  # token-weighted over the batches
+        return metrics
 
     def _load_eval_sets(self, source: Any) -> list[dict[str, Any]] | dict[str, list[dict[str, Any]]] | None:
-        """An eval set's rows, or named eval sets (a plain dict of name -> data set, as TRL's
-        ``eval_dataset``; a ``DatasetDict`` is one data set whose ``dataset_test_split`` is used)."""
+        """An eval set's rows, or named eval sets: a dict of name -> data set, a ``DatasetDict`` or an
+        ``IterableDatasetDict`` is evaluated set by set, as TRL's (transformers') ``eval_dataset``."""
         if source is None:
             return None
-        if type(source) is dict:  # named sets (a DatasetDict, a dict subclass, is one data set)
+        if isinstance(source, dict):  # named sets (DatasetDict and IterableDatasetDict are dicts)
             if not source:
                 raise ValueError("eval_dataset: an empty dict of named eval sets; give at least one")
             return {
