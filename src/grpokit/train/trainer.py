@@ -37,6 +37,7 @@ from grpokit.parallel.distributed import (
     placement,
     prepare_policy,
 )
+from grpokit.parallel.hardware import log_bf16_support
 from grpokit.parallel.run_state import RunState
 from grpokit.parallel.stopping import NonfiniteGuard, StopSignals
 from grpokit.parallel.threads import ThreadPolicy
@@ -141,6 +142,8 @@ class GRPOTrainer:
         self.threads = ThreadPolicy.for_run(self.args, cpu=cpu)
         apply_cpu_runtime(self.args, cpu=cpu)
         main = self.accelerator.is_main_process
+        if main:  # bf16 matrix units (AMX, Arm BF16, tensor cores) and whether this run computes in bf16
+            log_bf16_support(self.accelerator.device, self.args.mixed_precision)
         self.publisher = Publisher(self.args, model, train_dataset, is_main=main)  # checks hub access
         self.plan = self.args.batch_plan(self.accelerator.num_processes)
         remote = self.args.trust_remote_code
