@@ -1,8 +1,8 @@
 """``reuse_sampler_logprobs``: with mu = 2 the update needs pi_old's log-probs, and the in-process sampler
 reading the fp32 policy reports them already. They are checked against a plain full forward of the policy
-(``model(ids).logits``, log-softmax at the temperature), the old-policy pass is counted out, and a run with
-the pass and one without take the same losses. Any setting under which the sampler's log-probs are not pi_old's
-to float rounding runs the pass."""
+(``model(ids).logits``, log-softmax at the temperature), the old-policy pass is counted out, and a run
+with the pass and one without take the same losses. Any setting under which the sampler's log-probs are
+not pi_old's to float rounding runs the pass."""
 
 from __future__ import annotations
 
