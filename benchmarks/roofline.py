@@ -14,7 +14,7 @@ rotary, softmax, sampling) is not counted: the gap between a phase's time and it
 framework overhead and matmuls running below the measured rate.
 
     python benchmarks/roofline.py --results benchmarks/results/summary-2core.json
-    python benchmarks/roofline.py --results RUN.json --precision bf16     # a bf16=true run
+    python benchmarks/roofline.py --results RUN.json --precision bf16     # its grpokit-bf16, trl-bf16 sides
     python benchmarks/roofline.py --results none --workloads W1,W2         # floors only, no run needed
 
 prints one table per workload (markdown). The matmul rates are measured here on torch's current threads; run
@@ -222,6 +222,15 @@ def main() -> None:
         shape = model_shape(folder)
         wl = dataclasses.replace(wl, prompt_len=prompt_tokens(wl, folder))
         measured = results.get(name)
+        if measured:  # the sides of that precision (bench_grpo.py --sides ...,grpokit-bf16,trl-bf16)
+            suffix = "" if args.precision == "fp32" else f"-{args.precision}"
+            g_side = f"grpokit{suffix}" if f"grpokit{suffix}" in measured else "grpokit"
+            t_side = f"trl{suffix}" if f"trl{suffix}" in measured else "trl"
+            measured = {
+                "grpokit": measured[g_side],
+                **({"trl": measured[t_side]} if t_side in measured else {}),
+            }
+            print(f"\n{name}: grpokit side {g_side!r}, TRL side {t_side!r}")
         grpokit = measured["grpokit"]["phases"] if measured else {}
         trl = measured["trl"]["phases"] if measured and "trl" in measured else {}
         print(f"\n{name}: {wl}\n")
