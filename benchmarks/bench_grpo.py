@@ -6,6 +6,11 @@ Normally started by ``bash benchmarks/run.sh`` (which also creates the TRL envir
 
     python benchmarks/bench_grpo.py --trl-python benchmarks/.venv-trl/bin/python [--workloads W1,W2]
         [--rounds 2] [--steps 3] [--threads N] [--impl loop|trainer] [--work-dir DIR]
+        [--sides trl,grpokit,trl-bf16,grpokit-bf16]
+
+A side ``-bf16`` runs with ``bf16=True`` (autocast over the fp32 weights; grpokit: ``--impl trainer``). The
+summary gives every grpokit side's step ratio against every TRL side's (``ratios``); ``step_ratio`` stays
+grpokit / trl, both fp32.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from common import PHASES, WORKLOADS  # noqa: E402
+from common import PHASES, WORKLOADS, side_name  # noqa: E402
 
 
 def run_side(python: str, script: str, args: list[str], env: dict, log_path: str) -> None:
@@ -45,6 +50,8 @@ def summarise(results: list[dict]) -> dict:
         "peak_rss_mib": max(r["peak_rss_mib"] for r in results),
         "num_steps": len(steps),
         "step_times": [round(s["step"], 3) for s in steps],
+        "precision": results[0].get("precision", "fp32"),
+        "old_logprobs_from_sampler": results[0].get("old_logprobs_from_sampler"),  # grpokit's trainer, mu > 1
     }
 
 
@@ -73,7 +80,11 @@ def main() -> None:
     ap.add_argument(
         "--impl", choices=("loop", "trainer"), default="loop", help="grpokit side, see side_grpokit.py"
     )
-    ap.add_argument("--sides", default="trl,grpokit")
+    ap.add_argument(
+        "--sides",
+        default="trl,grpokit",
+        help="trl, grpokit, trl-bf16, grpokit-bf16 (bf16=True), comma-separated",
+    )
     ap.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "grpokit-bench"))
     ap.add_argument("--json", default=None, help="also write the summary here")
     a = ap.parse_args()
@@ -99,6 +110,9 @@ def main() -> None:
         TRANSFORMERS_VERBOSITY="error",
     )
     sides = a.sides.split(",")
+    kinds = {side: side_name(side) for side in sides}  # side -> (implementation, precision)
+    if a.impl == "loop" and any(kinds[s] == ("grpokit", "bf16") for s in sides):
+        raise SystemExit("grpokit-bf16 runs with --impl trainer (the loop is fp32)")
     pythons = {"trl": a.trl_python, "grpokit": a.grpokit_python}
     scripts = {"trl": "side_trl.py", "grpokit": "side_grpokit.py"}
     workloads = a.workloads.split(",")
@@ -123,10 +137,12 @@ def main() -> None:
                     "--seed",
                     str(rnd),
                 ]
-                if side == "grpokit":
+                impl, precision = kinds[side]
+                args += ["--precision", precision]
+                if impl == "grpokit":
                     args += ["--impl", a.impl]
                 t0 = time.time()
-                run_side(pythons[side], scripts[side], args, env, out + ".log")
+                run_side(pythons[impl], scripts[impl], args, env, out + ".log")
                 with open(out) as f:
                     result = json.load(f)
                 raw[(side, w)].append(result)
@@ -154,6 +170,14 @@ def main() -> None:
         if "trl" in entry and "grpokit" in entry:
             entry["step_ratio"] = entry["grpokit"]["step_median"] / entry["trl"]["step_median"]
             entry["rss_ratio"] = entry["grpokit"]["peak_rss_mib"] / entry["trl"]["peak_rss_mib"]
+        pairs = [(g, t) for g in sides for t in sides if kinds[g][0] == "grpokit" and kinds[t][0] == "trl"]
+        entry["ratios"] = {
+            f"{g}/{t}": {
+                "step": entry[g]["step_median"] / entry[t]["step_median"],
+                "rss": entry[g]["peak_rss_mib"] / entry[t]["peak_rss_mib"],
+            }
+            for g, t in pairs
+        }
         summary["workloads"][w] = entry
 
     print(
@@ -168,13 +192,13 @@ def main() -> None:
             f"\n{w}: {wl.num_prompts} prompts x G={wl.num_generations}, prompt {wl.prompt_len} tokens, "
             f"{wl.max_new_tokens} new tokens, beta {wl.beta}, mu {wl.num_iterations}"
         )
-        header = f"  {'phase (median s)':18s}" + "".join(f"{s:>12s}" for s in sides)
+        header = f"  {'phase (median s)':18s}" + "".join(f"{s:>14s}" for s in sides)
         if "step_ratio" in entry:
             header += f"{'grpokit/trl':>14s}"
         print(header)
         for p in (*PHASES, "step"):
             vals = [entry[s]["phases"][p] if p != "step" else entry[s]["step_median"] for s in sides]
-            line = f"  {p:18s}" + "".join(f"{v:12.3f}" for v in vals)
+            line = f"  {p:18s}" + "".join(f"{v:14.3f}" for v in vals)
             if "step_ratio" in entry:
                 t, g = entry["trl"], entry["grpokit"]
                 tv = t["phases"][p] if p != "step" else t["step_median"]
@@ -183,9 +207,12 @@ def main() -> None:
             print(line)
         print(
             f"  {'peak RSS (MiB)':18s}"
-            + "".join(f"{entry[s]['peak_rss_mib']:12.0f}" for s in sides)
+            + "".join(f"{entry[s]['peak_rss_mib']:14.0f}" for s in sides)
             + (f"{entry['rss_ratio']:14.3f}" if "rss_ratio" in entry else "")
         )
+        for pair, ratio in entry["ratios"].items():
+            if pair != "grpokit/trl":
+                print(f"  => {pair}: step time ratio {ratio['step']:.3f}, peak RSS ratio {ratio['rss']:.3f}")
         if "step_ratio" in entry:
             print(
                 f"  => grpokit step time = {entry['step_ratio']:.3f} x TRL's"

@@ -19,6 +19,19 @@ PHASES = ("generate", "reward", "old_logps", "ref_logps", "policy_forward", "bac
 padding, optimizer step, logging)."""
 
 
+PRECISIONS = ("fp32", "bf16")
+"""A side's compute precision: fp32, or bf16 autocast over fp32 weights (``bf16=True`` in TRL and grpokit)."""
+
+
+def side_name(side: str) -> tuple[str, str]:
+    """``trl``, ``grpokit``, ``trl-bf16``, ``grpokit-bf16`` -> (implementation, precision)."""
+    impl, _, precision = side.partition("-")
+    precision = precision or "fp32"
+    if impl not in ("trl", "grpokit") or precision not in PRECISIONS:
+        raise SystemExit(f"unknown side {side!r}: trl or grpokit, optionally -bf16 (e.g. trl-bf16)")
+    return impl, precision
+
+
 @dataclass(frozen=True)
 class Workload:
     name: str
@@ -40,6 +53,10 @@ class Workload:
 
 
 WORKLOADS = {
+    # W0: a smoke test of the harness (seconds per side), not a measurement; mu 2 and beta > 0 run every pass
+    "W0": Workload(
+        "W0", num_prompts=2, num_generations=4, prompt_len=16, max_new_tokens=8, beta=0.04, num_iterations=2
+    ),
     "W1": Workload(
         "W1", num_prompts=8, num_generations=8, prompt_len=48, max_new_tokens=128, beta=0.04, num_iterations=1
     ),
@@ -104,6 +121,10 @@ def side_arguments() -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)
+    ap.add_argument(
+        "--precision", choices=PRECISIONS, default="fp32",
+        help="fp32, or bf16: bf16=True (autocast over fp32 weights) on either side",
+    )  # fmt: skip
     return ap
 
 

@@ -5,7 +5,8 @@ FLOPs count matrix products only (2 m n k each), as grpokit computes them:
 - generate: each distinct prompt prefilled once (LM head at its last position only), then one decode step
   per new token for every row (backbone, LM head, attention over the context so far);
 - log-prob passes (reference, old policy, training forward): the shared-prefix forward, so each group's
-  prompt runs once and the completions attend to it; the LM head only at completion positions;
+  prompt runs once and the completions attend to it; the LM head only at completion positions (no old-policy
+  pass when the run took pi_old's log-probs from the sampler: ``reuse_sampler_logprobs``, old_logps ~0 s);
 - backward: twice the training forward, plus one more LM-head product per completion token (grpokit
   recomputes each logits chunk instead of storing [M, V] logits).
 Attention is 4 x context x hidden per token and layer (scores and values). Element-wise work (norms,
@@ -13,9 +14,19 @@ rotary, softmax, sampling) is not counted: the gap between a phase's time and it
 framework overhead and matmuls running below the measured rate.
 
     python benchmarks/roofline.py --results benchmarks/results/summary-2core.json
+    python benchmarks/roofline.py --results RUN.json --precision bf16     # its grpokit-bf16, trl-bf16 sides
+    python benchmarks/roofline.py --results none --workloads W1,W2         # floors only, no run needed
 
 prints one table per workload (markdown). The matmul rates are measured here on torch's current threads; run
 it on an otherwise idle machine.
+
+Precision. The processor's bf16 support is printed first (``grpokit.parallel.hardware``: AMX-BF16 or Arm
+BF16 matrix units, ``avx512_bf16``; on CUDA the compute capability). The rates are measured in float32 and
+bfloat16 (and float16 on GPUs and on CPUs with AMX-FP16 or AVX512-FP16) at every shape of the step. The
+main table's floor is at the rates of ``--precision``: the dtype the run's matmuls execute in (fp32 for
+the default run; bf16 for ``bf16=true``, where autocast runs every matmul in bf16). A second table per
+workload gives each phase's floor in every measured dtype, so that an fp32 run shows what bf16 could reach.
+``--device cuda`` measures on the GPU instead.
 """
 
 from __future__ import annotations
@@ -87,30 +98,57 @@ def phase_products(shape: Shape, wl: Workload) -> dict[str, list[tuple[int, int,
     return phases
 
 
-def measured_rate(m: int, k: int, n: int, cache: dict) -> float:
-    """FLOP/s of torch.mm at [m, k] x [k, n] on this machine (best of a few repeats of ~0.2 s)."""
-    import torch
-
-    key = (m, k, n)
-    if key not in cache:
-        a, b = torch.randn(m, k), torch.randn(k, n)
-        torch.mm(a, b)
-        reps = max(1, int(2e8 / (2 * m * k * n)))
-        best = float("inf")
-        for _ in range(3):
-            start = time.perf_counter()
-            for _ in range(reps):
-                torch.mm(a, b)
-            best = min(best, (time.perf_counter() - start) / reps)
-        cache[key] = 2 * m * k * n / best
-    return cache[key]
+PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+"""``--precision`` -> the torch dtype the run's matmuls execute in."""
 
 
-def roofline(products: list[tuple[int, int, int, int]], cache: dict) -> tuple[float, float]:
-    """(GFLOP, seconds at the measured rates) of a phase's products."""
+class Rates:
+    """Measured torch.mm rates at [m, k] x [k, n] per dtype on one device, each shape measured once."""
+
+    def __init__(self, device: str = "cpu") -> None:
+        self.device = device
+        self.cache: dict[tuple[str, int, int, int], float] = {}
+
+    def __call__(self, precision: str, m: int, k: int, n: int) -> float:
+        """FLOP/s of torch.mm at [m, k] x [k, n] in ``precision`` (best of 3 repeats of ~0.2 GFLOP each)."""
+        import torch
+
+        key = (precision, m, k, n)
+        if key not in self.cache:
+            dtype = getattr(torch, PRECISIONS[precision])
+            a = torch.randn(m, k, device=self.device).to(dtype)
+            b = torch.randn(k, n, device=self.device).to(dtype)
+            sync = torch.cuda.synchronize if self.device.startswith("cuda") else (lambda: None)
+            torch.mm(a, b)
+            sync()
+            reps = max(1, int(2e8 / (2 * m * k * n)))
+            best = float("inf")
+            for _ in range(3):
+                start = time.perf_counter()
+                for _ in range(reps):
+                    torch.mm(a, b)
+                sync()
+                best = min(best, (time.perf_counter() - start) / reps)
+            self.cache[key] = 2 * m * k * n / best
+        return self.cache[key]
+
+    def gflops(self, precision: str) -> dict[str, float]:
+        """``{"MxKxN": GFLOP/s}`` of the shapes measured in ``precision``."""
+        rows = sorted((shape, r) for (p, *shape), r in self.cache.items() if p == precision)
+        return {"x".join(map(str, shape)): round(r / 1e9, 1) for shape, r in rows}
+
+
+def roofline(products: list[tuple[int, int, int, int]], rates: Rates, precision: str) -> tuple[float, float]:
+    """(GFLOP, seconds at the measured rates of ``precision``) of a phase's products."""
     flops = sum(2 * c * m * k * n for c, m, k, n in products)
-    seconds = sum(2 * c * m * k * n / measured_rate(m, k, n, cache) for c, m, k, n in products)
+    seconds = sum(2 * c * m * k * n / rates(precision, m, k, n) for c, m, k, n in products)
     return flops / 1e9, seconds
+
+
+def measured_precisions(device: str, support) -> list[str]:
+    """fp32 and bf16 everywhere; fp16 on GPUs and on CPUs with half-precision matrix or vector units."""
+    half = device.startswith("cuda") or {"amx_fp16", "avx512_fp16"} & set(support.features)
+    return ["fp32", "bf16", *(["fp16"] if half else [])]
 
 
 def model_dir(kind: str, work_dir: str) -> str:
@@ -150,46 +188,105 @@ def model_shape(folder: str) -> Shape:
 
 
 def main() -> None:
+    import torch
+
+    from grpokit.parallel.hardware import bf16_support
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--results", default="benchmarks/results/summary-2core.json")
+    ap.add_argument("--results", default="benchmarks/results/summary-2core.json",
+                    help="a bench_grpo.py summary; 'none': floors only, for --workloads")  # fmt: skip
+    ap.add_argument("--workloads", default=None, help="e.g. W1,W2 (default: those in --results)")
+    ap.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
+                    help="the dtype the run's matmuls execute in (bf16: a bf16=true run)")  # fmt: skip
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N")
     ap.add_argument("--out", default=None, help="also write the tables' numbers as JSON here")
     ap.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "grpokit-bench"))
     args = ap.parse_args()
-    with open(args.results) as f:
-        results = json.load(f)["workloads"]
-    cache, report = {}, {}
+    results = {}
+    if args.results != "none":
+        with open(args.results) as f:
+            results = json.load(f)["workloads"]
+    names = args.workloads.split(",") if args.workloads else list(results)
+    support = bf16_support(args.device)
+    precisions = measured_precisions(args.device, support)
+    if args.precision not in precisions:
+        precisions.append(args.precision)
+    print(f"{support.describe()}; torch {torch.__version__}, CPU capability "
+          f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads; "
+          f"floors at {args.precision} rates")  # fmt: skip
+    rates, report = Rates(args.device), {}
     for name, wl in WORKLOADS.items():
-        if name not in results:
+        if name not in names:
             continue
         folder = model_dir(wl.model, args.work_dir)
         shape = model_shape(folder)
         wl = dataclasses.replace(wl, prompt_len=prompt_tokens(wl, folder))
-        grpokit, trl = results[name]["grpokit"]["phases"], results[name]["trl"]["phases"]
+        measured = results.get(name)
+        if measured:  # the sides of that precision (bench_grpo.py --sides ...,grpokit-bf16,trl-bf16)
+            suffix = "" if args.precision == "fp32" else f"-{args.precision}"
+            g_side = f"grpokit{suffix}" if f"grpokit{suffix}" in measured else "grpokit"
+            t_side = f"trl{suffix}" if f"trl{suffix}" in measured else "trl"
+            measured = {
+                "grpokit": measured[g_side],
+                **({"trl": measured[t_side]} if t_side in measured else {}),
+            }
+            print(f"\n{name}: grpokit side {g_side!r}, TRL side {t_side!r}")
+        grpokit = measured["grpokit"]["phases"] if measured else {}
+        trl = measured["trl"]["phases"] if measured and "trl" in measured else {}
         print(f"\n{name}: {wl}\n")
-        print("| phase | GFLOP | roofline s | grpokit s | achieved | TRL s |")
+        print(f"| phase | GFLOP | roofline s ({args.precision}) | grpokit s | achieved | TRL s |")
         print("|---|---|---|---|---|---|")
         total_floor = total_time = 0.0
         report[name] = {}
         phases = phase_products(shape, wl)
-        if grpokit.get("policy_forward", 0.0) == 0.0:  # the trainer times the whole update as one phase
+        if measured and grpokit.get("policy_forward", 0.0) == 0.0:  # the trainer times the update as one
             phases["backward"] = phases.pop("policy_forward") + phases["backward"]
             trl = {**trl, "backward": trl.get("policy_forward", 0.0) + trl.get("backward", 0.0)}
+        floors: dict[str, dict[str, float]] = {}
+        if measured and "old_logps" in phases and grpokit.get("old_logps", 0.0) < 0.01:
+            # the trainer took pi_old's log-probs from the sampler (reuse_sampler_logprobs): no pass to count
+            del phases["old_logps"]
+            print(f"| old_logps | - (the sampler's) | - | {grpokit.get('old_logps', 0.0):.2f} | - | "
+                  f"{trl.get('old_logps', 0.0):.2f} |")  # fmt: skip
         for phase, products in phases.items():
-            gflop, floor = roofline(products, cache)
+            floors[phase] = {p: roofline(products, rates, p)[1] for p in precisions}
+            gflop, floor = roofline(products, rates, args.precision)
             spent = grpokit.get(phase, 0.0)
             total_floor, total_time = total_floor + floor, total_time + spent
-            report[name][phase] = {"gflop": gflop, "roofline_s": floor, "grpokit_s": spent}
-            print(f"| {phase} | {gflop:.1f} | {floor:.2f} | {spent:.2f} | {floor / spent:.0%} | "
+            report[name][phase] = {"gflop": gflop, "roofline_s": floor, "grpokit_s": spent,
+                                   "roofline_s_by_precision": floors[phase]}  # fmt: skip
+            achieved = f"{floor / spent:.0%}" if spent > 0 else "-"
+            print(f"| {phase} | {gflop:.1f} | {floor:.2f} | {spent:.2f} | {achieved} | "
                   f"{trl.get(phase, 0.0):.2f} |")  # fmt: skip
-        step = results[name]["grpokit"]["step_median"]
-        print(f"| step | | {total_floor:.2f} | {step:.2f} | {total_floor / step:.0%} | "
-              f"{results[name]['trl']['step_median']:.2f} |")  # fmt: skip
-        report[name]["step"] = {"roofline_s": total_floor, "grpokit_s": step}
-    rates = {f"{m}x{k}x{n}": round(r / 1e9, 1) for (m, k, n), r in sorted(cache.items())}
-    print("\nmeasured matmul GFLOP/s at [m x k] x [k x n]:", rates)
+        if measured:
+            step = measured["grpokit"]["step_median"]
+            trl_step = measured["trl"]["step_median"] if "trl" in measured else 0.0
+            print(f"| step | | {total_floor:.2f} | {step:.2f} | {total_floor / step:.0%} | {trl_step:.2f} |")
+            report[name]["step"] = {"roofline_s": total_floor, "grpokit_s": step}
+        else:
+            print(f"| step | | {total_floor:.2f} | - | - | - |")
+            report[name]["step"] = {"roofline_s": total_floor}
+        print("\nfloor by precision (s):\n")
+        print("| phase | " + " | ".join(precisions) + " | bf16 / fp32 |")
+        print("|---|" + "---|" * (len(precisions) + 1))
+        for phase, by in [
+            *floors.items(),
+            ("step", {p: sum(f[p] for f in floors.values()) for p in precisions}),
+        ]:
+            cells = " | ".join(f"{by[p]:.2f}" for p in precisions)
+            print(f"| {phase} | {cells} | {by['bf16'] / by['fp32']:.2f} |")
+    print(f"\nmeasured matmul GFLOP/s at [m x k] x [k x n], {args.precision}:", rates.gflops(args.precision))
+    for precision in precisions:
+        if precision != args.precision:
+            print(f"{precision}:", rates.gflops(precision))
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"phases": report, "gflops": rates}, f, indent=2)
+            json.dump({
+                "precision": args.precision, "device": args.device, "bf16_support": support.describe(),
+                "matrix_units": support.matrix_units, "features": list(support.features),
+                "phases": report, "gflops": rates.gflops(args.precision),
+                "gflops_by_precision": {p: rates.gflops(p) for p in precisions},
+            }, f, indent=2)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ Two implementations of the same step, chosen with ``--impl``:
   metrics).
 
 Usage: python side_grpokit.py --model DIR --workload W1 --steps 3 --warmup 1 --out result.json
+    [--impl trainer] [--precision bf16]
 """
 
 from __future__ import annotations
@@ -101,8 +102,12 @@ def _load_minimal():
     return module
 
 
-def run_trainer(model_dir: str, wl: Workload, steps: int, seed: int, timer: PhaseTimer) -> dict:
-    """The same workload through grpokit.GRPOTrainer (fast backend); phases from its time/* metrics."""
+def run_trainer(
+    model_dir: str, wl: Workload, steps: int, seed: int, timer: PhaseTimer, precision: str = "fp32"
+) -> dict:
+    """The same workload through grpokit.GRPOTrainer (fast backend); phases from its time/* metrics.
+    ``precision`` bf16: ``bf16=True``, autocast over the fp32 weights (generation, log-prob passes and
+    update)."""
     import torch
     from transformers import PreTrainedTokenizerFast
 
@@ -125,6 +130,7 @@ def run_trainer(model_dir: str, wl: Workload, steps: int, seed: int, timer: Phas
         report_to=[],
         seed=seed,
         disable_tqdm=True,
+        bf16=precision == "bf16",
     )
     # No EOS: every completion runs to max_completion_length (TRL side: EOS suppressed).
     if tokenizer.pad_token is None:  # SmolLM2: pad with its EOS token before EOS is switched off
@@ -143,7 +149,12 @@ def run_trainer(model_dir: str, wl: Workload, steps: int, seed: int, timer: Phas
         row["other"] = max(0.0, m["time/step"] - sum(row.values()))
         row["step"] = m["time/step"]
         timer.steps.append(row)
-    return {"torch_threads": torch.get_num_threads(), "versions": {"torch": torch.__version__}}
+    reused = [m["old_logprobs/from_sampler"] for m in history if "old_logprobs/from_sampler" in m]
+    return {
+        "torch_threads": torch.get_num_threads(),
+        "versions": {"torch": torch.__version__},
+        "old_logprobs_from_sampler": reused[-1] if reused else None,
+    }
 
 
 def main() -> None:
@@ -153,10 +164,15 @@ def main() -> None:
     wl = WORKLOADS[a.workload]
     timer = PhaseTimer()
     start = time.perf_counter()
-    run = run_loop if a.impl == "loop" else run_trainer
-    extra = run(a.model, wl, a.warmup + a.steps, a.seed, timer)
+    if a.impl == "loop":
+        if a.precision != "fp32":
+            raise SystemExit("--precision bf16 runs with --impl trainer (the loop is fp32)")
+        extra = run_loop(a.model, wl, a.warmup + a.steps, a.seed, timer)
+    else:
+        extra = run_trainer(a.model, wl, a.warmup + a.steps, a.seed, timer, a.precision)
     extra["wall_s"] = time.perf_counter() - start
     extra["impl"] = a.impl
+    extra["precision"] = a.precision
     write_result(a.out, "grpokit", wl, timer, a.warmup, extra)
 
 

@@ -1,6 +1,6 @@
 """TRL side of the benchmark: one workload through ``trl.GRPOTrainer``. Runs in benchmarks/.venv-trl only.
 
-Usage: python side_trl.py --model DIR --workload W1 --steps 3 --warmup 1 --out result.json
+Usage: python side_trl.py --model DIR --workload W1 --steps 3 --warmup 1 --out result.json [--precision bf16]
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def main() -> None:
         save_strategy="no",
         report_to="none",
         use_cpu=True,
-        bf16=False,
+        bf16=a.precision == "bf16",  # autocast over the fp32 weights (accelerate's bf16 on the CPU)
         seed=a.seed,
         disable_tqdm=True,
         dataloader_num_workers=0,
@@ -122,6 +122,7 @@ def main() -> None:
                 "transformers": __import__("transformers").__version__,
             },
             "torch_threads": torch.get_num_threads(),
+            "precision": a.precision,
         },
     )
 

@@ -314,6 +314,15 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     (one more copy of the weights in memory), so that e.g. a bfloat16 sampler feeds an fp32 training run,
     as vLLM does. The samples are then off-policy with respect to pi_old, and the correction below
     applies. With ``use_vllm`` in colocate mode: the dtype of the vLLM engine (auto: the checkpoint's)."""
+    reuse_sampler_logprobs: bool = True
+    """When the update needs pi_old's log-probs (num_iterations > 1, or several optimizer steps per
+    generation), take them from the sampler instead of a second forward pass, wherever the sampler's are
+    pi_old's to float rounding (~1e-5): the in-process sampler (``fast`` or ``transformers``) reading the
+    policy's own weights (no vLLM, no ``rollout_backend``, no ``async_generation``, ``generation_dtype``
+    auto or the policy's), float32 weights without mixed precision, no environment, and plain sampling at
+    ``temperature`` (no top-k, top-p, min-p or repetition penalty, which change the distribution the
+    sampler reports). Elsewhere the old-policy pass runs as before; the trainer logs which at start and
+    every such step as ``old_logprobs/from_sampler``. False: always the pass (not in TRL)."""
 
     # ---- vLLM (docs/generation.md, "The vLLM backend"; tested on vLLM's CPU engine, not on a GPU) ----------
     use_vllm: bool = False

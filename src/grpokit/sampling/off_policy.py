@@ -11,6 +11,10 @@ Two things make the sampler differ from pi_old:
   sampler for an fp32 run, as vLLM would be;
 - a ``rollout_backend`` given to the trainer (an outside engine) that reports sampling log-probs.
 
+Otherwise the sampler is pi_old, and where its log-probs are pi_old's to float rounding (float32 weights, no
+mixed precision, plain sampling at the run's temperature) they stand in for the old-policy pass when the
+update needs pi_old (:class:`SamplerLogprobs`, ``reuse_sampler_logprobs``).
+
 Then, with ``vllm_importance_sampling_correction`` (TRL's name, default True), the trainer computes pi_old's
 log-probs even when num_iterations is 1, and the policy term of every token is weighted by the importance
 ratio pi_old / pi_sampler, truncated or masked per ``vllm_importance_sampling_mode``
@@ -36,6 +40,7 @@ from grpokit.rollout.records import RolloutBatch
 __all__ = [
     "CopiedWeightsBackend",
     "OffPolicyCorrection",
+    "SamplerLogprobs",
     "WeightSync",
     "correction_metrics",
     "generation_copy",
@@ -196,8 +201,12 @@ class OffPolicyCorrection:
         mode: str = "sequence_mask",
         clip_min: float | None = None,
         clip_max: float | None = 3.0,
+        *,
+        off_policy: bool | None = None,
     ) -> None:
         self.active, self.mode, self.clip_min, self.clip_max = active, mode, clip_min, clip_max
+        self.off_policy = active if off_policy is None else off_policy
+        """Whether the sampler is not pi_old (whether or not the correction is switched on)."""
         self._warned = False
 
     @classmethod
@@ -208,6 +217,7 @@ class OffPolicyCorrection:
             args.vllm_importance_sampling_mode,
             args.vllm_importance_sampling_clip_min,
             args.vllm_importance_sampling_clip_max,
+            off_policy=off_policy,
         )
 
     def applies(self, batch: RolloutBatch) -> bool:
@@ -236,6 +246,70 @@ class OffPolicyCorrection:
         return correction_metrics(
             batch.old_logps, batch.sampling_logps, mask, ratio, sequence=self.mode.startswith("sequence")
         )
+
+
+class SamplerLogprobs:
+    """pi_old's log-probs taken from the sampler instead of the old-policy pass (``reuse_sampler_logprobs``).
+
+    The in-process samplers report, for each drawn token, the log-softmax of the scores it was drawn from
+    (``rollout.logits``, ``rollout.hf``). With plain sampling (temperature only) that is
+    log softmax(logits / temperature) at the token, the quantity the old-policy pass computes
+    (``train.forward.completion_logprobs``), from the same weights: equal up to float rounding, ~1e-6 in
+    float32 (the decode's cached keys/values and fused projections sum in another order). Under bf16
+    (autocast or weights) the two computations round apart by ~1e-2, so the pass runs there.
+
+    ``backend`` is the sampler whose log-probs qualify (None: none does, ``reason`` says why); a batch's
+    are used only when it came from that sampler and it reported them.
+    """
+
+    def __init__(self, backend: RolloutBackend | None, reason: str | None = None) -> None:
+        self.backend, self.reason = backend, reason
+
+    @classmethod
+    def for_run(
+        cls,
+        args: Any,
+        model: nn.Module,
+        backend: RolloutBackend,
+        correction: OffPolicyCorrection,
+        *,
+        environment: bool = False,
+    ) -> SamplerLogprobs:
+        """Whether the run's sampler (``make_sampler``'s ``backend`` and ``correction``) reports pi_old's
+        log-probs: on ``model``'s own float32 weights, under no mixed precision, with plain sampling, and no
+        ``environment`` (an episode's turns are sampled from contexts the batch does not hold token for
+        token, and observation tokens have no log-probs). ``args``: the run's resolved config."""
+        filters = {  # (a resolved config: generation_kwargs written into these fields)
+            "top_k": args.top_k > 0,
+            "top_p": args.top_p < 1.0,
+            "min_p": args.min_p > 0.0,
+            "repetition_penalty": args.repetition_penalty != 1.0,
+        }
+        dtype = policy_dtype(model)
+        reasons = [
+            (not args.reuse_sampler_logprobs, "reuse_sampler_logprobs=False"),
+            (correction.off_policy, "the sampler is not pi_old (vLLM, generation_dtype, rollout_backend or "
+                                    "async_generation)"),
+            (args.mixed_precision != "no", f"mixed_precision={args.mixed_precision!r}"),
+            (dtype not in (torch.float32, torch.float64), f"the policy's weights are {dtype}"),
+            (any(filters.values()), "sampling with " + ", ".join(k for k, on in filters.items() if on)),
+            (environment, "the run's episodes (an environment)"),
+        ]  # fmt: skip
+        reason = next((why for applies, why in reasons if applies), None)
+        return cls(backend if reason is None else None, reason)
+
+    def __call__(self, batch: RolloutBatch, backend: RolloutBackend) -> torch.Tensor | None:
+        """log pi_old [N, C] of ``batch`` (0 off ``completion_mask``, as the pass leaves it) when it was
+        sampled by the qualifying ``backend`` and carries its log-probs; else None."""
+        if self.backend is None or backend is not self.backend or batch.sampling_logps is None:
+            return None
+        return torch.where(batch.completion_mask.bool(), batch.sampling_logps, 0.0)  # [N, C]
+
+    def describe(self) -> str:
+        """One line for the log at the start of a run that needs pi_old."""
+        if self.backend is not None:
+            return "reuse_sampler_logprobs: pi_old's log-probs come from the sampler (no old-policy pass)"
+        return f"reuse_sampler_logprobs: the old-policy pass runs ({self.reason})"
 
 
 @torch.no_grad()

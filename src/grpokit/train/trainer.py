@@ -11,6 +11,7 @@ step hooks (``grpokit.train.hooks``). Helpers get what they need as arguments; n
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from pathlib import Path
@@ -37,6 +38,7 @@ from grpokit.parallel.distributed import (
     placement,
     prepare_policy,
 )
+from grpokit.parallel.hardware import log_bf16_support
 from grpokit.parallel.run_state import RunState
 from grpokit.parallel.stopping import NonfiniteGuard, StopSignals
 from grpokit.parallel.threads import ThreadPolicy
@@ -52,7 +54,7 @@ from grpokit.rollout.records import RolloutBatch, Samples
 from grpokit.rollout.vllm_common import require_vllm
 from grpokit.sampling.async_draw import AsyncDrawer, check_async_generation, draws_ahead
 from grpokit.sampling.groups import DrawSettings, GroupDrawer, GroupSizes, Round, prompt_statistics
-from grpokit.sampling.off_policy import WeightSync, make_sampler
+from grpokit.sampling.off_policy import SamplerLogprobs, WeightSync, make_sampler
 from grpokit.train.batch import LogprobPass, pad_samples, score_samples
 from grpokit.train.evaluation import eval_advantages, eval_loss
 from grpokit.train.forward import PolicyLogprobs
@@ -65,6 +67,8 @@ from grpokit.train.schedule import RunSchedule
 from grpokit.train.update import UpdateContext, run_update
 
 __all__ = ["GRPOTrainer"]
+
+logger = logging.getLogger(__name__)
 
 
 class GRPOTrainer:
@@ -143,6 +147,8 @@ class GRPOTrainer:
         self.threads = ThreadPolicy.for_run(self.args, cpu=cpu)
         apply_cpu_runtime(self.args, cpu=cpu)
         main = self.accelerator.is_main_process
+        if main:  # bf16 matrix units (AMX, Arm BF16, tensor cores) and whether this run computes in bf16
+            log_bf16_support(self.accelerator.device, self.args.mixed_precision)
         self.publisher = Publisher(self.args, model, train_dataset, is_main=main)  # checks hub access
         self.plan = self.args.batch_plan(self.accelerator.num_processes)
         remote = self.args.trust_remote_code
@@ -190,6 +196,12 @@ class GRPOTrainer:
                 self.args, self.generation_model, rollout_backend, self.strategy, step_sync=True,
                 drawn_ahead=ahead,
             )  # fmt: skip
+        # pi_old's log-probs from the sampler where they are pi_old's (the old-policy pass skipped)
+        self.sampler_logprobs = SamplerLogprobs.for_run(
+            self.args, self.model, self.backend, self.correction, environment=self.episodes is not None
+        )
+        if self.plan.optimizer_steps > 1 and main:  # the update needs pi_old: say where it comes from
+            logger.info("grpokit: %s", self.sampler_logprobs.describe())
         # a sampler with its own copy of the weights (vLLM) gets them once per step, after the update
         self.weight_sync = WeightSync(self.backend, self.placed.generation_weights)
         self.prompt_stats, curriculum = prompt_statistics(self.args, len(self.train_rows))
@@ -406,8 +418,8 @@ class GRPOTrainer:
             self.weight_sync.release()
             with timer.phase("old_logprobs"), self.accelerator.autocast():
                 off_policy = self.plan.optimizer_steps > 1 or self.correction.applies(batch)
-                batch.old_logps = self.logprob_pass(self.placed.scorer, batch) if off_policy else None
-                correction = self.correction(batch)  # batch.importance_weights [n, C], their metrics
+                batch.old_logps, old = self.old_logprobs(batch) if off_policy else (None, {})
+                correction = {**self.correction(batch), **old}  # batch.importance_weights [n, C], metrics
             with timer.phase("reference"), self.accelerator.autocast():
                 ref = self.reference
                 batch.ref_logps = ref.logprobs(batch, self.logprob_pass) if ref is not None else None
@@ -426,6 +438,14 @@ class GRPOTrainer:
             learning_rate=self.scheduler.get_last_lr()[0], num_tokens=num_tokens, timer=timer,
         )  # fmt: skip
         return merged_across_processes(self.accelerator, metrics)
+
+    def old_logprobs(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """log pi_old [n, C] of ``batch``: the sampler's own where they are pi_old's
+        (``reuse_sampler_logprobs``), else the old-policy pass; and ``old_logprobs/from_sampler`` (1 or 0)."""
+        reused = self.sampler_logprobs(batch, self.backend)
+        if reused is not None:
+            return reused, {"old_logprobs/from_sampler": 1.0}
+        return self.logprob_pass(self.placed.scorer, batch), {"old_logprobs/from_sampler": 0.0}
 
     def draw_round(
         self, count: int | None, timer: PhaseTimer, backend: RolloutBackend | None = None
