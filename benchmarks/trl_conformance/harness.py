@@ -39,6 +39,8 @@ def run_side(side: str, python: str, deps: Path, timeout: int, pytest_args: list
     xml = WORK / f"{side}.xml"
     log = WORK / f"{side}.log"
     env = dict(os.environ)
+    # grpokit's side imports this checkout's src/ (a worktree tests its own code, not the installed copy)
+    paths = [str(deps), str(HERE), *([str(ROOT / "src")] if side == "grpokit" else [])]
     env.update(
         HF_HOME=str(HERE / ".hf_home"),
         HF_HUB_OFFLINE="1",
@@ -47,8 +49,7 @@ def run_side(side: str, python: str, deps: Path, timeout: int, pytest_args: list
         HF_HUB_DISABLE_TELEMETRY="1",
         WANDB_DISABLED="true",
         TOKENIZERS_PARALLELISM="false",
-        # grpokit's side imports this checkout's src/ (a worktree tests its own code, not the installed copy)
-        PYTHONPATH=os.pathsep.join([str(deps), str(HERE)] + ([str(ROOT / "src")] if side == "grpokit" else [])),
+        PYTHONPATH=os.pathsep.join(paths),
     )
     cmd = [
         python, "-m", "pytest", "-c", str(HERE / "pytest.ini"), "--rootdir", str(HERE / "vendor"),
