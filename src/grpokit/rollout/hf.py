@@ -119,7 +119,11 @@ class TransformersBackend:
 
 
 def _forward_logprobs(
-    model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, sequences: torch.Tensor, params: SamplingParams
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    sequences: torch.Tensor,
+    params: SamplingParams,
 ) -> torch.Tensor:
     """The sampling log-prob of each generated token of ``sequences`` [B, P + S] (prompts ``ids`` [B, P]
     left-padded, ``mask`` [B, P]): one forward over the whole sequences (positions counting real tokens
