@@ -9,6 +9,7 @@ import torch
 
 from grpokit import GRPOTrainer
 from grpokit.models.tiny import build_char_tokenizer, build_tiny_model
+from grpokit.rewards.reward_logs import RewardLogs
 from grpokit.rollout.base import GenerationOutput
 from tests.conftest import small_config
 
@@ -140,7 +141,7 @@ def test_a_dict_factory_routes_rows_and_renders_each_prompts_tools(tmp_path):
     assert prompts == ["[shout]Echo.", "[increment]Go Count:"]  # (a row without prompt: reset writes it)
     assert calls == ["hi", "hi"]  # both echo episodes called their own environment's tool
     assert [e.info["tool_calls"] for e in samples.episodes] == [1, 1, 0, 0]
-    rewards, _ = trainer.reward_matrix(samples)
+    rewards, _ = trainer.reward_matrix(samples, RewardLogs())
     assert rewards[:, 0].isnan().tolist() == [True, True, False, False]  # Counter scores its own rollouts
     bad = [{"environment": "nowhere", "prompt": "x"}]
     with pytest.raises(ValueError, match="not among the environments"):
