@@ -223,3 +223,14 @@ def test_trl_tool_metrics_from_the_episode_counters():
     episodes[1].info["tool_calls"] = 0
     assert episode_metrics(episodes)["tools/failure_frequency"] == 0.0  # no call: 0, as TRL
     assert "tools/call_frequency" not in episode_metrics([Episode()])  # no tool counters: no tool metrics
+
+
+def test_environment_kwargs_are_not_for_a_factory():
+    from grpokit.envs.sampler import EpisodeSampler, EpisodeSettings
+    from grpokit.models.tiny import build_char_tokenizer
+
+    settings = EpisodeSettings(environment_kwargs={"size": 3})
+    with pytest.raises(ValueError, match="environment_kwargs configures grpokit's environments"):
+        EpisodeSampler.for_run(
+            None, None, [{"prompt": "p"}], build_char_tokenizer(), settings, EnvironmentFactories(Echo)
+        )

@@ -72,6 +72,9 @@ class EpisodeSampler:
             if spec is not None:
                 raise ValueError("GRPOTrainer: give environment_factory= (TRL's protocol) or an environment "
                                  "(grpokit's), not both")  # fmt: skip
+            if settings.environment_kwargs:
+                raise ValueError("environment_kwargs configures grpokit's environments; environment_factory "
+                                 "builds its own (bind arguments with functools.partial)")  # fmt: skip
             spec = factories.make_env
         elif tools:
             if spec is not None:
