@@ -134,7 +134,7 @@ def test_missing_local_paths_unsupported_files_and_other_objects(tmp_path):
         load_dataset_rows(str(text), GRPOConfig())
     with pytest.raises(TypeError, match=r"eval_dataset: expected a datasets.Dataset.*got int"):
         load_dataset_rows(3, GRPOConfig(), name="eval_dataset")
-    with pytest.raises(ValueError, match=r"train_dataset is required"):
+    with pytest.raises(ValueError, match=r"`train_dataset` is required"):
         load_dataset_rows(None, GRPOConfig())
 
 

@@ -179,6 +179,34 @@ def test_malformed_call_gives_an_error_observation():
     assert turn.info == {"tool_calls": 0, "tool_errors": 0, "malformed_tool_calls": 1}
 
 
+def test_malformed_end_makes_a_malformed_call_the_last_action():
+    """TRL's reading (its tools= and environment_factory): text whose call does not parse holds no call."""
+
+    class Scored(ToolEnvironment):
+        def final_reward(self, action):
+            return 0.5
+
+    env = Scored([add], malformed="end")
+    env.reset({"prompt": "q"})
+    turn = env.step('<tool_call>{"arguments": {"a": 1, "b": 2}}</tool_call>')  # no "name"
+    assert turn.done and turn.reward == 0.5 and turn.observation is None
+    assert turn.info == {"tool_calls": 0, "tool_errors": 0, "malformed_tool_calls": 1}
+    with pytest.raises(ValueError, match="malformed must be 'answer' or 'end'"):
+        ToolEnvironment([add], malformed="skip")
+
+
+def test_async_tools_run_to_their_result():
+    async def times(a: int, b: int) -> int:
+        return a * b
+
+    env = ToolEnvironment([times])
+    turn = env.step(format_tool_call("times", {"a": 3, "b": 4}) + format_tool_call("times", {"a": 3, "c": 4}))
+    responses = turn.observation.split("</tool_response>")[:-1]
+    assert responses[0] == "<tool_response>12"  # 3 * 4
+    assert responses[1].startswith("<tool_response>error: wrong arguments for times:")
+    assert turn.info == {"tool_calls": 2, "tool_errors": 1, "malformed_tool_calls": 0}
+
+
 def test_calls_past_the_limit_are_not_run():
     env = make_env(max_calls_per_turn=2)
     turn = env.step(format_tool_call("echo", {"text": "a"}) * 3)

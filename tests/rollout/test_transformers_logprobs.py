@@ -82,3 +82,33 @@ def test_greedy_logprobs_match_the_fast_sampler_and_ignore_temperature(policy):
     torch.testing.assert_close(torch.tensor(hf.logprobs), torch.tensor(fast.logprobs), atol=1e-5, rtol=0)
     expected = _recomputed(model, prompt, hf.completion_ids[0], params)  # process_logits: no temperature
     torch.testing.assert_close(torch.tensor(hf.logprobs[0]), expected, atol=1e-5, rtol=0)
+
+
+def test_a_generate_returning_ids_alone_gets_the_same_logprobs_from_a_forward(policy):
+    """A ``generate`` replaced by one that returns the sequences tensor alone (as TRL's tests patch it)
+    records no scores: the backend recomputes them from a forward and gets the log-probs the real
+    ``generate`` recorded for the same tokens (prompts of different lengths: left padding; a repetition
+    penalty: ``seen`` covers the prompt's real tokens and the tokens drawn before)."""
+    model, tok = policy
+    prompts = [_encode(tok, "1+1="), _encode(tok, "12+34=")]
+    params = SamplingParams(
+        max_new_tokens=6, temperature=0.8, top_k=12, top_p=0.95, repetition_penalty=1.2,
+        eos_token_ids=(tok.eos_token_id,), pad_token_id=tok.pad_token_id,
+    )  # fmt: skip
+    torch.manual_seed(3)
+    recorded = TransformersBackend(model).generate(prompts, 2, params)
+    real_generate = model.generate
+
+    def ids_only(**kwargs):
+        return real_generate(**kwargs).sequences  # [B, P + S]
+
+    torch.manual_seed(3)
+    model.generate = ids_only
+    try:
+        recomputed = TransformersBackend(model).generate(prompts, 2, params)
+    finally:
+        del model.generate  # the class's generate again
+    assert recomputed.completion_ids == recorded.completion_ids
+    assert recomputed.truncated == recorded.truncated
+    for got, want in zip(recomputed.logprobs, recorded.logprobs):
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=1e-5, rtol=0)

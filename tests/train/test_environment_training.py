@@ -172,6 +172,28 @@ def test_chat_observations_follow_the_template(tokenizer):
     assert encoder(None) == [] and encoder("") == []
 
 
+def test_chat_observations_when_the_last_assistant_turn_renders_differently():
+    """Qwen3's template writes an empty think block into the last assistant message only: the earlier
+    text differs once a tool message follows, the tokens after the turn's EOS are still the observation."""
+    chat = build_char_tokenizer(tags=("<|im_start|>", "<think>", "</think>"))
+    chat.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+        "{% if m['role'] == 'assistant' and loop.last %}<think></think>{% endif %}"
+        "{{ m['content'] }}{{ eos_token }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    expected = "\n<|im_start|>tool\n42<|endoftext|>\n<|im_start|>assistant\n"
+    assert (
+        ObservationEncoder(chat, chat=True)("42", "tool")
+        == chat(expected, add_special_tokens=False)["input_ids"]
+    )
+    chat.chat_template = (
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}{{ eos_token }}"  # no EOS per turn
+    )
+    with pytest.raises(ValueError, match="renders earlier messages differently"):
+        ObservationEncoder(chat, chat=True)("42", "tool")
+
+
 def test_turn_advantages_need_an_environment(tmp_path):
     config = GRPOConfig(output_dir=str(tmp_path), turn_advantages=True)
     with pytest.raises(ValueError, match="turn_advantages needs an environment"):

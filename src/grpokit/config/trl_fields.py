@@ -189,9 +189,6 @@ _TRAINER_ARGUMENTS = {
     "quantization_config": "quantised (bitsandbytes) policies are not supported yet; load the weights in "
     "bfloat16 (model_init_kwargs={dtype: bfloat16}) and use peft_config for LoRA",
     "rollout_func": "pass a rollout_backend (the RolloutBackend protocol, grpokit.rollout) instead",
-    "environment_factory": "TRL's environment protocol (public methods as tools) differs from grpokit's; "
-    "pass environment= (a class with reset(row)/step(action), docs/environments.md), or tools= for "
-    "stateless tools",
 }
 
 

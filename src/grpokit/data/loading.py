@@ -40,7 +40,11 @@ class DataSettings:
 
 
 def load_dataset_rows(
-    source: Any, settings: DataSettings | None, *, name: str = "train_dataset"
+    source: Any,
+    settings: DataSettings | None,
+    *,
+    name: str = "train_dataset",
+    missing_prompt: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """The validated rows of ``source`` under ``settings`` (None: the defaults).
 
@@ -50,6 +54,9 @@ def load_dataset_rows(
     ``prompt_column`` becomes each row's ``"prompt"``. Raises ValueError naming the field, the row and the
     columns for anything unusable (FileNotFoundError for a missing local path, TypeError for an object
     that is no data set).
+
+    ``missing_prompt`` (TRL's ``environment_factory``, whose ``reset`` writes the prompts): a row without
+    a prompt gets a copy of these messages, and a prompt whose messages are all empty is accepted.
     """
     settings = settings or DataSettings()
     split = settings.dataset_test_split if name == "eval_dataset" else settings.dataset_train_split
@@ -57,7 +64,13 @@ def load_dataset_rows(
     if len(rows) == 0:
         raise ValueError(f"{name} is empty")
     rows = apply_columns(rows, settings.column_mapping, settings.prompt_column, name)
-    validate_rows(rows, name)
+    if missing_prompt is not None:
+        default = [dict(message) for message in missing_prompt]
+        rows = [
+            row if not isinstance(row, dict) or "prompt" in row else {**row, "prompt": default}
+            for row in rows
+        ]
+    validate_rows(rows, name, blank_prompts=missing_prompt is not None)
     return rows
 
 
@@ -136,8 +149,9 @@ def _check_mapping(mapping: dict[str, str], columns: list[str], name: str) -> No
             )
 
 
-def validate_rows(rows: list[Any], name: str) -> None:
-    """Every row is a dict with a usable ``prompt``; errors name the row and the field."""
+def validate_rows(rows: list[Any], name: str, *, blank_prompts: bool = False) -> None:
+    """Every row is a dict with a usable ``prompt``; errors name the row and the field. ``blank_prompts``:
+    a list of messages whose contents are all empty passes (an environment's ``reset`` writes it)."""
     if len(rows) == 0:
         raise ValueError(f"{name} is empty")
     for index, row in enumerate(rows):
@@ -145,10 +159,10 @@ def validate_rows(rows: list[Any], name: str) -> None:
             raise ValueError(f"{name} row {index}: expected a dict, got {type(row).__name__}")
         if "prompt" not in row:
             raise ValueError(f"{name} row {index}: missing the 'prompt' field (columns: {sorted(row)})")
-        _validate_prompt(row["prompt"], f"{name} row {index} field 'prompt'")
+        _validate_prompt(row["prompt"], f"{name} row {index} field 'prompt'", blank_prompts)
 
 
-def _validate_prompt(prompt: Any, where: str) -> None:
+def _validate_prompt(prompt: Any, where: str, blank: bool = False) -> None:
     """A non-blank string, or a non-empty list of messages with some text."""
     if prompt is None:
         raise ValueError(f"{where}: empty (None)")
@@ -174,7 +188,7 @@ def _validate_prompt(prompt: Any, where: str) -> None:
                 f"{where}: message {turn} content must be a string or a list of parts, got "
                 f"{type(content).__name__}"
             )
-    if not any(message_content(message).strip() for message in prompt):
+    if not blank and not any(message_content(message).strip() for message in prompt):
         raise ValueError(f"{where}: every message's content is empty")
 
 

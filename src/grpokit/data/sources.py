@@ -36,7 +36,10 @@ def source_rows(source: Any, *, split: str, dataset_config: str | None, name: st
     the configuration (subset) name given to ``datasets.load_dataset`` for a folder or a hub name.
     """
     if source is None:
-        raise ValueError(f"{name} is required")
+        owner = ", unless an `environment_factory` is provided" if name == "train_dataset" else ""
+        raise ValueError(
+            f"`{name}` is required{owner} (a datasets.Dataset, a list of dicts, a file, folder or hub name)"
+        )
     if isinstance(source, (str, os.PathLike)):
         return _path_or_name_rows(source, split, dataset_config, name)
     if isinstance(source, (list, tuple)):

@@ -214,7 +214,8 @@ class EpisodeRunner:
 
 def _tool_schemas(env: Any) -> dict[str, Any]:
     schemas = getattr(env, "schemas", None)
-    return {"tools": schemas()} if callable(schemas) else {}
+    listed = schemas() if callable(schemas) else None
+    return {"tools": listed} if listed else {}  # (no tools: no ``tools=[]``, which some templates render)
 
 
 def as_generation_output(episodes: Sequence[Episode]) -> GenerationOutput:
@@ -245,7 +246,9 @@ def episode_columns(episodes: Sequence[Episode]) -> list[dict[str, Any]]:
 def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     """``env/reward`` (mean over episodes with one), ``env/turns``, ``env/done``, ``env/truncated``,
     ``env/failures`` (count), ``env/policy_tokens``, ``env/env_tokens`` and ``env/<counter>`` (mean per
-    episode of every ``info`` counter)."""
+    episode of every ``info`` counter). Episodes that count tool calls (``tool_calls``, ``tool_errors``:
+    ``grpokit.envs.tools``) also give TRL's names: ``tools/call_frequency`` (calls per episode, the same
+    value as ``env/tool_calls``) and ``tools/failure_frequency`` (failed calls / calls; 0 without calls)."""
     if not episodes:
         return {}
     n = len(episodes)
@@ -261,6 +264,11 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     }
     keys = sorted({key for e in episodes for key in e.info})
     out.update({f"env/{key}": sum(e.info.get(key, 0) for e in episodes) / n for key in keys})
+    if "tool_calls" in keys:
+        calls = sum(e.info.get("tool_calls", 0) for e in episodes)
+        errors = sum(e.info.get("tool_errors", 0) for e in episodes)
+        out["tools/call_frequency"] = calls / n
+        out["tools/failure_frequency"] = errors / calls if calls else 0.0
     return out
 
 

@@ -43,15 +43,22 @@ class ObservationEncoder:
 
     def _after_turn(self, messages: list[dict[str, Any]]) -> str:
         """The template's text after the end of an assistant turn: the messages, then the generation
-        prompt."""
+        prompt. Some templates render the last assistant message differently once more messages follow
+        (Qwen3's drops its empty ``<think>`` block): then the text after as many EOS as end that turn."""
         render = self.tokenizer.apply_chat_template
         before = render(_BEFORE, tokenize=False, **self.kwargs)
         full = render(_BEFORE + messages, tokenize=False, add_generation_prompt=True, **self.kwargs)
         eos = self.tokenizer.eos_token or ""
         end = before.rfind(eos) + len(eos) if eos and eos in before else len(before)
-        if not full.startswith(before[:end]):
-            raise ValueError("the chat template renders earlier messages differently once more follow")
-        return full[end:]
+        if full.startswith(before[:end]):
+            return full[end:]
+        ends = before[:end].count(eos) if eos else 0  # EOS up to the end of the assistant turn
+        if ends and full.count(eos) > ends:
+            at = -len(eos)
+            for _ in range(ends):
+                at = full.index(eos, at + len(eos))
+            return full[at + len(eos) :]
+        raise ValueError("the chat template renders earlier messages differently once more follow")
 
 
 def _as_messages(observation: Any, role: str) -> list[dict[str, Any]]:

@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpokit.envs.episodes import Episode, EpisodeRunner, as_generation_output, with_episode_columns
+from grpokit.envs.factories import EnvironmentFactories
 from grpokit.envs.tools import ToolEnvironment
 from grpokit.envs.turns import open_session
 from grpokit.rollout import RolloutBackend, SamplingParams, generate_groups
 from grpokit.rollout.base import GenerationOutput
 
-__all__ = ["EpisodeSampler", "EpisodeSettings", "sample_groups", "template_kwargs"]
+__all__ = ["EpisodeSampler", "EpisodeSettings", "sample_groups", "start_episodes", "template_kwargs"]
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,10 @@ class EpisodeSettings:
 class EpisodeSampler:
     """G episodes per prompt through a rollout backend: the run's episode runner."""
 
-    def __init__(self, runner: EpisodeRunner) -> None:
+    def __init__(self, runner: EpisodeRunner, factories: EnvironmentFactories | None = None) -> None:
         self.runner = runner
+        self.factories = factories
+        """TRL's ``environment_factory`` (``grpokit.envs.factories``), or None."""
 
     @classmethod
     def for_run(
@@ -56,19 +59,30 @@ class EpisodeSampler:
         rows: Sequence[dict[str, Any]],
         tokenizer: Any,
         settings: EpisodeSettings,
+        factories: EnvironmentFactories | None = None,
     ) -> EpisodeSampler | None:
-        """None unless the run has an environment: ``environment`` (given to the trainer), else TRL's
-        ``tools`` (a ``ToolEnvironment`` over them, at most ``max_tool_calling_iterations`` calling turns),
-        else ``settings.environment``."""
+        """None unless the run has an environment: TRL's ``environment_factory`` (``factories``, with
+        ``tools`` added to each environment's), else ``environment`` (given to the trainer), else TRL's
+        ``tools`` (a ``ToolEnvironment`` over them), else ``settings.environment``. With TRL's two, at most
+        ``max_tool_calling_iterations`` tool-calling turns, and a malformed call is no call (TRL's
+        reading: the episode's last action)."""
         spec = environment if environment is not None else settings.environment
         max_turns = settings.max_turns
-        if tools:
+        if factories is not None:
+            if spec is not None:
+                raise ValueError("GRPOTrainer: give environment_factory= (TRL's protocol) or an environment "
+                                 "(grpokit's), not both")  # fmt: skip
+            if settings.environment_kwargs:
+                raise ValueError("environment_kwargs configures grpokit's environments; environment_factory "
+                                 "builds its own (bind arguments with functools.partial)")  # fmt: skip
+            spec = factories.make_env
+        elif tools:
             if spec is not None:
                 raise ValueError("GRPOTrainer: give tools= or an environment, not both (a ToolEnvironment "
                                  "subclass can hold tools and state)")  # fmt: skip
-            spec = functools.partial(ToolEnvironment, list(tools))
-            if settings.max_tool_calling_iterations is not None:
-                max_turns = settings.max_tool_calling_iterations + 1
+            spec = functools.partial(ToolEnvironment, list(tools), malformed="end")
+        if (factories is not None or tools) and settings.max_tool_calling_iterations is not None:
+            max_turns = settings.max_tool_calling_iterations + 1
         if spec is None:
             return None
         runner = EpisodeRunner.for_rows(
@@ -83,7 +97,7 @@ class EpisodeSampler:
             on_error=settings.on_error,
             chat_template_kwargs=settings.chat_template_kwargs,
         )
-        return cls(runner)
+        return cls(runner, factories)
 
     def generate(
         self,
@@ -96,7 +110,10 @@ class EpisodeSampler:
         """``sizes[k]`` episodes from each prompt: the completions (with ``policy_mask``), the rows (one
         per episode) with the episodes' columns, and the episodes."""
         session = open_session(backend, prompt_ids, sizes)
-        episode_rows = [row for row, size in zip(rows, sizes) for _ in range(size)]
+        if self.factories is not None:  # each episode with its own instance (``start_episodes``)
+            episode_rows = self.factories.episode_rows(rows, sizes)
+        else:
+            episode_rows = [row for row, size in zip(rows, sizes) for _ in range(size)]
         episodes = self.runner.run(session, episode_rows, params)
         return as_generation_output(episodes), with_episode_columns(episode_rows, episodes), episodes
 
@@ -117,8 +134,25 @@ def sample_groups(
     return episodes.generate(backend, rows, prompt_ids, sizes, params)
 
 
-def template_kwargs(episodes: EpisodeSampler | None, kwargs: dict[str, Any] | None) -> Any:
-    """``chat_template_kwargs`` with an environment's tool schemas added (``tools``; the user's win)."""
-    if episodes is None or not episodes.runner.template_kwargs:
+def start_episodes(
+    episodes: EpisodeSampler | None, rows: list[dict[str, Any]], sizes: list[int]
+) -> list[dict[str, Any]]:
+    """The rows as the prompts are encoded from them: as they are, or with TRL's ``environment_factory``
+    each row's episodes' instances drawn and reset, and its final prompt (``EnvironmentFactories.start``)."""
+    if episodes is None or episodes.factories is None:
+        return rows
+    return episodes.factories.start(rows, sizes)
+
+
+def template_kwargs(
+    episodes: EpisodeSampler | None, kwargs: dict[str, Any] | None, row: dict[str, Any] | None = None
+) -> Any:
+    """``chat_template_kwargs`` with an environment's tool schemas added (``tools``; the user's win); with
+    TRL's ``environment_factory`` those of ``row``'s environment."""
+    if episodes is None:
         return kwargs
-    return {**episodes.runner.template_kwargs, **(kwargs or {})}
+    if episodes.factories is not None and row is not None:
+        extra = episodes.factories.template_kwargs(row)
+    else:
+        extra = episodes.runner.template_kwargs
+    return {**extra, **(kwargs or {})} if extra else kwargs

@@ -29,6 +29,7 @@ A string result is written as is, anything else as ``json.dumps(result)``. With 
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import math
@@ -54,6 +55,7 @@ __all__ = [
     "format_tool_response",
     "parse_tool_calls",
     "tool_schema",
+    "tool_table",
 ]
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -206,8 +208,12 @@ class ToolEnvironment:
     function does not take, a tool that raises or one that runs past ``timeout`` seconds give
     ``error: ...`` as that call's result and count in ``info["tool_errors"]``; calls past
     ``max_calls_per_turn`` are not run and count as errors too. A malformed call gives one error result
-    and counts ``info["malformed_tool_calls"]`` (no call of that turn runs). ``info["tool_calls"]`` counts
-    well-formed calls; all three keys are in every turn's info. The episode goes on after any error.
+    and counts ``info["malformed_tool_calls"]`` (no call of that turn runs); with ``malformed="end"``
+    (TRL's reading, for its ``tools=`` and ``environment_factory``: text whose calls do not parse holds no
+    call) it is instead the episode's last action, scored by :meth:`final_reward`, and still counted.
+    ``info["tool_calls"]`` counts well-formed calls; all three keys are in every turn's info. The episode
+    goes on after any other error. A tool may be a coroutine function (``async def``): it runs to the end
+    in its call's thread (``asyncio.run``).
 
     Timeout: each call runs in a fresh daemon thread and the episode stops waiting after ``timeout``
     seconds. A Python thread cannot be killed: a hung tool keeps its thread (and whatever it holds) until
@@ -226,6 +232,7 @@ class ToolEnvironment:
         timeout: float = 5.0,
         max_calls_per_turn: int = 4,
         max_response_chars: int = 2000,
+        malformed: str = "answer",
     ):
         if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
@@ -233,7 +240,12 @@ class ToolEnvironment:
             raise ValueError(f"max_calls_per_turn must be an integer >= 1, got {max_calls_per_turn!r}")
         if not (isinstance(max_response_chars, int) and max_response_chars >= 8):
             raise ValueError(f"max_response_chars must be an integer >= 8, got {max_response_chars!r}")
-        self.tools = _tool_table(tools)
+        if malformed not in ("answer", "end"):
+            raise ValueError(f"malformed must be 'answer' or 'end', got {malformed!r}")
+        self.tools = tool_table(tools)
+        if not self.tools:
+            raise ValueError("a ToolEnvironment needs at least one tool")
+        self.malformed = malformed
         self.timeout = float(timeout)
         self.max_calls_per_turn = max_calls_per_turn
         self.max_response_chars = max_response_chars
@@ -260,6 +272,8 @@ class ToolEnvironment:
             calls = parse_tool_calls(action)
         except ToolCallError as err:
             info["malformed_tool_calls"] = 1
+            if self.malformed == "end":
+                return Turn(reward=self.final_reward(action), done=True, info=info)
             error = f"error: malformed tool call: {err}"
             return Turn(observation=self._observation([("", error)]), info=info)
         if not calls:
@@ -305,16 +319,15 @@ class ToolEnvironment:
         return "".join(format_tool_response(text) for _, text in results)
 
 
-def _tool_table(tools: Any) -> dict[str, Callable[..., Any]]:
-    """``{name: function}`` from a mapping or a sequence of functions (named by ``__name__``)."""
+def tool_table(tools: Any) -> dict[str, Callable[..., Any]]:
+    """``{name: function}`` from a mapping or a sequence of functions (named by ``__name__``; bound methods
+    too); an empty one is allowed here. A name that is not usable, or used twice, is a ValueError."""
     if isinstance(tools, Mapping):
         pairs = list(tools.items())
     elif isinstance(tools, Sequence) and not isinstance(tools, str):
         pairs = [(getattr(fn, "__name__", None), fn) for fn in tools]
     else:
         raise TypeError(f"tools must be a list of functions or a {{name: function}} dict, got {tools!r}")
-    if not pairs:
-        raise ValueError("a ToolEnvironment needs at least one tool")
     table: dict[str, Callable[..., Any]] = {}
     for name, fn in pairs:
         if not callable(fn):
@@ -338,7 +351,8 @@ def _start(fn: Callable[..., Any], arguments: dict[str, Any]) -> Future[Any]:
         if not future.set_running_or_notify_cancel():
             return
         try:
-            future.set_result(fn(**arguments))
+            result = fn(**arguments)
+            future.set_result(asyncio.run(result) if inspect.iscoroutine(result) else result)
         except Exception as err:
             future.set_exception(err)
         except BaseException as err:  # SystemExit & co. must not cross into the trainer's thread

@@ -210,7 +210,11 @@ def resolve_rewards(
     tokenizers = _processing_classes(processing_classes, len(specs))
     pairs = [(f, t) for f, t in zip(specs, tokenizers) if f is not None]
     if not pairs and not allow_empty:
-        raise ValueError("reward_funcs: at least one reward function is required (or process_reward_funcs)")
+        raise ValueError(
+            "No reward source provided: reward_funcs needs at least one reward function (or pass "
+            "process_reward_funcs, an environment whose own reward scores its episodes, or an "
+            "environment_factory whose environment defines a get_reward method)"
+        )
     if max_completion_length is not None:
         pairs = [(_with_run_lengths(f, max_completion_length), t) for f, t in pairs]
     resolved = [

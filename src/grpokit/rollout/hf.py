@@ -11,6 +11,7 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 
 from grpokit.core import pad_left, trim_at_eos
 from grpokit.rollout.base import GenerationOutput, SamplingParams
+from grpokit.rollout.logits import process_logits
 
 __all__ = ["TransformersBackend", "generation_config"]
 
@@ -61,6 +62,12 @@ class TransformersBackend:
     reports. Greedy decoding (``do_sample=False``) reports the log-softmax of the scores after the repetition
     penalty only (no temperature or filters: ``generate`` applies none), which is the model's own log-prob of
     the chosen token, not 0 (its probability under the argmax), again as the fast sampler does.
+
+    A ``generate`` that returns the token ids alone (a tensor, not a ``GenerateOutput``: a replaced or
+    wrapped ``generate`` that ignores ``return_dict_in_generate`` and the stopping criteria) records no
+    scores; the same log-probs then come from one forward pass over prompt + completion, each step's logits
+    processed as ``generate`` processes them (``rollout.logits.process_logits``: repetition penalty over the
+    prompt and the tokens drawn before, temperature, top-k, top-p, min-p).
     """
 
     def __init__(self, model: torch.nn.Module, *, micro_batch_size: int | None = None) -> None:
@@ -100,8 +107,45 @@ class TransformersBackend:
             )
         finally:
             self.model.train(was_training)
-        generated = out.sequences[:, ids.shape[1] :].tolist()  # [B, steps]
-        steps = torch.stack(recorder.steps, dim=1).tolist()  # [B, >= steps]
+        if isinstance(out, torch.Tensor):  # the ids alone: no scores were recorded
+            steps = _forward_logprobs(self.model, ids, mask, out, params).tolist()  # [B, steps]
+            generated = out[:, ids.shape[1] :].tolist()  # [B, steps]
+        else:
+            generated = out.sequences[:, ids.shape[1] :].tolist()  # [B, steps]
+            steps = torch.stack(recorder.steps, dim=1).tolist()  # [B, >= steps]
         pairs = [trim_at_eos(tokens, params.eos_token_ids) for tokens in generated]
         row_logprobs = [lp[: len(tokens)] for (tokens, _), lp in zip(pairs, steps)]
         return [tokens for tokens, _ in pairs], row_logprobs, [flag for _, flag in pairs]
+
+
+def _forward_logprobs(
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    sequences: torch.Tensor,
+    params: SamplingParams,
+) -> torch.Tensor:
+    """The sampling log-prob of each generated token of ``sequences`` [B, P + S] (prompts ``ids`` [B, P]
+    left-padded, ``mask`` [B, P]): one forward over the whole sequences (positions counting real tokens
+    only, as ``generate`` numbers them), then per step the processed scores ``generate`` would have drawn
+    from (``process_logits``, with the prompt's real tokens and the tokens drawn so far as ``seen``) and
+    the log-softmax at the drawn token. Returns [B, S] float32 (tokens after an EOS are scored too; the
+    caller trims them)."""
+    prompt_len, steps = ids.shape[1], sequences.shape[1] - ids.shape[1]
+    if steps <= 0:
+        return torch.zeros(ids.shape[0], 0)
+    sequences = sequences.to(ids.device)
+    full_mask = torch.cat([mask, torch.ones_like(sequences[:, prompt_len:])], dim=1)  # [B, P + S]
+    positions = (full_mask.cumsum(dim=1) - 1).clamp(min=0)  # [B, P + S]
+    logits = model(input_ids=sequences, attention_mask=full_mask, position_ids=positions).logits
+    logits = logits[:, prompt_len - 1 : -1].float()  # [B, S, V]: the scores of each generated token
+    vocab = logits.shape[-1]
+    seen = torch.zeros(ids.shape[0], vocab, dtype=torch.long, device=ids.device)
+    seen = seen.scatter_add_(1, ids.clamp(max=vocab - 1), mask.long()) > 0  # [B, V] the prompts' real tokens
+    out = []
+    for step in range(steps):
+        scores = process_logits(logits[:, step], params, seen)  # [B, V]
+        chosen = sequences[:, prompt_len + step].unsqueeze(1)  # [B, 1]
+        out.append(scores.gather(1, chosen)[:, 0] - torch.logsumexp(scores, dim=-1))  # [B]
+        seen = seen.scatter(1, chosen, True)
+    return torch.stack(out, dim=1)  # [B, S]

@@ -45,14 +45,19 @@ def run_rewards(
     has_environment: bool = False,
     gather: Callable[[list[Any]], list[Any]] | None = None,
     reward_processing_classes: Any = None,
+    environment_rewards: list[Any] | None = None,
 ) -> RunRewards:
     """Resolve the trainer's reward arguments. A run with an environment and no reward functions is scored
     by the environment's own reward (``environment_reward``). The reward model iterative GRPO trains is the
     one that scores: appended to the process rewards (process RM) or the outcome rewards (outcome RM); it
     learns from every process's samples (``gather``, None with one process). ``reward_processing_classes``
-    (TRL's): the tokenizer of each reward model in ``reward_funcs`` (None: the model's own)."""
+    (TRL's): the tokenizer of each reward model in ``reward_funcs`` (None: the model's own).
+    ``environment_rewards`` (TRL's ``environment_factory``: one per environment class with ``get_reward``)
+    come last, with weight 1 each (``reward_weights`` weighs the others); with them ``reward_funcs`` may
+    be empty. No reward source at all is a ValueError."""
     empty = reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and not reward_funcs)
-    if has_environment and empty:
+    owned = list(environment_rewards or [])
+    if has_environment and empty and not owned:
         reward_funcs = [environment_reward]
     iterative = IterativeGRPO.from_config(iterative_reward_model, rm_label_func, args, device, gather)
     process_specs = list(process_reward_funcs or [])
@@ -64,9 +69,10 @@ def run_rewards(
     if classes is not None and iterative is not None and iterative.kind != "process":
         classes = [*(classes if isinstance(classes, (list, tuple)) else [classes]), None]  # (the RM's own)
     funcs = resolve_rewards(
-        outcome_specs, device=device, allow_empty=process is not None,
+        outcome_specs, device=device, allow_empty=process is not None or bool(owned),
         max_completion_length=args.max_completion_length, processing_classes=classes,
     )  # fmt: skip
+    weights = reward_weights(args.reward_weights, reward_names(funcs), "reward_weights") + [1.0] * len(owned)
+    funcs += owned
     names = reward_names(funcs)
-    weights = reward_weights(args.reward_weights, names, "reward_weights")
     return RunRewards(funcs, names, torch.tensor(weights, dtype=torch.float32), process, iterative)

@@ -27,7 +27,8 @@ from grpokit.config.trl_fields import refuse_trainer_arguments
 from grpokit.core import multi_reward_advantages
 from grpokit.data.chat import encode_prompt
 from grpokit.data.loading import load_dataset_rows
-from grpokit.envs.sampler import EpisodeSampler, sample_groups, template_kwargs
+from grpokit.envs.factories import EMPTY_PROMPT, EnvironmentFactories
+from grpokit.envs.sampler import EpisodeSampler, sample_groups, start_episodes, template_kwargs
 from grpokit.models.policy import check_special_tokens, load_policy, tokenizer_of, warn_router_loss_not_added
 from grpokit.parallel.cpu_runtime import apply_cpu_runtime
 from grpokit.parallel.distributed import (
@@ -91,8 +92,11 @@ class GRPOTrainer:
         tools: TRL's tool functions: episodes in a ``ToolEnvironment`` over them (``grpokit.envs.tools``).
         reward_processing_classes: TRL's: the tokenizer of each reward model in ``reward_funcs`` (one, or
             one per reward function; None: the model's own).
-        quantization_config, rollout_func, environment_factory: TRL's arguments that grpokit does not
-            support; anything but None is refused with the reason.
+        environment_factory: TRL's environments (a class or a dict of them by the rows' ``environment``):
+            public methods as tools, ``reset(**row)`` ending the prompt, ``get_reward()`` as a reward
+            (``grpokit.envs.factories``); ``train_dataset`` may then be None (``max_steps`` rows).
+        quantization_config, rollout_func: TRL's arguments that grpokit does not support; anything but
+            None is refused with the reason.
         rollout_backend: override the generation backend (anything with the RolloutBackend protocol).
         environment: G multi-turn episodes per prompt (default ``args.environment``; docs/environments.md);
             ``reward_funcs`` may then be None: the environment's own reward scores them.
@@ -111,7 +115,7 @@ class GRPOTrainer:
     def __init__(
         self,
         model: str | Path | torch.nn.Module,
-        reward_funcs: Any,
+        reward_funcs: Any = None,
         args: GRPOConfig | None = None,
         train_dataset: Any = None,
         eval_dataset: Any = None,
@@ -134,10 +138,7 @@ class GRPOTrainer:
         args = args or GRPOConfig()
         args.check_eval_dataset(eval_dataset is not None, "pass eval_dataset to GRPOTrainer")
         self.args = args.resolved()  # every derived value written out, once
-        refuse_trainer_arguments(
-            quantization_config=quantization_config, rollout_func=rollout_func,
-            environment_factory=environment_factory,
-        )  # fmt: skip
+        refuse_trainer_arguments(quantization_config=quantization_config, rollout_func=rollout_func)
         refuse_resets_of_adapter_reference(self.args, peft_config)
         if self.args.use_vllm:  # no vLLM or no device for its engine: refused before any weights load
             require_vllm(self.args.vllm_mode)
@@ -155,11 +156,17 @@ class GRPOTrainer:
         self.tokenizer = processing_class if processing_class is not None else tokenizer_of(model, remote)
         check_special_tokens(self.tokenizer)
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset  # as given (TRL's attributes)
+        # TRL's environment_factory: methods as tools, reset(**row) ends the prompts (grpokit.envs.factories)
+        factory = environment_factory
+        self.factories = EnvironmentFactories(factory, tools) if factory is not None else None
+        self.tools = self.factories.tools if self.factories else list(tools or [])  # TRL's attribute
+        if train_dataset is None and self.factories is not None:  # the environment owns the data
+            train_dataset = self.factories.placeholder_rows(self.args.max_steps, self.plan.prompts)
         self.train_rows = self._load_rows(train_dataset, "train_dataset")
         self.eval_rows = self._load_eval_sets(eval_dataset)  # rows, {name: rows} (named sets) or None
         # G episodes per prompt instead of G completions when the run has an environment (grpokit.envs)
         self.episodes = EpisodeSampler.for_run(
-            environment, tools, self.train_rows, self.tokenizer, self.args.episode_settings()
+            environment, tools, self.train_rows, self.tokenizer, self.args.episode_settings(), self.factories
         )
         episode_hook = EpisodeSupervision.for_run(self.args, self.episodes is not None)  # env/*, turn rewards
         self.model = load_policy(model, self.args, peft_config)
@@ -167,8 +174,10 @@ class GRPOTrainer:
         self.gather = gather_across_processes(self.accelerator)  # lists from every process, or None
         rewards = run_rewards(
             self.args, reward_funcs, process_reward_funcs, iterative_reward_model, rm_label_func,
-            self.tokenizer, self.accelerator.device, has_environment=self.episodes is not None,
-            gather=self.gather, reward_processing_classes=reward_processing_classes,
+            self.tokenizer, self.accelerator.device,
+            has_environment=self.episodes is not None and self.factories is None, gather=self.gather,
+            reward_processing_classes=reward_processing_classes,
+            environment_rewards=None if self.factories is None else self.factories.reward_funcs,
         )  # fmt: skip
         self.iterative, self.process = rewards.iterative, rewards.process  # optional step hooks
         self.reward_funcs, self.reward_names = rewards.funcs, rewards.names
@@ -295,6 +304,26 @@ class GRPOTrainer:
         """TRL's: the tokenizer of each reward function that is a reward model (given in
         ``reward_processing_classes`` or the model's own), None for the others; one per reward function."""
         return [getattr(func, "tokenizer", None) for func in self.reward_funcs]
+
+    @property
+    def reward_func_names(self) -> list[str]:
+        """The reward functions' metric names (TRL's attribute; an environment's reward: its class name)."""
+        return list(self.reward_names)
+
+    @property
+    def environments(self) -> list[Any] | None:
+        """TRL's ``environment_factory``: the latest batch's environment instances, in completion order."""
+        return None if self.factories is None else self.factories.environments
+
+    @property
+    def _env_tools(self) -> dict[Any, list[Any]]:
+        """TRL's: the tools of each environment of ``environment_factory`` ({} without one)."""
+        return {} if self.factories is None else self.factories.env_tools
+
+    @property
+    def _environment_pool(self) -> dict[Any, list[Any]]:
+        """TRL's: the reusable instances of each environment of ``environment_factory``."""
+        return {} if self.factories is None else self.factories.pool
 
     @property
     def ref_model(self) -> torch.nn.Module | None:
@@ -483,7 +512,8 @@ class GRPOTrainer:
         """G completions (one when ``greedy``; ``group_sizes[k]`` for row k when given) for each row's
         prompt from the current policy (or ``backend``), decoded."""
         sizes = group_sizes or [1 if greedy else self.args.num_generations] * len(rows)
-        prompt_ids = [self.encode_prompt(row["prompt"]) for row in rows]
+        rows = start_episodes(self.episodes, rows, sizes)  # environment_factory: reset(**row) ends the prompt
+        prompt_ids = [self.encode_prompt(row["prompt"], row) for row in rows]
         # mixed precision applies to every model pass, not only the update; full weights to generate from
         with self.accelerator.autocast(), self.placed.generation_weights():  # episodes with an environment
             generated, rows, run = sample_groups(
@@ -568,13 +598,15 @@ class GRPOTrainer:
     def _load_rows(self, source: Any, name: str) -> list[dict[str, Any]]:
         """Rows of a data set in any form (``grpokit.data``: names, files, folders, Datasets, lists), with the
         configured split and columns; prompts over ``max_prompt_length`` refused if so configured."""
-        rows = load_dataset_rows(source, self.args.data_settings(), name=name)
+        blank = EMPTY_PROMPT if self.factories is not None else None  # (prompts written by reset)
+        rows = load_dataset_rows(source, self.args.data_settings(), name=name, missing_prompt=blank)
         check_prompt_lengths(rows, self.tokenizer, self.args, name=name)
         return rows
 
-    def encode_prompt(self, prompt: Any) -> list[int]:
-        """Token ids of a prompt (chat template for message lists), cut from the left to max_prompt_length."""
-        kwargs = template_kwargs(self.episodes, self.args.chat_template_kwargs)  # an environment's tools
+    def encode_prompt(self, prompt: Any, row: dict[str, Any] | None = None) -> list[int]:
+        """Token ids of a prompt (chat template for message lists), cut from the left to max_prompt_length;
+        ``row``: its data-set row (with environment_factory, its environment's tools go in the template)."""
+        kwargs = template_kwargs(self.episodes, self.args.chat_template_kwargs, row)  # an environment's tools
         return encode_prompt(prompt, self.tokenizer, self.args.max_prompt_length, kwargs)
 
     def sampling_params(self, greedy: bool = False) -> SamplingParams:
