@@ -167,3 +167,6 @@ def test_construction_errors_name_what_is_missing(tmp_path, tiny_model_dir):
         GRPOTrainer(str(tiny_model_dir), None, config, environment_factory=Plain)
     with pytest.raises(ValueError, match=r"environment_factory= .*or an environment .*not both"):
         GRPOTrainer(str(tiny_model_dir), None, config, environment_factory=Counter, environment="maze")
+    with pytest.raises(ValueError, match="async_generation is not supported here: TRL's environment_factory"):
+        async_config = small_config(tmp_path, async_generation=True)
+        GRPOTrainer(str(tiny_model_dir), None, async_config, environment_factory=Counter)

@@ -32,7 +32,9 @@ from grpokit.sampling.off_policy import generation_copy, policy_dtype, refresh_c
 __all__ = ["AsyncDrawer", "check_async_generation", "draws_ahead"]
 
 
-def check_async_generation(args: Any, num_processes: int, strategy: str, rollout_backend: Any) -> None:
+def check_async_generation(
+    args: Any, num_processes: int, strategy: str, rollout_backend: Any, *, environment_factory: bool = False
+) -> None:
     """What asynchronous rollouts do not support, refused with the reason (ValueError naming the field)."""
     if not args.async_generation or args.max_staleness == 0:
         return
@@ -43,6 +45,11 @@ def check_async_generation(args: Any, num_processes: int, strategy: str, rollout
         why = f"the weights are placed by {strategy}; the background sampler needs a full copy"
     elif rollout_backend is not None or args.use_vllm:
         why = "it samples from its own copies of the policy, not an outside sampler (rollout_backend, vLLM)"
+    elif environment_factory:
+        why = (
+            "TRL's environment_factory hands its pooled instances to one batch at a time; a draw ahead "
+            "would share them with the step's evaluation"
+        )
     if why is not None:
         raise ValueError(f"GRPOConfig.async_generation is not supported here: {why}")
 

@@ -196,7 +196,10 @@ class GRPOTrainer:
         placed = self.placed
         self.policy, self.optimizer, self.scheduler = placed.policy, placed.optimizer, placed.scheduler
         self.zero = placed.zero
-        check_async_generation(self.args, self.accelerator.num_processes, self.strategy, rollout_backend)
+        check_async_generation(
+            self.args, self.accelerator.num_processes, self.strategy, rollout_backend,
+            environment_factory=self.factories is not None,
+        )  # fmt: skip
         # the sampler (the policy, its copy in generation_dtype, or rollout_backend) and its IS correction,
         # on for every batch when the samples are drawn ahead from older copies of the policy
         ahead = draws_ahead(self.args)
