@@ -22,6 +22,7 @@ _HOMES = {
         "AGGREGATION_IS_GLOBAL", "AGGREGATIONS", "bnpo_aggregation", "dapo_aggregation",
         "dr_grpo_aggregation", "grpo_aggregation", "luspo_aggregation",
     ),
+    "entropy_control": ("adapted_entropy_coef", "applied_entropy_coef"),
     "group_sizes": ("allocate_group_sizes",),
     "kl": ("KL_ESTIMATORS", "kl_penalty"),
     "logprobs": ("entropy_from_logits", "logprobs_and_entropy", "selective_log_softmax"),

@@ -185,7 +185,8 @@ class WeightSync:
 class OffPolicyCorrection:
     """TRL's vLLM importance-sampling correction, for any sampler that is not pi_old.
 
-    ``active``: the sampler is off-policy and ``vllm_importance_sampling_correction`` is on. It then applies
+    ``off_policy``: the sampler is not pi_old. ``active``: it is off-policy and
+    ``vllm_importance_sampling_correction`` is on. It then applies
     to every batch whose sampler reported log-probs (``RolloutBatch.sampling_logps``); a backend that reports
     none gets no correction (logged once).
     """
@@ -196,8 +197,12 @@ class OffPolicyCorrection:
         mode: str = "sequence_mask",
         clip_min: float | None = None,
         clip_max: float | None = 3.0,
+        *,
+        off_policy: bool | None = None,
     ) -> None:
         self.active, self.mode, self.clip_min, self.clip_max = active, mode, clip_min, clip_max
+        # the sampler is not pi_old, whether or not it is corrected (None: as ``active``)
+        self.off_policy = active if off_policy is None else off_policy
         self._warned = False
 
     @classmethod
@@ -208,6 +213,7 @@ class OffPolicyCorrection:
             args.vllm_importance_sampling_mode,
             args.vllm_importance_sampling_clip_min,
             args.vllm_importance_sampling_clip_max,
+            off_policy=off_policy,
         )
 
     def applies(self, batch: RolloutBatch) -> bool:
