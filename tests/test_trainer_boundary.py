@@ -30,6 +30,7 @@ STEP_MODULES = {
     "hooks",  # the protocol of optional behaviour
     "process_supervision",  # hooks: process rewards, an environment's turn rewards
     "iterative_grpo",  # hook: the reward model that keeps learning
+    "entropy_control",  # hook: the entropy bonus's coefficient, adapted per optimizer step
 }
 """``train/``'s modules: the step and nothing else."""
 

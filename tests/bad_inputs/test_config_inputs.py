@@ -50,9 +50,12 @@ def schedule(config: GRPOConfig, max_steps: int) -> RunSchedule:
 
 
 # ---- refused outright --------------------------------------------------------------------------------------
-def test_cispo_without_its_cap():
+def test_cispo_with_a_zero_cap():
+    """Without epsilon_high the cap is epsilon (as TRL); a zero cap, either way, is refused."""
+    with pytest.raises(ValueError, match=r"GRPOConfig.epsilon must be > 0 with loss_type='cispo'"):
+        GRPOConfig(loss_type="cispo", epsilon=0.0)
     with pytest.raises(ValueError, match=r"GRPOConfig.epsilon_high must be > 0 with loss_type='cispo'"):
-        GRPOConfig(loss_type="cispo")
+        GRPOConfig(loss_type="cispo", epsilon_high=0.0)
 
 
 def test_a_group_of_one():
@@ -155,8 +158,8 @@ def test_eval_steps_null_over_a_recipe_never_evaluates(tmp_path):
 
 def test_a_recipe_invalid_alone_is_completed_by_the_command_line(tmp_path):
     """The config is built once from the merged values: a recipe that needs its override is fine."""
-    path = recipe(tmp_path, "base: arithmetic-tiny\nloss_type: cispo\n")  # cispo needs epsilon_high
-    assert parse_train_args([str(path), "epsilon_high=5.0"]).config.epsilon_high == 5.0
+    path = recipe(tmp_path, "base: arithmetic-tiny\nepsilon_high: 0.5\ndelta: 1.4\n")  # delta <= 1.5
+    assert parse_train_args([str(path), "epsilon_high=0.28"]).config.epsilon_high == 0.28
 
 
 # ---- YAML: words and strings typed by the field's declared type --------------------------------------------
@@ -208,7 +211,7 @@ def test_python_values_are_typed_by_the_field_too():
         ({"run_name": True}, "GRPOConfig.run_name must be text or null, got True"),
         ({"temperature": float("nan")}, "GRPOConfig.temperature must be a number, got nan"),
         ({"loss_type": "ppo"}, "GRPOConfig.loss_type must be one of 'grpo', 'bnpo', 'dr_grpo', 'dapo', "
-         "'cispo', 'sapo', got 'ppo'"),
+         "'cispo', 'sapo', 'luspo', 'vespo', got 'ppo'"),
     ],
 )  # fmt: skip
 def test_a_value_that_does_not_convert_is_refused_naming_the_field(values, message):

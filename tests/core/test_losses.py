@@ -12,14 +12,18 @@ from grpokit.core import (
     bnpo_aggregation,
     dapo_aggregation,
     dr_grpo_aggregation,
+    entropy_threshold,
     grpo_aggregation,
     importance_sampling_weights,
+    luspo_aggregation,
+    off_policy_sequence_mask,
     policy_loss,
     top_entropy_mask,
+    vespo_gamma_weights,
 )
 from grpokit.core.token_weights import importance_sampling_ratio
 
-ALL_LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
+ALL_LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
 LEVELS = ["token", "sequence", "sequence_token"]
 # Ragged batch: row 0 has 3 completion tokens, row 1 has 2 (its last column is padding).
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
@@ -65,8 +69,14 @@ def test_dapo_aggregation_by_hand():
     scalar(dapo_aggregation(PER_TOKEN, MASK, None), 3.0)
 
 
+def test_luspo_aggregation_by_hand():
+    # Row sums: 1 + 2 + 3 = 6 and 4 + 5 = 9 (the padding 100 is not read); mean over rows = 7.5.
+    scalar(luspo_aggregation(PER_TOKEN, MASK), 7.5)
+
+
 @pytest.mark.parametrize(
-    ("loss_type", "expected"), [("grpo", 3.25), ("bnpo", 3.0), ("dr_grpo", 15 / (2 * 4)), ("dapo", 1.5)]
+    ("loss_type", "expected"),
+    [("grpo", 3.25), ("bnpo", 3.0), ("dr_grpo", 15 / (2 * 4)), ("dapo", 1.5), ("luspo", 7.5)],
 )
 def test_policy_loss_aggregates_by_hand(loss_type, expected):
     # On-policy (ratio 1) the clipped objective is -A per token,
@@ -83,8 +93,8 @@ def is_global(loss_type: str) -> bool:
 
 
 def test_aggregation_is_global():
-    assert is_global("dapo") and is_global("cispo")
-    assert not any(is_global(t) for t in ["grpo", "bnpo", "dr_grpo", "sapo"])
+    assert is_global("dapo") and is_global("cispo") and is_global("vespo")
+    assert not any(is_global(t) for t in ["grpo", "bnpo", "dr_grpo", "sapo", "luspo"])
     assert set(LOSS_PRESETS) == set(ALL_LOSS_TYPES)
     with pytest.raises(ValueError, match="loss_type"):
         PolicyLoss(loss_type="ppo")
@@ -234,9 +244,112 @@ def test_cispo_by_hand():
     scalar(metrics["clip_ratio/low_mean"], 0.0)
 
 
-def test_cispo_needs_its_cap():
-    with pytest.raises(ValueError, match="epsilon_high"):
-        policy_loss(torch.zeros(1, 2), None, torch.ones(1), torch.ones(1, 2), loss_type="cispo")
+def test_cispo_without_epsilon_high_caps_at_epsilon_as_trl():
+    # TRL: epsilon_high = epsilon when unset, so the cap is 0.2. r = [0.5, 3]: weights [min(0.5, 0.2),
+    # min(3, 0.2)] = [0.2, 0.2]; A = 1, logps = [-1, -2]: per-token -0.2 * logps = [0.2, 0.4]; mean 0.3.
+    ratios = torch.tensor([[0.5, 3.0]])
+    logps = torch.tensor([[-1.0, -2.0]])
+    loss, _ = policy_loss(logps, logps - ratios.log(), torch.ones(1), torch.ones(1, 2), loss_type="cispo")
+    scalar(loss, 0.3)
+
+
+def test_cispo_refuses_a_zero_cap():
+    with pytest.raises(LossConfigError) as caught:
+        PolicyLoss(loss_type="cispo", epsilon=0.0)
+    assert caught.value.field == "epsilon"
+    with pytest.raises(LossConfigError) as caught:
+        PolicyLoss(loss_type="cispo", epsilon_high=0.0)
+    assert caught.value.field == "epsilon_high"
+
+
+# --- VESPO ----------------------------------------------------------------------------------------------
+
+
+def phi_by_hand(log_w: float, k: float, lam: float) -> float:
+    """Gamma weight e^lambda w^k e^(-lambda w), normalised so phi(1) = 1."""
+    w = math.exp(log_w)
+    return math.exp(lam) * w**k * math.exp(-lam * w)
+
+
+def test_vespo_gamma_weights_by_hand():
+    # Row 0: A = +1 (k=2, lambda=3); per-token log r = [0.1, 0.2] -> log w = 0.3.
+    # Row 1: A = -1 (k=3, lambda=2); log r = [-0.5, (padding 9.0, not read)] -> log w = -0.5.
+    log_ratio = torch.tensor([[0.1, 0.2], [-0.5, 9.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    phi = vespo_gamma_weights(torch.tensor([1.0, -1.0]), log_ratio, mask)
+    expected = [[phi_by_hand(0.3, 2.0, 3.0)], [phi_by_hand(-0.5, 3.0, 2.0)]]
+    torch.testing.assert_close(phi, torch.tensor(expected))
+    # On-policy (w = 1): phi = e^lambda * 1 * e^-lambda = 1 for either sign.
+    ones = vespo_gamma_weights(torch.tensor([1.0, -1.0]), torch.zeros(2, 2), mask)
+    torch.testing.assert_close(ones, torch.ones(2, 1))
+
+
+def test_vespo_folds_the_sampler_correction_into_w():
+    # c = pi_old / pi_sampler = [2, 1] multiplies w: log w = 0.3 + log 2. A masked-out correction (c = 0)
+    # clamps to 1e-8: log w = log 1e-8 and phi = e^3 * 1e-16 * e^(-3e-8), effectively 0.
+    log_ratio = torch.tensor([[0.1, 0.2]])
+    mask = torch.ones(1, 2)
+    phi = vespo_gamma_weights(torch.ones(1), log_ratio, mask, torch.tensor([[2.0, 1.0]]))
+    torch.testing.assert_close(phi, torch.tensor([[phi_by_hand(0.3 + math.log(2.0), 2.0, 3.0)]]))
+    dropped = vespo_gamma_weights(torch.ones(1), log_ratio, mask, torch.tensor([[0.0, 1.0]]))
+    assert float(dropped) < 1e-12
+
+
+def test_vespo_loss_and_gradient_by_hand():
+    # loss = -sg[phi] A logps, summed over tokens / the token count (dapo aggregation, 2 local tokens).
+    # log r = [0.1, 0.2], A = 1: phi = phi_by_hand(0.3, 2, 3). logps = [-1, -2]: loss = -phi (-3) / 2;
+    # gradient -phi A / 2 per token (phi is a constant). The sampler weight 2 on token 0 is folded into w,
+    # not multiplied into the loss.
+    logps = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    old = logps.detach() - torch.tensor([[0.1, 0.2]])
+    loss, metrics = policy_loss(logps, old, torch.ones(1), torch.ones(1, 2), loss_type="vespo")
+    loss.backward()
+    phi = phi_by_hand(0.3, 2.0, 3.0)
+    scalar(loss, 1.5 * phi)
+    torch.testing.assert_close(logps.grad, torch.full((1, 2), -phi / 2))
+    scalar(metrics["vespo/phi_seq_mean"], phi)
+    corrected, _ = policy_loss(
+        logps,
+        old,
+        torch.ones(1),
+        torch.ones(1, 2),
+        loss_type="vespo",
+        sampler_weights=torch.tensor([[2.0, 1.0]]),
+    )
+    scalar(corrected, 1.5 * phi_by_hand(0.3 + math.log(2.0), 2.0, 3.0))
+
+
+def test_sampler_weights_multiply_the_other_objectives():
+    # On-policy grpo: per-token -A = 1 with A = -1; weights [2, 0.5] give (2 + 0.5) / 2 = 1.25.
+    logps = torch.zeros(1, 2)
+    loss, _ = policy_loss(
+        logps, None, -torch.ones(1), torch.ones(1, 2), sampler_weights=torch.tensor([[2.0, 0.5]])
+    )
+    scalar(loss, 1.25)
+
+
+# --- off-policy sequence mask ---------------------------------------------------------------------------
+
+
+def test_off_policy_sequence_mask_by_hand():
+    # KL_i = mean over real tokens of (log pi_sampler - log pi_theta); threshold 1.
+    #   row 0: A = +1, KL = 2             -> keep (non-negative advantage)
+    #   row 1: A = -1, KL = 0.5           -> keep (close enough)
+    #   row 2: A = -1, KL = (2 + 2) / 2   -> drop; its padding (-1e4) is not read
+    #   row 3: A = -1, KL = (NaN -> 0, 3) / 2 = 1.5 -> drop: the NaN adds 0 but still counts
+    logps = torch.tensor([[-2.0, -2.0], [-0.5, -0.5], [-2.0, -1e4], [0.0, -3.0]])
+    sampling = torch.tensor([[0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [float("nan"), 0.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
+    keep = off_policy_sequence_mask(torch.tensor([1.0, -1.0, -1.0, -1.0]), logps, sampling, mask, 1.0)
+    torch.testing.assert_close(keep, torch.tensor([[1.0], [1.0], [0.0], [0.0]]))
+
+
+def test_off_policy_sequence_mask_with_per_token_advantages():
+    # KL = 2 > 1: only the tokens with a negative advantage are dropped.
+    keep = off_policy_sequence_mask(
+        torch.tensor([[1.0, -1.0]]), torch.full((1, 2), -2.0), torch.zeros(1, 2), torch.ones(1, 2), 1.0
+    )
+    torch.testing.assert_close(keep, torch.tensor([[1.0, 0.0]]))
 
 
 def test_sapo_by_hand():
@@ -586,6 +699,18 @@ def test_top_entropy_mask_matches_torch_quantile_and_edge_cases():
         top_entropy_mask(ent, mask, 1.5)
 
 
+def test_entropy_threshold_by_hand_and_a_given_threshold():
+    # Values 0.1 .. 1.0 (10 of them), q = 0.8: position 0.8 * 9 = 7.2 -> 0.8 + 0.2 * (0.9 - 0.8) = 0.82.
+    values = torch.arange(1, 11, dtype=torch.float32) / 10
+    scalar(entropy_threshold(values, 0.8), 0.82)
+    scalar(entropy_threshold(values, 1.0), 1.0)
+    # A threshold computed elsewhere (every process's tokens) replaces the local quantile.
+    keep = top_entropy_mask(ENTROPY, ENT_MASK, 0.5, threshold=torch.tensor(0.6))
+    assert torch.equal(keep, (ENTROPY >= 0.6) & ENT_MASK.bool())
+    with pytest.raises(ValueError, match="non-empty"):
+        entropy_threshold(torch.empty(0), 0.5)
+
+
 # --- the loss spec: hyperparameters once, tensors per call ------------------------------------------------
 
 
@@ -610,7 +735,9 @@ def test_loss_spec_equals_the_functional_form(loss_type):
     [
         ({"delta": 1.1}, "delta"),  # must exceed 1 + epsilon_high = 1.2, not just 1
         ({"delta": 1.3, "epsilon_high": 0.3}, "delta"),
-        ({"loss_type": "cispo"}, "epsilon_high"),  # the IS-weight cap has no default
+        ({"loss_type": "cispo", "epsilon_high": -1.0}, "epsilon_high"),
+        ({"vespo_k_pos": 0.0}, "vespo_k_pos"),
+        ({"vespo_lambda_neg": -1.0}, "vespo_lambda_neg"),
         ({"epsilon": 1.0}, "epsilon"),
         ({"beta": -1.0}, "beta"),
         ({"kl_estimator": "k4"}, "kl_estimator"),

@@ -280,7 +280,8 @@ def test_trl_defaults_and_the_deprecated_cap(caplog):
 
 
 class RecordingLoss:
-    """The run's PolicyLoss, keeping the token_weights of every call."""
+    """The run's PolicyLoss, keeping the weight of the policy term of every call: the sampler correction
+    (``sampler_weights``) times the masks (``token_weights``), either of them 1 when not given."""
 
     def __init__(self, loss: PolicyLoss) -> None:
         self.loss, self.token_weights = loss, []
@@ -289,9 +290,10 @@ class RecordingLoss:
     def is_global(self) -> bool:
         return self.loss.is_global
 
-    def __call__(self, *args, token_weights=None, **kwargs):
-        self.token_weights.append(token_weights)
-        return self.loss(*args, token_weights=token_weights, **kwargs)
+    def __call__(self, *args, token_weights=None, sampler_weights=None, **kwargs):
+        factors = [w for w in (sampler_weights, token_weights) if w is not None]
+        self.token_weights.append(factors[0] * factors[1] if len(factors) == 2 else next(iter(factors), None))
+        return self.loss(*args, token_weights=token_weights, sampler_weights=sampler_weights, **kwargs)
 
 
 @pytest.mark.parametrize("quantile", [1.0, 0.5])

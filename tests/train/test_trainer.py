@@ -66,7 +66,7 @@ def test_trains_saves_and_logs(tiny_model_dir, rows, tmp_path):
         assert torch.allclose(value, trainer.unwrapped_model.state_dict()[key])
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"])
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"])
 def test_every_loss_type_runs(tiny_model_dir, rows, tmp_path, loss_type):
     extra = {"epsilon_high": 5.0} if loss_type == "cispo" else {}
     config = make_config(tmp_path, loss_type=loss_type, **extra)

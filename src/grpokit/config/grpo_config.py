@@ -229,7 +229,11 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     loss_type: LossType = "grpo"
     """grpo: per-sequence token mean, then mean over sequences (paper). bnpo: token mean over the local
     batch. dr_grpo: token sum / (sequences x max_completion_length). dapo: token sum / completion tokens in
-    the whole global batch. cispo: clipped, stop-gradient IS weight (MiniMax-M1). sapo: soft gate (Qwen)."""
+    the whole global batch. cispo: clipped, stop-gradient IS weight (MiniMax-M1; its cap is epsilon_high,
+    epsilon when unset, as TRL). sapo: soft gate (Qwen). luspo: the clipped objective summed over each
+    sequence, mean over sequences (LUSPO, arXiv:2602.05261; meant for importance_sampling_level="sequence").
+    vespo: -sg[phi(w)] A log pi with phi a gamma weight of the sequence's importance weight w (VESPO,
+    arXiv:2602.10693; vespo_* fields), token sum / global completion tokens like dapo."""
     importance_sampling_level: ImportanceSamplingLevel = "token"
     """token: one ratio per token. sequence: GSPO, one length-normalised ratio per sequence. sequence_token:
     GSPO-token, the sequence ratio's value with a per-token gradient (for per-token advantages)."""
@@ -247,11 +251,36 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     entropy_coef: float = 0.0
     """Entropy bonus (TRL's): the loss becomes L - entropy_coef * H, H the mean per-token entropy of the
     micro-batch's completion tokens (those the loss trains on with top_entropy_quantile), the same for every
-    loss_type. Positive values push against entropy collapse; 0 (default) adds nothing."""
+    loss_type. Positive values push against entropy collapse; 0 (default) adds nothing. With
+    use_adaptive_entropy: the initial coefficient. Logged as ``entropy_coef``; the loss without the bonus is
+    logged as ``policy_loss``."""
+    use_adaptive_entropy: bool = False
+    """Adaptive entropy control (Skywork-OR1, arXiv:2505.22312; TRL's name): after each optimizer step
+    entropy_coef moves by entropy_coef_delta, up when the step's mean token entropy (all processes) is at or
+    below entropy_target, down otherwise, within [entropy_coef_min, entropy_coef_max]; the bonus applies in a
+    step only when the previous step's entropy was at or below entropy_target (so not in the first step)."""
+    entropy_coef_min: float = 0.0
+    """Lower bound of the adaptive entropy coefficient (use_adaptive_entropy)."""
+    entropy_coef_max: float = 1.0
+    """Upper bound of the adaptive entropy coefficient (use_adaptive_entropy)."""
+    entropy_coef_delta: float = 0.005
+    """Step of the adaptive entropy coefficient per optimizer step (use_adaptive_entropy)."""
+    entropy_target: float = 0.2
+    """Target mean per-token entropy in nats (use_adaptive_entropy), measured over the tokens the loss trains
+    on."""
     sapo_temperature_pos: float = 1.0
     """SAPO gate temperature for positive advantages."""
     sapo_temperature_neg: float = 1.05
     """SAPO gate temperature for negative advantages."""
+    vespo_k_pos: float = 2.0
+    """VESPO (loss_type="vespo") exponent k for A >= 0: how hard sequences with importance weight w < 1 are
+    down-weighted, phi(w) = e^lambda w^k e^(-lambda w)."""
+    vespo_lambda_pos: float = 3.0
+    """VESPO decay lambda for A >= 0: how hard sequences with importance weight w > 1 are down-weighted."""
+    vespo_k_neg: float = 3.0
+    """VESPO exponent k for A < 0 (see vespo_k_pos)."""
+    vespo_lambda_neg: float = 2.0
+    """VESPO decay lambda for A < 0 (see vespo_lambda_pos)."""
     reward_weights: list[float] | None = None
     """One weight per reward function (default all 1.0)."""
     multi_objective_aggregation: MultiObjectiveAggregation = "sum_then_normalize"
@@ -386,6 +415,12 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     """Lower bound C_min of the ratio (None: none)."""
     vllm_importance_sampling_cap: float | None = None
     """Deprecated in TRL: when set, it is the ``vllm_importance_sampling_clip_max`` a run uses (logged)."""
+    off_policy_mask_threshold: float | None = None
+    """Off-policy sequence masking (DeepSeek-V3.2, arXiv:2512.02556, eq. 9; TRL's name): a sequence with a
+    negative advantage whose mean per-token KL(pi_sampler || pi_theta), log pi_sampler - log pi_theta, exceeds
+    this threshold (the paper's delta, e.g. 0.5) is dropped from the policy term. pi_sampler is the sampler's
+    log-probs when the sampler is not pi_old (vLLM, a generation_dtype copy, a rollout_backend), else pi_old.
+    None (default): off. Logged as ``off_policy_mask/dropped_ratio``."""
 
     # ---- asynchronous rollouts (docs/generation.md, "Asynchronous rollouts") -------------------------------
     async_generation: bool = False
@@ -503,6 +538,10 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     disable_dropout: bool = False
     """Set every dropout probability of the policy to 0 (TRL's name), so the update's log-probs match the
     sampling ones."""
+    cast_lm_head_to_fp32: bool = False
+    """Keep the LM head's weight in float32 and compute the logits in float32 for a bfloat16/float16 policy
+    and reference (ScaleRL, arXiv:2510.13786; TRL's name). A tied head (Gemma) shares its weight with the
+    input embeddings, which then also stay float32 while their outputs keep the model's dtype."""
 
     # ---- multi-turn environments (docs/environments.md) ----------------------------------------------------
     environment: str | None = None

@@ -26,7 +26,6 @@ logger = logging.getLogger("grpokit")
 _DATALOADER = "grpokit indexes the prompts in memory and has no DataLoader"
 _DDP = "grpokit wraps the policy itself (docs/scaling.md) and sets the DDP options it needs"
 _LOGGING = "grpokit logs through Python logging and metrics.jsonl, not the Trainer's log levels"
-_ADAPTIVE_ENTROPY = "adaptive entropy control (Skywork-OR1) is not implemented; a constant entropy_coef is"
 _SCRIPT = "it only tells TRL's example scripts what to run; grpokit's train() always trains"
 
 NO_EFFECT: dict[str, str] = {
@@ -133,18 +132,7 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
         (None, 0.0),
         "mixture-of-experts load-balancing losses are not added to the GRPO loss",
     ),
-    "cast_lm_head_to_fp32": ((False,), "not supported; log-probs use the LM head's dtype"),
     "cache_implementation": ((None,), "generation uses the backend's own KV cache"),
-    "vespo_k_pos": ((2.0,), "the VESPO loss is not implemented (loss_type lists what is)"),
-    "vespo_lambda_pos": ((3.0,), "the VESPO loss is not implemented"),
-    "vespo_k_neg": ((3.0,), "the VESPO loss is not implemented"),
-    "vespo_lambda_neg": ((2.0,), "the VESPO loss is not implemented"),
-    "use_adaptive_entropy": ((False,), _ADAPTIVE_ENTROPY),
-    "entropy_coef_min": ((0, 0.0), _ADAPTIVE_ENTROPY),
-    "entropy_coef_max": ((1, 1.0), _ADAPTIVE_ENTROPY),
-    "entropy_coef_delta": ((0.005,), _ADAPTIVE_ENTROPY),
-    "entropy_target": ((0.2,), _ADAPTIVE_ENTROPY),
-    "off_policy_mask_threshold": ((None,), "off-policy sequence masking is not implemented yet"),
     "log_unique_prompts": ((False,), "completions.jsonl (log_completions) holds every prompt"),
     "log_completions_hub_repo": ((None,), "completions go to <output_dir>/completions.jsonl"),
     "use_transformers_continuous_batching": ((False,), "use generation_backend ('fast' shares the prefill)"),

@@ -151,6 +151,13 @@ def _check_batch(c: Any) -> None:
 def _check_objective(c: Any) -> None:
     _in_range(c, "top_entropy_quantile", 0, 1, closed="(]")
     require(math.isfinite(c.entropy_coef), "entropy_coef", f"must be a finite number, got {c.entropy_coef}")
+    _check_adaptive_entropy(c)
+    threshold = c.off_policy_mask_threshold
+    require(
+        threshold is None or (math.isfinite(threshold) and threshold >= 0),
+        "off_policy_mask_threshold",
+        f"must be a finite KL threshold >= 0 (e.g. 0.5) or None (off), got {threshold}",
+    )
     pad = c.pad_to_multiple_of
     require(
         pad is None or pad == "auto" or (isinstance(pad, int) and pad >= 1),
@@ -163,6 +170,23 @@ def _check_objective(c: Any) -> None:
     for name in ("reward_weights", "process_reward_weights"):
         weights = getattr(c, name)
         require(weights is None or len(weights) > 0, name, "must not be empty (None: all 1.0)")
+
+
+def _check_adaptive_entropy(c: Any) -> None:
+    """The adaptive entropy controller's bounds, step and target (checked whether or not it is on, so that
+    a config that turns it on later is already sound)."""
+    for name in ("entropy_coef_min", "entropy_coef_max", "entropy_target"):
+        value = getattr(c, name)
+        require(math.isfinite(value) and value >= 0, name, f"must be a finite number >= 0, got {value}")
+    require(
+        c.entropy_coef_min <= c.entropy_coef_max,
+        "entropy_coef_min",
+        f"({c.entropy_coef_min}) must be <= entropy_coef_max ({c.entropy_coef_max})",
+    )
+    delta = c.entropy_coef_delta
+    require(
+        math.isfinite(delta) and delta > 0, "entropy_coef_delta", f"must be a finite number > 0, got {delta}"
+    )
 
 
 def _check_loss(c: Any) -> None:
@@ -273,6 +297,16 @@ def _check_correction(c: Any) -> None:
             f"{c.vllm_importance_sampling_mode!r}: a truncation needs a bound",
         )
     _at_least(c, "max_staleness", 0)
+    sequence_mode = c.vllm_importance_sampling_mode.startswith("sequence")
+    require(
+        not (
+            c.loss_type == "vespo" and c.use_vllm and c.vllm_importance_sampling_correction and sequence_mode
+        ),
+        "vllm_importance_sampling_mode",
+        "must be 'token_truncate' or 'token_mask' with loss_type='vespo' and the vLLM correction on (VESPO "
+        "folds per-token corrections into its sequence weight, as TRL), got "
+        f"{c.vllm_importance_sampling_mode!r}",
+    )
 
 
 def _check_sampling(c: Any) -> None:

@@ -20,19 +20,22 @@ _HOMES = {
     ),
     "aggregation": (
         "AGGREGATION_IS_GLOBAL", "AGGREGATIONS", "bnpo_aggregation", "dapo_aggregation",
-        "dr_grpo_aggregation", "grpo_aggregation",
+        "dr_grpo_aggregation", "grpo_aggregation", "luspo_aggregation",
     ),
+    "entropy_control": ("adapted_entropy_coef", "applied_entropy_coef"),
     "group_sizes": ("allocate_group_sizes",),
     "kl": ("KL_ESTIMATORS", "kl_penalty"),
     "logprobs": ("entropy_from_logits", "logprobs_and_entropy", "selective_log_softmax"),
     "losses": ("LossConfigError", "PolicyLoss", "policy_loss"),
     "objectives": (
-        "OBJECTIVES", "ObjectiveParams", "cispo_objective", "clipped_objective", "importance_ratio",
-        "sapo_objective",
+        "OBJECTIVES", "ObjectiveParams", "TokenTerms", "cispo_objective", "clipped_objective",
+        "importance_ratio", "sapo_objective", "vespo_gamma_weights", "vespo_objective",
     ),
     "padding": ("pad_left", "pad_right", "trim_at_eos"),
     "ragged": ("group_mean_std", "pad_groups", "resolve_group_sizes", "unpad_groups"),
-    "token_weights": ("importance_sampling_weights", "top_entropy_mask"),
+    "token_weights": (
+        "entropy_threshold", "importance_sampling_weights", "off_policy_sequence_mask", "top_entropy_mask",
+    ),
 }  # fmt: skip
 """module -> the public names it defines."""
 

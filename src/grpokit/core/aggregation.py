@@ -56,6 +56,17 @@ def dapo_aggregation(
     return (per_token_loss * m).sum() / denom.clamp(min=1.0)
 
 
+def luspo_aggregation(per_token_loss: Tensor, mask: Tensor) -> Tensor:
+    """LUSPO (Length-Unbiased Sequence Policy Optimization, arXiv:2602.05261): sum over each sequence's
+    masked tokens, then mean over sequences: loss = 1/N sum_i sum_t m_it l_it.
+
+    With GSPO's sequence-level ratio (importance_sampling_level="sequence", one l_i per sequence) this is
+    1/N sum_i |o_i| l_i: each sequence's loss scaled by its length.
+    """
+    m = mask.to(per_token_loss.dtype)
+    return (per_token_loss * m).sum(-1).mean()
+
+
 AggregationFn = Callable[[Tensor, Tensor, "int | None", "int | float | Tensor | None"], Tensor]
 
 AGGREGATIONS: dict[str, AggregationFn] = {
@@ -63,8 +74,11 @@ AGGREGATIONS: dict[str, AggregationFn] = {
     "bnpo": lambda loss, m, max_len, n_items: bnpo_aggregation(loss, m),
     "dr_grpo": lambda loss, m, max_len, n_items: dr_grpo_aggregation(loss, m, max_len),
     "dapo": lambda loss, m, max_len, n_items: dapo_aggregation(loss, m, n_items),
+    "luspo": lambda loss, m, max_len, n_items: luspo_aggregation(loss, m),
 }
 """aggregation name -> fn(per_token_loss, mask, max_completion_length, num_items_in_batch) -> scalar."""
 
-AGGREGATION_IS_GLOBAL: dict[str, bool] = {"grpo": False, "bnpo": False, "dr_grpo": False, "dapo": True}
+AGGREGATION_IS_GLOBAL: dict[str, bool] = {
+    "grpo": False, "bnpo": False, "dr_grpo": False, "dapo": True, "luspo": False,
+}  # fmt: skip
 """True where the aggregation already normalises by the whole optimizer step (see the module docstring)."""

@@ -16,6 +16,8 @@ LOSS_PRESETS: dict[str, tuple[str, str]] = {
     "dapo": ("clipped", "dapo"),
     "cispo": ("cispo", "dapo"),  # TRL: CISPO normalises by the global token count, like dapo
     "sapo": ("sapo", "grpo"),  # TRL: SAPO aggregates like grpo
+    "luspo": ("clipped", "luspo"),  # TRL: the clipped objective, summed per sequence, mean over sequences
+    "vespo": ("vespo", "dapo"),  # TRL: VESPO normalises by the global token count, like dapo
 }
 """loss_type -> (objective name in ``objectives.OBJECTIVES``, aggregation name in
 ``aggregation.AGGREGATIONS``)."""

@@ -16,7 +16,14 @@ from torch import Tensor
 from .aggregation import AGGREGATION_IS_GLOBAL, AGGREGATIONS
 from .choices import IMPORTANCE_SAMPLING_LEVELS, LOSS_PRESETS
 from .kl import KL_ESTIMATORS, kl_penalty
-from .objectives import OBJECTIVES, ObjectiveParams, importance_ratio
+from .objectives import (
+    FOLDS_SAMPLER_WEIGHTS,
+    OBJECTIVES,
+    ObjectiveParams,
+    TokenTerms,
+    importance_ratio,
+    vespo_phi,
+)
 from .token_weights import check_shape
 
 __all__ = ["LOSS_PRESETS", "LossConfigError", "PolicyLoss", "policy_loss"]
@@ -29,12 +36,14 @@ def _validate(
     mask: Tensor,
     ref_logps: Tensor | None,
     token_weights: Tensor | None,
+    sampler_weights: Tensor | None = None,
 ) -> None:
     if logps.dim() != 2:
         raise ValueError(f"logps must be 2-D [N, T], got shape {tuple(logps.shape)}")
     for name, x in (("old_logps", old_logps), ("mask", mask), ("ref_logps", ref_logps)):
         check_shape(name, x, logps.shape)
     check_shape("token_weights", token_weights, logps.shape)
+    check_shape("sampler_weights", sampler_weights, logps.shape)
     if advantages.shape not in ((logps.shape[0],), logps.shape):
         raise ValueError(
             f"advantages must be [N] or [N, T] with logps {list(logps.shape)}, got {list(advantages.shape)}"
@@ -62,11 +71,12 @@ class PolicyLoss:
     """
 
     loss_type: str = "grpo"
-    """grpo, bnpo, dr_grpo, dapo, cispo or sapo (see ``LOSS_PRESETS``)."""
+    """grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo or vespo (see ``LOSS_PRESETS``)."""
     epsilon: float = 0.2
     """Lower clip range, in [0, 1): the ratio is clipped to [1 - epsilon, 1 + epsilon_high]."""
     epsilon_high: float | None = None
-    """Upper clip range (>= epsilon; None: epsilon). For cispo: the cap on the IS weight itself (required)."""
+    """Upper clip range (>= epsilon; None: epsilon). For cispo: the cap on the IS weight itself (ScaleRL's
+    eps_max, recommended 5.0); None caps it at epsilon, as TRL does (every weight then at most 0.2)."""
     delta: float | None = None
     """Optional cap on the unclipped ratio (two-sided clipping); must exceed 1 + epsilon_high."""
     importance_sampling_level: str = "token"
@@ -81,6 +91,14 @@ class PolicyLoss:
     """SAPO gate temperature for A > 0."""
     sapo_temperature_neg: float = 1.05
     """SAPO gate temperature for A <= 0."""
+    vespo_k_pos: float = 2.0
+    """VESPO gamma-weight exponent k for A >= 0 (> 0)."""
+    vespo_lambda_pos: float = 3.0
+    """VESPO gamma-weight decay lambda for A >= 0 (> 0)."""
+    vespo_k_neg: float = 3.0
+    """VESPO gamma-weight exponent k for A < 0 (> 0)."""
+    vespo_lambda_neg: float = 2.0
+    """VESPO gamma-weight decay lambda for A < 0 (> 0)."""
     use_bias_correction_kl: bool = False
     """Multiply the per-token KL by the importance ratio r = pi_theta / pi_old (TRL's name; its default is
     True): the KL estimate is then taken under pi_theta's distribution rather than the sampler's. The ratio
@@ -99,11 +117,12 @@ class PolicyLoss:
         if not 0 <= self.epsilon < 1:
             raise LossConfigError("epsilon", f"must be in [0, 1), got {self.epsilon}")
         if self.objective == "cispo":
-            if self.epsilon_high is None or self.epsilon_high <= 0:
+            if self.clip_high <= 0:
+                field = "epsilon" if self.epsilon_high is None else "epsilon_high"
                 raise LossConfigError(
-                    "epsilon_high",
-                    f"must be > 0 with loss_type='cispo': it is the IS-weight cap (e.g. 5.0), got "
-                    f"{self.epsilon_high}",
+                    field,
+                    f"must be > 0 with loss_type='cispo': epsilon_high (epsilon when it is None) is the "
+                    f"IS-weight cap (e.g. 5.0), got {self.clip_high}",
                 )
         elif self.clip_high < self.epsilon:
             raise LossConfigError("epsilon_high", f"({self.clip_high}) must be >= epsilon ({self.epsilon})")
@@ -122,7 +141,10 @@ class PolicyLoss:
             raise LossConfigError(
                 "kl_estimator", f"must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}"
             )
-        for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
+        for name in (
+            "sapo_temperature_pos", "sapo_temperature_neg",
+            "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg",
+        ):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise LossConfigError(name, f"must be > 0, got {getattr(self, name)}")
 
@@ -143,8 +165,8 @@ class PolicyLoss:
 
     @property
     def is_global(self) -> bool:
-        """True when the aggregation normalises by the whole optimizer step (dapo, cispo): the trainer passes
-        ``num_items_in_batch`` and does not divide by its number of micro-batches."""
+        """True when the aggregation normalises by the whole optimizer step (dapo, cispo, vespo): the trainer
+        passes ``num_items_in_batch`` and does not divide by its number of micro-batches."""
         return AGGREGATION_IS_GLOBAL[self.aggregation]
 
     def __call__(
@@ -157,6 +179,7 @@ class PolicyLoss:
         ref_logps: Tensor | None = None,
         num_items_in_batch: int | float | Tensor | None = None,
         token_weights: Tensor | None = None,
+        sampler_weights: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """The loss to MINIMISE and its metrics.
 
@@ -168,15 +191,19 @@ class PolicyLoss:
                    (with use_bias_correction_kl: beta * KL_it * r_it)
             loss = aggregation(l, mask)                              (preset of ``loss_type``)
 
-        As in TRL, token_weights (entropy mask, off-policy IS weights) scale the policy term only, not the KL.
+        As in TRL, token_weights (entropy mask, off-policy sequence mask) scale the policy term only, not the
+        KL.
+        sampler_weights: the off-policy correction pi_old / pi_sampler ([N, T], 0 on padding): multiplied into
+        the policy term like token_weights, except for vespo, which folds it into its sequence weight (TRL).
         ``num_items_in_batch``: completion tokens of the whole optimizer step (dapo, cispo). Padded positions
         may hold any value (even NaN): they are never read.
 
         Metrics (detached 0-dim float32, means over masked tokens): "ratio_mean", "clip_ratio/low_mean" (A < 0
         and r < 1-eps), "clip_ratio/high_mean" (A > 0 and r > 1+eps_high; for cispo: r > epsilon_high, the cap
-        is active), "clip_ratio/region_mean" (either), and "kl" when ref_logps is given.
+        is active), "clip_ratio/region_mean" (either), "kl" when ref_logps is given, and for vespo
+        "vespo/phi_seq_mean" (the mean gamma weight over sequences).
         """
-        _validate(logps, old_logps, advantages, mask, ref_logps, token_weights)
+        _validate(logps, old_logps, advantages, mask, ref_logps, token_weights, sampler_weights)
         if self.beta > 0 and ref_logps is None:
             raise ValueError("ref_logps is required when beta > 0")
         valid = mask.to(device=logps.device).bool()  # [N, T]
@@ -191,10 +218,12 @@ class PolicyLoss:
         adv = clean(adv.unsqueeze(-1).expand_as(lp) if adv.dim() == 1 else adv)  # [N, T]
 
         ratio = importance_ratio(lp, old, m, self.importance_sampling_level)  # [N, T]
-        params = ObjectiveParams(
-            self.epsilon, self.clip_high, self.delta, self.sapo_temperature_pos, self.sapo_temperature_neg
-        )
-        per_token = OBJECTIVES[self.objective](ratio, adv, lp, params)  # [N, T]
+        params = self._objective_params()
+        sampler = None if sampler_weights is None else clean(sampler_weights).detach()  # [N, T]
+        terms = TokenTerms(ratio, adv, lp, old, m, sampler)
+        per_token = OBJECTIVES[self.objective](terms, params)  # [N, T]
+        if sampler is not None and not FOLDS_SAMPLER_WEIGHTS[self.objective]:
+            per_token = per_token * sampler
         if token_weights is not None:
             per_token = per_token * clean(token_weights)
         kl = None
@@ -207,7 +236,18 @@ class PolicyLoss:
         loss = AGGREGATIONS[self.aggregation](per_token, m, self.max_completion_length, num_items_in_batch)
         cispo = self.objective == "cispo"
         metrics = _loss_metrics(ratio, adv, m, kl, cispo=cispo, low=self.epsilon, high=self.clip_high)
+        if self.objective == "vespo":
+            phi = vespo_phi(terms, params)[:, 0]  # [N]
+            metrics["vespo/phi_seq_mean"] = phi.mean() if phi.numel() else phi.sum()
         return loss, metrics
+
+    def _objective_params(self) -> ObjectiveParams:
+        return ObjectiveParams(
+            epsilon_low=self.epsilon, epsilon_high=self.clip_high, delta=self.delta,
+            sapo_temperature_pos=self.sapo_temperature_pos, sapo_temperature_neg=self.sapo_temperature_neg,
+            vespo_k_pos=self.vespo_k_pos, vespo_lambda_pos=self.vespo_lambda_pos,
+            vespo_k_neg=self.vespo_k_neg, vespo_lambda_neg=self.vespo_lambda_neg,
+        )  # fmt: skip
 
 
 @torch.no_grad()
@@ -255,6 +295,11 @@ def policy_loss(
     kl_estimator: str = "k3",
     sapo_temperature_pos: float = 1.0,
     sapo_temperature_neg: float = 1.05,
+    vespo_k_pos: float = 2.0,
+    vespo_lambda_pos: float = 3.0,
+    vespo_k_neg: float = 3.0,
+    vespo_lambda_neg: float = 2.0,
+    sampler_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The functional form of :class:`PolicyLoss`: ``PolicyLoss(hyperparameters)(tensors)``.
 
@@ -271,6 +316,10 @@ def policy_loss(
         kl_estimator=kl_estimator,
         sapo_temperature_pos=sapo_temperature_pos,
         sapo_temperature_neg=sapo_temperature_neg,
+        vespo_k_pos=vespo_k_pos,
+        vespo_lambda_pos=vespo_lambda_pos,
+        vespo_k_neg=vespo_k_neg,
+        vespo_lambda_neg=vespo_lambda_neg,
     )
     return loss(
         logps,
@@ -280,4 +329,5 @@ def policy_loss(
         ref_logps=ref_logps,
         num_items_in_batch=num_items_in_batch,
         token_weights=token_weights,
+        sampler_weights=sampler_weights,
     )

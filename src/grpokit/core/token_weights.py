@@ -1,5 +1,6 @@
 """Per-token weights of the policy term (``PolicyLoss(token_weights=...)``): the off-policy correction for a
-sampler that is not pi_old (TRL's ``vllm_importance_sampling_*``), and the high-entropy token mask."""
+sampler that is not pi_old (TRL's ``vllm_importance_sampling_*``), the high-entropy token mask, and the
+off-policy sequence mask."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ from torch import Tensor
 
 from .choices import IS_MODES
 
-__all__ = ["IS_MODES", "importance_sampling_ratio", "importance_sampling_weights", "top_entropy_mask"]
+__all__ = [
+    "IS_MODES",
+    "entropy_threshold",
+    "importance_sampling_ratio",
+    "importance_sampling_weights",
+    "off_policy_sequence_mask",
+    "top_entropy_mask",
+]
 
 
 def check_shape(name: str, x: Tensor | None, shape: torch.Size) -> None:
@@ -90,24 +98,63 @@ def importance_sampling_weights(
     return torch.where(valid, ratio.expand(valid.shape), 0.0)  # [N, T]
 
 
-def top_entropy_mask(entropy: Tensor, mask: Tensor, quantile: float) -> Tensor:
+def entropy_threshold(values: Tensor, q: float) -> Tensor:
+    """The q-quantile of a 1-D set of entropies (linear interpolation, as ``torch.quantile``, without its
+    input-size limit): TRL's ``get_high_entropy_mask`` threshold, q = 1 - top_entropy_quantile. values: [M],
+    M >= 1 (the entropies of the non-pad tokens, of every process when TRL gathers them); 0-dim result."""
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"q must be in [0, 1], got {q}")
+    if values.dim() != 1 or values.numel() == 0:
+        raise ValueError(f"values must be a non-empty 1-D tensor, got shape {tuple(values.shape)}")
+    ordered = values.detach().to(torch.float32).sort().values  # [M]
+    pos = q * (ordered.numel() - 1)
+    lo = int(pos)
+    hi = min(lo + 1, ordered.numel() - 1)
+    return torch.lerp(ordered[lo], ordered[hi], pos - lo)
+
+
+def top_entropy_mask(
+    entropy: Tensor, mask: Tensor, quantile: float, threshold: Tensor | None = None
+) -> Tensor:
     """Keep the highest-entropy fraction ``quantile`` of masked tokens ("Beyond the 80/20 rule", 2506.01939).
 
-    TRL's top_entropy_quantile: tau = Q_{1 - quantile}(entropies of masked tokens), linear interpolation as
-    torch.quantile; keep = (entropy >= tau) & mask. quantile=1.0 keeps every masked token, 0.2 the top 20%,
-    0.0 only the maximum (and its ties). entropy, mask: [N, T]; returns bool [N, T].
+    TRL's top_entropy_quantile: tau = Q_{1 - quantile}(entropies of masked tokens)
+    (:func:`entropy_threshold`); keep = (entropy >= tau) & mask. quantile=1.0 keeps every masked token, 0.2
+    the top 20%, 0.0 only the maximum (and its ties). ``threshold``: tau computed elsewhere (over every
+    process's tokens, as TRL); then ``quantile`` is not read. entropy, mask: [N, T]; returns bool [N, T].
     """
     if not 0.0 <= quantile <= 1.0:
         raise ValueError(f"quantile must be in [0, 1], got {quantile}")
     check_shape("mask", mask, entropy.shape)
     valid = mask.bool()  # [N, T]
     ent = entropy.detach().to(torch.float32)  # [N, T]
-    values = ent[valid].sort().values  # [M]
-    if values.numel() == 0:
-        return torch.zeros_like(valid)
-    # Same interpolation as torch.quantile, without its input-size limit.
-    pos = (1.0 - quantile) * (values.numel() - 1)
-    lo = int(pos)
-    hi = min(lo + 1, values.numel() - 1)
-    threshold = torch.lerp(values[lo], values[hi], pos - lo)
+    if threshold is None:
+        if not valid.any():
+            return torch.zeros_like(valid)
+        threshold = entropy_threshold(ent[valid], 1.0 - quantile)
     return (ent >= threshold) & valid
+
+
+def off_policy_sequence_mask(
+    advantages: Tensor, logps: Tensor, sampling_logps: Tensor, mask: Tensor, threshold: float
+) -> Tensor:
+    """Off-policy sequence masking (DeepSeek-V3.2, arXiv:2512.02556, eq. 9; TRL's off_policy_mask_threshold):
+    drop a sequence with a negative advantage whose sampler has drifted too far from pi_theta.
+
+        KL_i = 1/|o_i| sum_{t in o_i} (log pi_sampler(o_it) - log pi_theta(o_it))     (pi_theta detached)
+        M_i  = 0 if A_i < 0 and KL_i > threshold, else 1
+
+    A token whose sampler log-prob is NaN (unknown) adds 0 to KL_i but still counts in |o_i|, as in TRL.
+    advantages: [N], [N, 1] or [N, T] (per-token advantages give a per-token mask); logps, sampling_logps,
+    mask: [N, T]. Returns float [N, 1] (or [N, T]), 1.0 = keep, in mask's dtype when it is floating.
+    """
+    check_shape("sampling_logps", sampling_logps, logps.shape)
+    check_shape("mask", mask, logps.shape)
+    m = mask.to(device=logps.device, dtype=torch.float32)  # [N, T]
+    drift = sampling_logps.to(logps.device).float() - logps.detach().float()  # [N, T]
+    drift = torch.nan_to_num(drift, nan=0.0) * m  # [N, T]; padding may hold any value
+    seq_kl = drift.sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1.0)  # [N, 1]
+    adv = advantages.to(logps.device)
+    adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv  # [N, 1] or [N, T]
+    keep = (adv >= 0) | (seq_kl <= threshold)  # [N, 1] or [N, T]
+    return keep.to(mask.dtype if mask.is_floating_point() else torch.float32)

@@ -1,5 +1,5 @@
 """Loading the policy to train and its tokenizer: TRL's ``model_init_kwargs``, gradient checkpointing, PEFT
-adapters, ``disable_dropout``."""
+adapters, ``disable_dropout``, ``cast_lm_head_to_fp32``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from grpokit.data.integrity import check_model_dir
 from grpokit.models.loading import load_tokenizer
 
 __all__ = [
+    "FP32_HEAD",
     "PolicyOptions",
+    "cast_lm_head_to_fp32",
     "check_model_source",
     "check_special_tokens",
     "check_target_modules",
@@ -37,6 +39,7 @@ class PolicyOptions(Protocol):
     gradient_checkpointing: bool
     gradient_checkpointing_kwargs: dict[str, Any] | None
     disable_dropout: bool
+    cast_lm_head_to_fp32: bool
 
 
 def check_model_source(model: str | Path | torch.nn.Module) -> None:
@@ -109,6 +112,51 @@ def disable_dropout(model: torch.nn.Module) -> None:
                 setattr(holder, name, 0.0)
 
 
+FP32_HEAD = "_grpokit_fp32_head"
+"""Attribute set (True) on an LM head made float32 by :func:`cast_lm_head_to_fp32`: the training forward
+(``grpokit.train.lm_head``) then computes its logits in float32 even under autocast."""
+
+
+def cast_lm_head_to_fp32(model: torch.nn.Module) -> None:
+    """TRL's ``cast_lm_head_to_fp32`` (ScaleRL): the LM head's weight (and bias) become float32 and its input
+    is cast to the weight's dtype, so the logits are computed in float32 whatever the model's dtype. A head
+    tied to the input embeddings (Gemma) shares their weight, which becomes float32 too: the embeddings'
+    output is cast back to the model's dtype. A head carrying a PEFT adapter is refused (as TRL)."""
+    head = model.get_output_embeddings()
+    if head is None or not isinstance(getattr(head, "weight", None), torch.Tensor):
+        raise ValueError("GRPOConfig.cast_lm_head_to_fp32=True: the model has no LM head with a weight")
+    if hasattr(head, "base_layer"):  # a PEFT tuner layer
+        raise ValueError(
+            "GRPOConfig.cast_lm_head_to_fp32=True is not supported when the LM head carries a PEFT adapter: "
+            "remove lm_head from the adapter's target_modules, or set cast_lm_head_to_fp32=False"
+        )
+    dtype = head.weight.dtype
+    embed = model.get_input_embeddings()
+    tied = embed is not None and getattr(embed, "weight", None) is head.weight
+    head.float()
+    head.register_forward_pre_hook(_input_to_weight_dtype)
+    if tied and dtype != torch.float32:
+        embed.register_forward_hook(_OutputTo(dtype))
+    setattr(head, FP32_HEAD, True)
+
+
+def _input_to_weight_dtype(module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Forward pre-hook: the hidden states in the head's weight dtype (float32), the other inputs as given."""
+    return (args[0].to(module.weight.dtype), *args[1:])
+
+
+class _OutputTo:
+    """Forward hook: the module's output in ``dtype`` (a tied embedding made float32 with its head keeps
+    feeding the decoder in the model's dtype). A class, so that ``copy.deepcopy`` of the model (the
+    reference) keeps working."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+
+    def __call__(self, module: torch.nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+        return output.to(self.dtype)
+
+
 def enable_gradient_checkpointing(model: torch.nn.Module, kwargs: dict[str, Any] | None = None) -> None:
     """Checkpoint every decoder layer (non-reentrant, so the shared-prefix forward stays exact)."""
     kwargs = {**(kwargs or {}), "use_reentrant": False}
@@ -163,6 +211,8 @@ def load_policy(
         policy = get_peft_model(policy, peft_config)
     if args.disable_dropout:  # after PEFT, so adapter dropout (lora_dropout) goes too
         disable_dropout(policy)
+    if getattr(args, "cast_lm_head_to_fp32", False):
+        cast_lm_head_to_fp32(policy)
     return policy
 
 

@@ -146,7 +146,9 @@ EVERY_STEP_FIELDS: dict[str, str] = {
     "the objective": (
         "epsilon epsilon_high delta loss_type importance_sampling_level use_bias_correction_kl "
         "scale_rewards mask_truncated_completions top_entropy_quantile entropy_coef sapo_temperature_pos "
-        "sapo_temperature_neg reward_weights multi_objective_aggregation reward_failure "
+        "sapo_temperature_neg vespo_k_pos vespo_lambda_pos vespo_k_neg vespo_lambda_neg "
+        "off_policy_mask_threshold use_adaptive_entropy entropy_coef_min entropy_coef_max "
+        "entropy_coef_delta entropy_target reward_weights multi_objective_aggregation reward_failure "
         "reward_timeout advantage_epsilon max_grad_norm max_nonfinite_steps"
     ),
     "the reference model": (
@@ -175,7 +177,7 @@ EVERY_STEP_FIELDS: dict[str, str] = {
     "data settings": "dataset_config dataset_train_split dataset_test_split prompt_column column_mapping",
     "precision, devices, memory": (
         "mixed_precision bf16 fp16 use_cpu torch_num_threads cpu_memory_reuse gradient_checkpointing "
-        "gradient_checkpointing_kwargs disable_dropout trust_remote_code"
+        "gradient_checkpointing_kwargs disable_dropout cast_lm_head_to_fp32 trust_remote_code"
     ),
     "process supervision, iterative GRPO": (
         "step_delimiter process_reward_weights outcome_advantage_weight process_advantage_weight "

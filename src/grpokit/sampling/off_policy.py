@@ -190,7 +190,8 @@ class WeightSync:
 class OffPolicyCorrection:
     """TRL's vLLM importance-sampling correction, for any sampler that is not pi_old.
 
-    ``active``: the sampler is off-policy and ``vllm_importance_sampling_correction`` is on. It then applies
+    ``off_policy``: the sampler is not pi_old. ``active``: it is off-policy and
+    ``vllm_importance_sampling_correction`` is on. It then applies
     to every batch whose sampler reported log-probs (``RolloutBatch.sampling_logps``); a backend that reports
     none gets no correction (logged once).
     """

@@ -129,10 +129,12 @@ def run_hooks(
     iterative: StepHook | None = None,
     prompt_stats: PromptStats | None = None,
     curriculum: Curriculum | None = None,
+    entropy: StepHook | None = None,
 ) -> list[StepHook]:
     """The optional behaviour a run asked for, in the order it runs: the episodes' metrics and turn
     advantages, process supervision, reference resets (``sync_ref_model``), the iterative reward model's
-    updates, each followed by a reset of the reference to the policy, the per-prompt pass rates."""
+    updates, each followed by a reset of the reference to the policy, the per-prompt pass rates, the
+    adaptive entropy coefficient (``train.entropy_control``, a hook only for its checkpoint)."""
     hooks: list[StepHook] = [h for h in (episodes, process) if h is not None]
     if reference is not None and args.sync_ref_model:
         hooks.append(ReferenceSync(reference, args.ref_model_sync_steps, args.ref_model_mixup_alpha))
@@ -142,4 +144,6 @@ def run_hooks(
             hooks.append(ReferenceSync(reference, args.iteration_steps, 1.0))
     if prompt_stats is not None:  # pass-rate estimates: checkpointed, curriculum metrics
         hooks.append(PromptStatsHook(prompt_stats, curriculum))
+    if entropy is not None:
+        hooks.append(entropy)
     return hooks

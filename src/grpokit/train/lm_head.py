@@ -3,10 +3,13 @@ from the backbone's hidden states, without a [M, V] logits tensor (``grpokit.tra
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 from torch.autograd.function import once_differentiable
 
 from grpokit.core.logprobs import CHUNK_BYTES
+from grpokit.models.policy import FP32_HEAD
 
 __all__ = ["HEAD_CHUNK_ROWS", "head_chunk_rows", "head_logprobs"]
 
@@ -28,17 +31,22 @@ def head_chunk_rows(vocab_size: int) -> int:
 
 
 def head_logprobs(model, hidden, completion_ids, completion_mask, *, temperature, with_entropy, chunk_size):
-    """LM head + log-softmax over the real completion positions only, a chunk of rows at a time."""
+    """LM head + log-softmax over the real completion positions only, a chunk of rows at a time. A head made
+    float32 by ``cast_lm_head_to_fp32`` gets float32 hidden states and runs outside autocast."""
     head = model.get_output_embeddings()
+    fp32_head = getattr(head, FP32_HEAD, False)
     batch, num_completion, _ = hidden.shape
     keep = completion_mask.bool().flatten()  # [B*C]
     flat_idx = keep.nonzero().squeeze(1)  # [M]
     h = hidden.reshape(batch * num_completion, -1).index_select(0, flat_idx)  # [M, H]
     targets = completion_ids.reshape(-1).index_select(0, flat_idx).to(torch.long)  # [M]
     rows = chunk_size or head_chunk_rows(head.weight.shape[0])
-    logp, ent = _FusedHeadLogprobs.apply(
-        h, head.weight, head.bias, targets, 1.0 / temperature, with_entropy, rows
-    )
+    if fp32_head:
+        h = h.to(head.weight.dtype)  # [M, H], float32 (the gradient flows back in the model's dtype)
+    with torch.autocast(device_type=h.device.type, enabled=False) if fp32_head else nullcontext():
+        logp, ent = _FusedHeadLogprobs.apply(
+            h, head.weight, head.bias, targets, 1.0 / temperature, with_entropy, rows
+        )
     out = hidden.new_zeros(batch * num_completion, dtype=torch.float32)
     logps = out.index_put((flat_idx,), logp).view(batch, num_completion)  # [B, C], 0 where masked
     entropy = out.index_put((flat_idx,), ent).view(batch, num_completion) if with_entropy else None

@@ -24,7 +24,7 @@ from transformers import TrainerState
 
 from grpokit.config import GRPOConfig
 from grpokit.config.trl_fields import refuse_trainer_arguments
-from grpokit.core import multi_reward_advantages
+from grpokit.core import entropy_threshold, multi_reward_advantages, off_policy_sequence_mask
 from grpokit.data.chat import encode_prompt
 from grpokit.data.loading import load_dataset_rows
 from grpokit.envs.factories import EMPTY_PROMPT, EnvironmentFactories
@@ -57,6 +57,7 @@ from grpokit.sampling.async_draw import AsyncDrawer, check_async_generation, dra
 from grpokit.sampling.groups import DrawSettings, GroupDrawer, GroupSizes, Round, prompt_statistics
 from grpokit.sampling.off_policy import SamplerLogprobs, WeightSync, make_sampler
 from grpokit.train.batch import LogprobPass, pad_samples, score_samples
+from grpokit.train.entropy_control import EntropyControl
 from grpokit.train.evaluation import eval_advantages, eval_loss
 from grpokit.train.forward import PolicyLogprobs
 from grpokit.train.hooks import StepHooks, run_hooks
@@ -224,12 +225,15 @@ class GRPOTrainer:
         self.generator = torch.Generator().manual_seed(self.args.seed + self.accelerator.process_index)
         self.loss = self.args.policy_loss()
         self.logprob_pass = LogprobPass.from_config(self.args)
+        self.entropy_control = EntropyControl.from_config(self.args)  # entropy_coef, adaptive or not
         self.update_context = UpdateContext.from_accelerator(
-            self.accelerator, self.loss, placed, self.generator
-        )
+            self.accelerator, self.loss, placed, self.generator, entropy=self.entropy_control,
+            off_policy_sampler=self.correction.off_policy,
+        )  # fmt: skip
         self.hooks = StepHooks(run_hooks(
             self.args, episodes=episode_hook, process=self.process, reference=self.reference,
             iterative=self.iterative, prompt_stats=self.prompt_stats, curriculum=curriculum,
+            entropy=self.entropy_control,
         ))  # fmt: skip
         self.completion_log = CompletionLog(
             self.args.output_dir, self.args.log_completions, self.args.num_completions_to_print,
@@ -333,6 +337,44 @@ class GRPOTrainer:
         """The frozen reference model (TRL's ``trainer.ref_model``): None when ``beta`` is 0 or the policy is
         a PEFT model (its reference is the base with the adapters disabled)."""
         return None if self.reference is None else self.reference.model
+
+    @property
+    def entropy_coef(self) -> float:
+        """The entropy bonus's coefficient now (TRL's ``trainer.entropy_coef``): ``args.entropy_coef``, or
+        where adaptive entropy control has moved it."""
+        return self.entropy_control.coef
+
+    def get_high_entropy_mask(
+        self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float
+    ) -> torch.Tensor:
+        """TRL's: bool [B, T], True where a non-pad token's entropy is >= the ``threshold``-quantile of the
+        entropies of every process's non-pad tokens (``grpokit.core.entropy_threshold``; TRL passes
+        1 - top_entropy_quantile). entropies, mask: [B, T]."""
+        local = entropies[mask.bool()].float()  # [M]
+        pad = -1e9  # entropies are >= 0, so this marks padding added to equalise the processes' lengths
+        everywhere = self.accelerator.gather(
+            self.accelerator.pad_across_processes(local, dim=0, pad_index=pad)
+        )
+        everywhere = everywhere[everywhere != pad]  # [sum of M]
+        if everywhere.numel() == 0:
+            return torch.zeros_like(entropies, dtype=torch.bool)
+        return (entropies >= entropy_threshold(everywhere, threshold)) & mask.bool()
+
+    @staticmethod
+    def get_off_policy_mask(
+        advantages: torch.Tensor,
+        per_token_logps: torch.Tensor,
+        sampling_per_token_logps: torch.Tensor,
+        mask: torch.Tensor,
+        off_policy_threshold: float,
+    ) -> torch.Tensor:
+        """TRL's off-policy sequence mask (DeepSeek-V3.2): [B, 1] in ``mask``'s dtype, 1 = keep, 0 = a
+        negative-advantage sequence whose mean KL exceeds the threshold (``grpokit.core.
+        off_policy_sequence_mask``)."""
+        keep = off_policy_sequence_mask(
+            advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold
+        )
+        return keep.to(mask.dtype)
 
     @property
     def sharded(self) -> bool:

@@ -12,10 +12,11 @@ from typing import Any
 import torch
 
 from grpokit.config import GRPOConfig
-from grpokit.core import PolicyLoss, top_entropy_mask
+from grpokit.core import PolicyLoss, off_policy_sequence_mask, top_entropy_mask
 from grpokit.parallel.fsdp import unwrap_tensor
 from grpokit.rollout.records import RolloutBatch
 from grpokit.train.batch import micro_batch_indices
+from grpokit.train.entropy_control import EntropyControl
 
 __all__ = ["UpdateContext", "keeps_whole_groups", "optimizer_step", "run_update", "shuffled_rows"]
 
@@ -35,10 +36,20 @@ class UpdateContext:
     micro_batch: Callable[[bool], AbstractContextManager[Any]] = lambda last: nullcontext()  # around one
     # micro-batch's forward and backward, given whether it is the optimizer step's last: gradients are
     # synchronised there (DDP's no_sync before it, DeepSpeed's accumulation boundary at it)
+    entropy: EntropyControl | None = None  # the entropy bonus's coefficient (None: made from the config)
+    off_policy_sampler: bool = False  # the sampler is not pi_old (vLLM, a dtype copy, drawn ahead): the
+    # off-policy mask compares pi_theta with the sampler's own log-probs
 
     @classmethod
     def from_accelerator(
-        cls, accelerator: Any, loss: PolicyLoss, placed: Any, generator: torch.Generator
+        cls,
+        accelerator: Any,
+        loss: PolicyLoss,
+        placed: Any,
+        generator: torch.Generator,
+        *,
+        entropy: EntropyControl | None = None,
+        off_policy_sampler: bool = False,
     ) -> UpdateContext:
         """Backward, gradient clipping (the pre-clip global norm, a plain tensor also when the gradients
         are sharded), the optimizer and scheduler steps and cross-process sums through ``accelerator``;
@@ -59,6 +70,8 @@ class UpdateContext:
             sum_across_processes=lambda t: accelerator.reduce(t.to(accelerator.device), "sum"),
             num_processes=accelerator.num_processes,
             generator=generator,
+            entropy=entropy,
+            off_policy_sampler=off_policy_sampler,
         )
 
 
@@ -92,7 +105,10 @@ def optimizer_step(
 def run_update(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext) -> dict[str, float]:
     """num_iterations epochs; each shuffles the rows into steps_per_generation optimizer steps of
     gradient_accumulation_steps micro-batches. Returns metrics averaged over the optimizer steps, and
-    ``nonfinite_steps``: how many were skipped for a NaN/inf loss or gradient."""
+    ``nonfinite_steps``: how many were skipped for a NaN/inf loss or gradient. A context without an
+    entropy controller gets one from ``config`` here, kept for the next updates."""
+    if ctx.entropy is None:
+        ctx.entropy = EntropyControl.from_config(config)
     rows_per_optimizer_step = config.per_device_train_batch_size * config.gradient_accumulation_steps
     sums: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
@@ -109,24 +125,34 @@ def run_update(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext) -> d
 
 
 def _optimizer_step(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext) -> dict[str, float]:
-    """One optimizer step over ``batch`` (this process's rows), accumulating micro-batch gradients."""
+    """One optimizer step over ``batch`` (this process's rows), accumulating micro-batch gradients.
+
+    Logs ``loss`` (what was minimised, summed over the micro-batches), ``policy_loss`` (the same without the
+    entropy bonus: loss = policy_loss - entropy_coef * H) and, with a bonus, ``entropy_coef`` (after the
+    adaptive update, as TRL)."""
     micro_batches = micro_batch_indices(len(batch), config.per_device_train_batch_size, shuffle=False)
     # dapo normalises by the completion tokens of the whole global batch. DDP averages gradients over
     # processes, so each process divides by (global tokens / num_processes) to get the global token mean.
     global_tokens = ctx.sum_across_processes(batch.completion_mask.sum().float())
     num_items = float(global_tokens) / ctx.num_processes
     divide_by_micro_batches = not ctx.loss.is_global
+    bonus_on = ctx.entropy.enabled
+    coef = ctx.entropy.applied() if bonus_on else 0.0  # fixed for the whole step (adaptive: last step's)
     metric_sums: dict[str, float] = defaultdict(float)
+    entropy_totals = torch.zeros(2)  # [sum of H over the bonus's tokens, their count] of this process
     for index, rows in enumerate(micro_batches):
         with ctx.micro_batch(index == len(micro_batches) - 1):  # gradients synchronised at the last
-            loss, metrics = _micro_batch_loss(batch.select(rows), config, ctx, num_items)
+            loss, metrics = _micro_batch_loss(batch.select(rows), config, ctx, num_items, bonus_on)
             if divide_by_micro_batches:
                 loss = loss / len(micro_batches)
-            bonus = metrics.pop("entropy_bonus", None)  # mean entropy H, with its gradient (entropy_coef)
+            metric_sums["policy_loss"] += float(loss.detach())  # micro-batch losses add up to the step's
+            bonus = metrics.pop("entropy_bonus", None)  # mean entropy H, with its gradient
+            totals = metrics.pop("entropy_totals", None)
             if bonus is not None:  # a per-micro-batch mean, whatever the loss type's normalisation (as TRL)
-                loss = loss - config.entropy_coef * bonus / len(micro_batches)
+                loss = loss - coef * bonus / len(micro_batches)
+                entropy_totals += totals
             ctx.backward(loss)
-        metric_sums["loss"] += float(loss.detach())  # micro-batch losses add up to the step's loss
+        metric_sums["loss"] += float(loss.detach())
         for name, value in metrics.items():
             metric_sums[name] += float(value) / len(micro_batches)
     grad_norm = ctx.step(config.max_grad_norm)
@@ -134,6 +160,11 @@ def _optimizer_step(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext)
         metric_sums["grad_norm"] = float(grad_norm)
     finite = math.isfinite(metric_sums["loss"]) and (grad_norm is None or math.isfinite(float(grad_norm)))
     metric_sums["nonfinite_steps"] = 0.0 if finite else 1.0  # skipped by ctx.step (see optimizer_step)
+    if bonus_on:
+        if ctx.entropy.adaptive:  # the step's token-mean entropy over every process's tokens
+            total, count = ctx.sum_across_processes(entropy_totals).tolist()
+            ctx.entropy.step_done(total / max(count, 1.0))
+        metric_sums["entropy_coef"] = ctx.entropy.coef
     return dict(metric_sums)
 
 
@@ -156,8 +187,10 @@ def shuffled_rows(num_rows: int, config: GRPOConfig, generator: torch.Generator)
 
 
 def _micro_batch_loss(
-    batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext, num_items: float
+    batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext, num_items: float, bonus: bool
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The micro-batch's loss (no entropy bonus) and metrics; with ``bonus``, ``entropy_bonus`` (the mean
+    entropy H over the tokens trained on, with its gradient) and ``entropy_totals`` ([sum of H, count])."""
     mask = batch.completion_mask.float()  # [n, C]
     logps, entropy = ctx.policy(  # PolicyLogprobs: completion_logprobs through the (DDP) module's forward
         batch.prompt_ids,
@@ -169,10 +202,19 @@ def _micro_batch_loss(
         num_generations=config.num_generations if keeps_whole_groups(config) else None,
         context_mask=batch.context_mask,
     )
-    token_weights = batch.importance_weights  # [n, C] off-policy correction, or None (the sampler is pi_old)
+    token_weights = None  # [n, C] masks of the policy term (not of the KL), or None
+    trained = mask  # [n, C] the tokens the entropy bonus acts on
     if config.top_entropy_quantile < 1.0:
         keep = top_entropy_mask(entropy.detach(), mask, config.top_entropy_quantile).float()  # [n, C]
-        token_weights = keep if token_weights is None else token_weights * keep
+        token_weights, trained = keep, mask * keep
+    extra: dict[str, torch.Tensor] = {}
+    if config.off_policy_mask_threshold is not None:
+        keep_rows = _off_policy_mask(batch, logps, mask, config.off_policy_mask_threshold, ctx)  # [n, 1|C]
+        keep_tokens = keep_rows.expand_as(mask)  # [n, C]
+        token_weights = keep_tokens if token_weights is None else token_weights * keep_tokens
+        dropped = ((1.0 - keep_tokens) * mask).sum() / mask.sum().clamp(min=1)
+        extra["off_policy_mask/dropped_ratio"] = dropped
+    _refuse_sequence_correction_with_vespo(batch, config)
     loss, metrics = ctx.loss(
         logps,
         batch.old_logps,
@@ -181,10 +223,38 @@ def _micro_batch_loss(
         ref_logps=batch.ref_logps,
         num_items_in_batch=num_items,
         token_weights=token_weights,
+        sampler_weights=batch.importance_weights,  # [n, C] off-policy correction, or None (pi_old sampled)
     )
-    metrics = dict(metrics)
+    metrics = {**metrics, **extra}
     metrics["entropy"] = (entropy.detach() * mask).sum() / mask.sum().clamp(min=1)
-    if config.entropy_coef != 0.0:  # H over the tokens the loss trains on, with its gradient
-        trained = mask * keep if config.top_entropy_quantile < 1.0 else mask
+    if bonus:  # H over the tokens the loss trains on, with its gradient
         metrics["entropy_bonus"] = (entropy * trained).sum() / trained.sum().clamp(min=1)
+        metrics["entropy_totals"] = torch.stack([(entropy.detach() * trained).sum(), trained.sum()]).cpu()
     return loss, metrics
+
+
+def _off_policy_mask(
+    batch: RolloutBatch, logps: torch.Tensor, mask: torch.Tensor, threshold: float, ctx: UpdateContext
+) -> torch.Tensor:
+    """TRL's off-policy sequence mask, [n, 1] (or [n, C] with per-token advantages): pi_theta against the
+    sampler's log-probs when the sampler is not pi_old, else against pi_old (on-policy at mu = 1: no drift,
+    nothing dropped)."""
+    sampled = batch.sampling_logps if ctx.off_policy_sampler else None
+    reference = sampled if sampled is not None else batch.old_logps
+    if reference is None:
+        reference = logps.detach()  # [n, C] pi_old = pi_theta
+    return off_policy_sequence_mask(batch.advantages, logps, reference, mask, threshold).float()
+
+
+def _refuse_sequence_correction_with_vespo(batch: RolloutBatch, config: GRPOConfig) -> None:
+    """VESPO folds per-token corrections into its sequence weight; a sequence-level one would be counted
+    once per token (TRL refuses it for vLLM; here for any sampler that is not pi_old)."""
+    if (
+        config.loss_type == "vespo"
+        and batch.importance_weights is not None
+        and config.vllm_importance_sampling_mode.startswith("sequence")
+    ):
+        raise ValueError(
+            "GRPOConfig.vllm_importance_sampling_mode must be 'token_truncate' or 'token_mask' with "
+            f"loss_type='vespo' and an off-policy sampler, got {config.vllm_importance_sampling_mode!r}"
+        )
