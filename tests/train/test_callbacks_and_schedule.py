@@ -121,7 +121,9 @@ def test_train_returns_the_logged_steps_with_trainoutput_fields(tiny_model_dir, 
     result = trainer.train()
     assert [r["step"] for r in result] == [1, 2] and result.global_step == 2
     assert result.training_loss == pytest.approx((result[0]["loss"] + result[1]["loss"]) / 2)
-    assert result.metrics == {k: v for k, v in trainer.state.log_history[-1].items() if k != "step"}
+    summary = trainer.state.log_history[-1]  # the run's metrics, and (as TRL's) the last step's
+    assert result.metrics == {k: summary[k] for k in result.metrics}
+    assert summary["reward"] == result[-1]["reward"] and "loss" not in summary
     assert seen == [(0, 2), (1, 2)]  # the state as the step began
 
 
