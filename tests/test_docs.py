@@ -70,7 +70,8 @@ def hub(tiny_model_dir, tmp_path_factory) -> dict[str, str]:
     chats = [{"prompt": [{"role": "user", "content": f"{a}+{b}="}], "solution": str(a + b)} for a, b in sums]
     write_rows(root / "deepmath" / "train.jsonl", chats)
     for kind in ("process", "outcome"):  # reward models, as `grpokit train-rm --kind KIND` trains them
-        rm = TrainRMArgs(kind=kind, output_dir=str(root / kind), epochs=1, num_samples=16, num_eval_samples=8)
+        rm = TrainRMArgs(kind=kind, model="tiny", dataset="chain-synthetic", output_dir=str(root / kind),
+                         epochs=1, num_samples=16, num_eval_samples=8)  # fmt: skip
         run_train_rm(rm, log=lambda _: None)
     policy = str(tiny_model_dir)
     return {

@@ -12,6 +12,8 @@ from grpokit.tasks.chain import (
     chain_step_reward,
     chain_step_reward_local,
     corrupt_solution,
+    label_chain_samples,
+    make_chain_policy_rm_samples,
     make_chain_rm_samples,
     make_chain_splits,
     worked_solution,
@@ -119,3 +121,36 @@ def test_corruptions_are_wrong():
     for row in train:
         bad = corrupt_solution(row, rng)
         assert chain_outcome_reward([""], [bad], None, solution=[row["solution"]]) == [0.0]
+
+
+def test_label_chain_samples_by_hand():
+    row = {"prompt": "17 +8 *2 -5\n", "solution": "45", "start": 17, "operations": ["+8", "*2", "-5"]}
+    right = "17+8=25\n25*2=50\n50-5=45\n<answer>45</answer>"
+    slip = "17+8=25\n25*2=51\n51-5=46\n<answer>46</answer>"  # step 2 wrong, carried on
+    lucky = "17+8=25\n25*2=50\n50-5=44\n<answer>45</answer>"  # step 3 wrong, answer right
+    outcome = label_chain_samples([row] * 3, [right, slip, lucky], kind="outcome")
+    assert [s["label"] for s in outcome] == [1.0, 0.0, 1.0]
+    process = label_chain_samples([row] * 3, [right, slip, lucky], kind="process")
+    assert [s["step_labels"] for s in process] == [[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0]]
+    with pytest.raises(ValueError, match="kind"):
+        label_chain_samples([row], [right], kind="pairwise")
+    with pytest.raises(ValueError, match="1 rows but 2 completions"):
+        label_chain_samples([row], [right, slip], kind="outcome")
+
+
+def test_policy_rm_samples_are_the_policys_groups_labelled_by_rule(char_tok):
+    from grpokit.models.tiny import build_tiny_model
+
+    model = build_tiny_model(char_tok, hidden_size=16, num_layers=1, num_heads=2, seed=0)
+    rows, _ = make_chain_splits(0, 3, 1)
+    samples = make_chain_policy_rm_samples(model, char_tok, rows, kind="process", num_generations=4,
+                                           max_new_tokens=8, seed=0)  # fmt: skip
+    assert [s["prompt"] for s in samples] == [row["prompt"] for row in rows for _ in range(4)]
+    again = make_chain_policy_rm_samples(model, char_tok, rows, kind="process", num_generations=4,
+                                         max_new_tokens=8, seed=0)  # fmt: skip
+    assert again == samples  # seeded
+    relabelled = label_chain_samples([row for row in rows for _ in range(4)],
+                                     [s["completion"] for s in samples], kind="process")  # fmt: skip
+    assert relabelled == samples
+    with pytest.raises(ValueError, match="num_generations"):
+        make_chain_policy_rm_samples(model, char_tok, rows, num_generations=0)

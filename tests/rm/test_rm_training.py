@@ -87,8 +87,9 @@ def test_load_jsonl_and_json(tmp_path):
 
 def test_train_rm_cli_saves_a_loadable_checkpoint(tmp_path, char_tok, capsys):
     out = tmp_path / "prm"
-    argv = ["--kind", "process", "--num_samples", "32", "--num_eval_samples", "8", "--epochs", "1",
-            "--tiny_hidden_size", "16", "--tiny_num_layers", "1", "--output_dir", str(out)]  # fmt: skip
+    argv = ["--kind", "process", "--model", "tiny", "--dataset", "chain-synthetic", "--num_samples", "32",
+            "--num_eval_samples", "8", "--epochs", "1", "--tiny_hidden_size", "16", "--tiny_num_layers", "1",
+            "--output_dir", str(out)]  # fmt: skip
     assert train_rm_main(argv) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert set(metrics) == {"args", "eval_before", "train", "eval_after"}
@@ -110,12 +111,29 @@ def test_train_rm_cli_saves_a_loadable_checkpoint(tmp_path, char_tok, capsys):
     assert orm.config.num_labels == 1 and orm.config.grpokit_reward_kind == "outcome"
     backbone = orm.model.embed_tokens.weight
     assert backbone.shape == policy.model.embed_tokens.weight.shape
+    # dataset "chain": a policy's own samples (here a random tiny policy), labelled by rule; the held-out
+    # accuracy printed beside the constant baseline
+    policy_dir = str(tmp_path / "policy")
+    argv = ["--kind", "outcome", "--model", policy_dir, "--sample_policy", policy_dir,
+            "--num_samples", "12", "--num_generations", "4", "--num_eval_samples", "8", "--epochs", "1",
+            "--output_dir", str(tmp_path / "orm-policy")]  # fmt: skip
+    capsys.readouterr()
+    assert train_rm_main(argv) == 0
+    printed = capsys.readouterr().out
+    metrics = json.loads((tmp_path / "orm-policy" / "metrics.json").read_text())
+    after = metrics["eval_after"]
+    assert after["count"] == 8 and f"constant baseline {after['constant_accuracy']:.4f}" in printed
+    assert metrics["train"]["num_samples"] == 12  # 3 questions x 4 completions
     # errors: exit status 2 and a message naming the problem
     assert (
         train_rm_main(["--dataset", str(tmp_path / "missing.jsonl"), "--output_dir", str(tmp_path / "x")])
         == 2
     )
     assert "missing.jsonl" in capsys.readouterr().err
+    for option, value in (("--pairwise_weight", "-1"), ("--num_generations", "0")):
+        argv = ["--model", "tiny", option, value, "--output_dir", str(tmp_path / "y")]
+        assert train_rm_main(argv) == 2
+        assert option[2:] in capsys.readouterr().err
 
 
 def test_outcome_scores_do_not_depend_on_padding(char_tok):

@@ -34,14 +34,23 @@ class TrainRMArgs:
     kind: RMKind = "process"
     """outcome: sequence classifier on {prompt, completion, label}; process: token classifier on
     {prompt, completion, step_labels}."""
-    model: str = "tiny"
-    """A model directory (a causal LM, e.g. the policy, gets a new one-logit head on its backbone);
-    "tiny:<task>" (the built-in cold-started tiny policy of that task, same head swap); or "tiny" (a
-    randomly initialised tiny model on the character tokenizer of grpokit.models.tiny)."""
+    model: str = "tiny:chain"
+    """The reward model's starting point: a model directory (a causal LM, e.g. the policy, gets a new
+    one-logit head on its backbone); "tiny:<task>" (the built-in cold-started tiny policy of that task, same
+    head swap: it already knows the task); or "tiny" (a randomly initialised tiny model on the character
+    tokenizer of grpokit.models.tiny)."""
     dataset: str = "chain"
-    """A labelled .json/.jsonl file, or "chain" to generate labelled samples of the built-in chain task."""
+    """A labelled .json/.jsonl file; "chain": the built-in chain task's questions answered by
+    ``sample_policy`` (its own samples, labelled by the task's rules); "chain-synthetic": worked solutions
+    of the chain task and corrupted ones (half each)."""
     eval_dataset: str | None = None
-    """A labelled file for held-out evaluation; with dataset "chain" the task's held-out split is used."""
+    """A labelled file for held-out evaluation; with dataset "chain"/"chain-synthetic" the same kind of
+    samples on the task's held-out questions is used."""
+    sample_policy: str = "tiny:chain"
+    """dataset "chain": the policy whose samples are labelled ("tiny:<task>" or a model directory), the one
+    RL starts from, so the reward model learns the mistakes it will be scoring."""
+    num_generations: int = 8
+    """dataset "chain": sampled completions per question (temperature 1), as GRPO's groups."""
     output_dir: str = "runs/rm"
     """Where the checkpoint (model + tokenizer) and metrics.json are written."""
     epochs: int = 3
@@ -60,27 +69,64 @@ class TrainRMArgs:
     seed: int = 0
     """Seed for the model init, the generated data and the data order."""
     num_samples: int = 2000
-    """dataset "chain": training samples to generate (half worked solutions, half corrupted)."""
+    """dataset "chain"/"chain-synthetic": labelled training samples to generate (for "chain", whole
+    groups: num_samples / num_generations questions, rounded up)."""
     num_eval_samples: int = 200
-    """dataset "chain": held-out samples to generate."""
+    """dataset "chain"/"chain-synthetic": held-out samples to generate (whole groups, as num_samples)."""
     num_ops: int = 3
     """dataset "chain": operations per question."""
     tiny_hidden_size: int = 64
     """model "tiny": hidden size."""
     tiny_num_layers: int = 2
     """model "tiny": transformer layers."""
+    class_balance: bool = True
+    """Weight the pointwise loss so both classes (label >= 0.5 or not) weigh the same in total: the policy's
+    samples are mostly wrong, and a model answering "wrong" to all of them would learn nothing useful."""
+    pairwise_weight: float = 1.0
+    """Weight of the pairwise Bradley-Terry loss added to the pointwise one: right vs wrong samples of the
+    same question (process: the same step), the comparison GRPO's advantages make; 0 turns it off."""
 
 
 def _chain_samples(args: TrainRMArgs) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    from grpokit.tasks.chain import make_chain_rm_samples, make_chain_splits
+    """Training and held-out samples of the chain task: the sample policy's (dataset "chain") or made up."""
+    from grpokit.tasks.chain import make_chain_policy_rm_samples, make_chain_rm_samples, make_chain_splits
 
-    train_rows, test_rows = make_chain_splits(
-        args.seed, args.num_samples, args.num_eval_samples, num_ops=args.num_ops
-    )
+    if args.dataset == "chain-synthetic":
+        train_rows, test_rows = make_chain_splits(
+            args.seed, args.num_samples, args.num_eval_samples, num_ops=args.num_ops
+        )
+        return (
+            make_chain_rm_samples(train_rows, kind=args.kind, seed=args.seed),
+            make_chain_rm_samples(test_rows, kind=args.kind, seed=args.seed + 1),
+        )
+    if args.num_generations < 1:
+        raise ValueError(f"num_generations must be >= 1, got {args.num_generations}")
+    groups = -(-args.num_samples // args.num_generations), -(-args.num_eval_samples // args.num_generations)
+    train_rows, test_rows = make_chain_splits(args.seed, *groups, num_ops=args.num_ops)
+    model, tokenizer = _load_policy(args.sample_policy, args.seed)
+    settings = {"kind": args.kind, "num_generations": args.num_generations}
     return (
-        make_chain_rm_samples(train_rows, kind=args.kind, seed=args.seed),
-        make_chain_rm_samples(test_rows, kind=args.kind, seed=args.seed + 1),
+        make_chain_policy_rm_samples(model, tokenizer, train_rows, seed=args.seed, **settings),
+        make_chain_policy_rm_samples(model, tokenizer, test_rows, seed=args.seed + 1, **settings),
     )
+
+
+def _load_policy(spec: str, seed: int) -> tuple[Any, Any]:
+    """A causal LM and its tokenizer: "tiny:<task>" (the cold-started tiny policy) or a directory."""
+    from transformers import AutoModelForCausalLM
+
+    from grpokit.models.loading import load_tokenizer
+
+    path = str(_policy_path(spec, seed))
+    return AutoModelForCausalLM.from_pretrained(path).eval(), load_tokenizer(path)
+
+
+def _policy_path(spec: str, seed: int) -> str:
+    if spec.startswith("tiny:"):
+        from grpokit.tasks import cold_start_policy
+
+        return str(cold_start_policy(spec.split(":", 1)[1], seed=seed))
+    return spec
 
 
 def run_train_rm(args: TrainRMArgs, log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -89,7 +135,9 @@ def run_train_rm(args: TrainRMArgs, log: Callable[[str], None] = print) -> dict[
     if "\\" in args.step_delimiter:
         args = replace(args, step_delimiter=args.step_delimiter.replace("\\n", "\n").replace("\\t", "\t"))
     torch.manual_seed(args.seed)
-    if args.dataset == "chain":
+    if not (args.pairwise_weight >= 0 and args.pairwise_weight != float("inf")):
+        raise ValueError(f"pairwise_weight must be a finite number >= 0, got {args.pairwise_weight}")
+    if args.dataset in ("chain", "chain-synthetic"):
         train_samples, eval_samples = _chain_samples(args)
         if args.step_delimiter != DEFAULT_STEP_DELIMITER and args.kind == "process":
             raise ValueError("dataset 'chain' has one step per line: use the default step_delimiter")
@@ -113,14 +161,8 @@ def run_train_rm(args: TrainRMArgs, log: Callable[[str], None] = print) -> dict[
             num_layers=args.tiny_num_layers,
             seed=args.seed,
         )
-    elif args.model.startswith("tiny:"):
-        from grpokit.tasks import cold_start_policy
-
-        model, tokenizer = load_reward_model(
-            str(cold_start_policy(args.model.split(":", 1)[1], seed=args.seed)), args.kind
-        )
     else:
-        model, tokenizer = load_reward_model(args.model, args.kind)
+        model, tokenizer = load_reward_model(_policy_path(args.model, args.seed), args.kind)
     common = {
         "kind": args.kind,
         "batch_size": args.batch_size,
@@ -131,7 +173,7 @@ def run_train_rm(args: TrainRMArgs, log: Callable[[str], None] = print) -> dict[
     if eval_samples:
         before = evaluate_reward_model(model, tokenizer, eval_samples, **common)
         metrics["eval_before"] = before
-        log(f"held-out before training: loss {before['loss']:.4f} accuracy {before['accuracy']:.4f}")
+        log(f"held-out before training: {_describe(before)}")
     metrics["train"] = train_reward_model(
         model,
         tokenizer,
@@ -140,13 +182,15 @@ def run_train_rm(args: TrainRMArgs, log: Callable[[str], None] = print) -> dict[
         lr=args.lr,
         weight_decay=args.weight_decay,
         seed=args.seed,
+        class_balance=args.class_balance,
+        pairwise_weight=args.pairwise_weight,
         log_fn=lambda m: log(f"epoch {m['epoch']}: train loss {m['loss']:.4f}"),
         **common,
     )
     if eval_samples:
         after = evaluate_reward_model(model, tokenizer, eval_samples, **common)
         metrics["eval_after"] = after
-        log(f"held-out after training: loss {after['loss']:.4f} accuracy {after['accuracy']:.4f}")
+        log(f"held-out after training: {_describe(after)}")
     out = save_reward_model(model, tokenizer, args.output_dir, kind=args.kind, delimiter=args.step_delimiter)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
     # The training samples, as the history an iterative run replays (GRPOTrainer's iterative_reward_model
@@ -154,6 +198,14 @@ def run_train_rm(args: TrainRMArgs, log: Callable[[str], None] = print) -> dict[
     write_jsonl(out / REPLAY_FILE, train_samples)
     log(f"saved {args.kind} reward model to {out}")
     return metrics
+
+
+def _describe(result: dict[str, Any]) -> str:
+    """``loss 0.41 accuracy 0.87 (constant baseline 0.66, 2000 samples)``."""
+    return (
+        f"loss {result['loss']:.4f} accuracy {result['accuracy']:.4f} (constant baseline "
+        f"{result['constant_accuracy']:.4f}, {result['count']} labels)"
+    )
 
 
 def train_rm_main(argv: list[str] | None = None) -> int:

@@ -30,6 +30,7 @@ from grpokit.data.chat import completion_text, render_prompt
 from grpokit.models.loading import pad_token_id
 from grpokit.rewards.process_rewards.prm import encode_prompt_completion, scalar_logits
 from grpokit.rewards.process_rewards.steps import DEFAULT_STEP_DELIMITER
+from grpokit.rm.losses import bradley_terry_loss, class_weights, pointwise_loss
 from grpokit.rm.samples import check_kind, load_rm_samples
 
 __all__ = ["classifier_pad_id", "evaluate_reward_model", "outcome_scores", "train_reward_model"]
@@ -42,6 +43,7 @@ class _Batch:
     labels: torch.Tensor  # outcome: [B]; process: [S] (every step of the batch)
     rows: torch.Tensor  # process: [S] row of each step
     positions: torch.Tensor  # process: [S] position of each step's end token
+    groups: torch.Tensor  # [B] or [S]: items that may be compared (same prompt; process: same step index)
 
 
 def _collate(
@@ -52,22 +54,23 @@ def _collate(
     max_length: int | None,
     pad: int,
 ) -> _Batch:
-    sequences, labels, rows, positions = [], [], [], []
+    sequences, labels, rows, positions, groups = [], [], [], [], []
+    keys: dict[tuple[str, int], int] = {}
     for b, sample in enumerate(samples):
+        prompt = render_prompt(sample["prompt"], tokenizer)
         ids, ends = encode_prompt_completion(
-            tokenizer,
-            render_prompt(sample["prompt"], tokenizer),
-            completion_text(sample["completion"]),
-            delimiter if kind == "process" else None,
-            max_length,
-        )
+            tokenizer, prompt, completion_text(sample["completion"]),
+            delimiter if kind == "process" else None, max_length,
+        )  # fmt: skip
         sequences.append(ids)
         if kind == "outcome":
             labels.append(float(sample["label"]))
+            groups.append(keys.setdefault((prompt, 0), len(keys)))
         else:
             labels.extend(float(v) for v in sample["step_labels"])
             rows.extend([b] * len(ends))
             positions.extend(ends)
+            groups.extend(keys.setdefault((prompt, j), len(keys)) for j in range(len(ends)))
     input_ids, attention_mask = pad_right(sequences, pad)
     return _Batch(
         input_ids,
@@ -75,6 +78,7 @@ def _collate(
         torch.tensor(labels, dtype=torch.float32),
         torch.tensor(rows, dtype=torch.long),
         torch.tensor(positions, dtype=torch.long),
+        torch.tensor(groups, dtype=torch.long),
     )
 
 
@@ -125,14 +129,16 @@ def evaluate_reward_model(
     delimiter: str = DEFAULT_STEP_DELIMITER,
     max_length: int | None = None,
 ) -> dict[str, float]:
-    """``{"loss", "accuracy", "count"}``: mean BCE and accuracy over samples (outcome) or steps (process).
-    An empty dataset (or one without steps) gives NaN loss and accuracy."""
+    """``{"loss", "accuracy", "count", "positive_fraction", "constant_accuracy"}``: mean BCE and accuracy
+    over samples (outcome) or steps (process); the fraction labelled positive (>= 0.5) and the trivial
+    baseline, the accuracy of always answering the majority class (``max(p, 1 - p)``), which a useful reward
+    model must beat. An empty dataset (or one without steps) gives NaN for all but ``count``."""
     check_kind(kind)
     samples = load_rm_samples(dataset, kind, delimiter=delimiter)
     pad = classifier_pad_id(model, tokenizer)
     was_training = model.training
     model.eval()
-    total_loss, correct, count = 0.0, 0, 0
+    total_loss, correct, count, positive = 0.0, 0, 0, 0
     try:
         for start in range(0, len(samples), batch_size):
             batch = _collate(tokenizer, samples[start : start + batch_size], kind, delimiter, max_length, pad)
@@ -141,12 +147,21 @@ def evaluate_reward_model(
             logits, labels = _logits(model, batch, kind)
             total_loss += float(F.binary_cross_entropy_with_logits(logits, labels, reduction="sum"))
             correct += int(((logits > 0) == (labels >= 0.5)).sum())
+            positive += int((labels >= 0.5).sum())
             count += labels.numel()
     finally:
         model.train(was_training)
     if count == 0:
-        return {"loss": math.nan, "accuracy": math.nan, "count": 0}
-    return {"loss": total_loss / count, "accuracy": correct / count, "count": count}
+        nan = math.nan
+        return {"loss": nan, "accuracy": nan, "count": 0, "positive_fraction": nan, "constant_accuracy": nan}
+    p = positive / count
+    return {
+        "loss": total_loss / count,
+        "accuracy": correct / count,
+        "count": count,
+        "positive_fraction": p,
+        "constant_accuracy": max(p, 1.0 - p),
+    }
 
 
 def train_reward_model(
@@ -163,6 +178,8 @@ def train_reward_model(
     weight_decay: float = 0.0,
     max_grad_norm: float = 1.0,
     seed: int = 0,
+    class_balance: bool = False,
+    pairwise_weight: float = 0.0,
     optimizer: torch.optim.Optimizer | None = None,
     eval_dataset: Any | None = None,
     log_fn: Callable[[dict[str, float]], None] | None = None,
@@ -170,9 +187,13 @@ def train_reward_model(
     """Train ``model`` in place on labelled samples; returns metrics.
 
     One optimizer step per batch of ``batch_size`` samples; samples are shuffled each epoch with
-    ``random.Random(seed + epoch)``. The loss of a batch is the mean BCE-with-logits over its samples
-    (outcome) or over all its steps (process). ``optimizer`` (e.g. kept across iterative updates) defaults to
-    a fresh AdamW(lr, weight_decay). ``log_fn`` receives ``{"epoch", "loss"}`` after each epoch.
+    ``random.Random(seed + epoch)`` (with ``pairwise_weight > 0``, whole groups of samples sharing a prompt
+    are shuffled and kept together, so that batches hold pairs to compare). The loss of a batch is the mean
+    BCE-with-logits over its samples (outcome) or over all its steps (process) (:mod:`grpokit.rm.losses`);
+    ``class_balance``: each item weighted by its class's weight over the whole training set, so both classes
+    weigh the same; plus ``pairwise_weight`` x the Bradley-Terry loss over the batch's pairs of the same
+    prompt (and step index) with different labels. ``optimizer`` (e.g. kept across iterative updates)
+    defaults to a fresh AdamW(lr, weight_decay). ``log_fn`` receives ``{"epoch", "loss"}`` after each epoch.
 
     Returns ``{"train_loss"`` (mean over the last epoch), ``"optimizer_steps", "num_samples", "epochs"}``,
     plus ``eval_loss``/``eval_accuracy`` when ``eval_dataset`` is given.
@@ -180,7 +201,10 @@ def train_reward_model(
     check_kind(kind)
     if epochs < 0 or batch_size < 1:
         raise ValueError(f"need epochs >= 0 and batch_size >= 1, got {epochs}, {batch_size}")
+    if not (math.isfinite(pairwise_weight) and pairwise_weight >= 0):
+        raise ValueError(f"pairwise_weight must be a finite number >= 0, got {pairwise_weight}")
     samples = load_rm_samples(dataset, kind, delimiter=delimiter)
+    weights = class_weights(_all_labels(samples, kind)) if class_balance else (1.0, 1.0)
     pad = classifier_pad_id(model, tokenizer)
     if optimizer is None:
         trainable = [p for p in model.parameters() if p.requires_grad]
@@ -193,16 +217,18 @@ def train_reward_model(
     model.train()
     steps, epoch_loss = 0, math.nan
     for epoch in range(epochs):
-        order = list(range(len(samples)))
-        random.Random(seed + epoch).shuffle(order)
-        losses, weights = [], []
+        order = _epoch_order(samples, random.Random(seed + epoch), grouped=pairwise_weight > 0)
+        losses, counts = [], []
         for start in range(0, len(order), batch_size):
             chunk = [samples[i] for i in order[start : start + batch_size]]
             batch = _collate(tokenizer, chunk, kind, delimiter, max_length, pad)
             if batch.labels.numel() == 0:
                 continue
             logits, labels = _logits(model, batch, kind)
-            loss = F.binary_cross_entropy_with_logits(logits, labels)
+            loss = pointwise_loss(logits, labels, weights)
+            if pairwise_weight > 0:
+                pairwise = bradley_terry_loss(logits, labels, batch.groups.to(logits.device))
+                loss = loss if pairwise is None else loss + pairwise_weight * pairwise
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if max_grad_norm and max_grad_norm > 0:
@@ -210,8 +236,8 @@ def train_reward_model(
             optimizer.step()
             steps += 1
             losses.append(float(loss.detach()) * labels.numel())
-            weights.append(labels.numel())
-        epoch_loss = sum(losses) / sum(weights) if weights else math.nan
+            counts.append(labels.numel())
+        epoch_loss = sum(losses) / sum(counts) if counts else math.nan
         if log_fn is not None:
             log_fn({"epoch": epoch + 1, "loss": epoch_loss})
     model.eval()
@@ -233,6 +259,28 @@ def train_reward_model(
         )
         metrics["eval_loss"], metrics["eval_accuracy"] = result["loss"], result["accuracy"]
     return metrics
+
+
+def _all_labels(samples: Sequence[dict[str, Any]], kind: str) -> torch.Tensor:
+    """Every label of the training set: one per sample (outcome) or per step (process)."""
+    if kind == "outcome":
+        return torch.tensor([float(s["label"]) for s in samples])
+    return torch.tensor([float(v) for s in samples for v in s["step_labels"]])
+
+
+def _epoch_order(samples: Sequence[dict[str, Any]], rng: random.Random, *, grouped: bool) -> list[int]:
+    """One epoch's sample order: a shuffle of all samples, or (``grouped``) of the groups of samples with
+    the same prompt, each group kept together in its original order."""
+    if not grouped:
+        order = list(range(len(samples)))
+        rng.shuffle(order)
+        return order
+    groups: dict[str, list[int]] = {}
+    for i, sample in enumerate(samples):
+        groups.setdefault(repr(sample["prompt"]), []).append(i)
+    blocks = list(groups.values())
+    rng.shuffle(blocks)
+    return [i for block in blocks for i in block]
 
 
 @torch.no_grad()

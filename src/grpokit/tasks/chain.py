@@ -54,6 +54,8 @@ __all__ = [
     "corrupt_solution",
     "extract_chain_answer",
     "is_held_out",
+    "label_chain_samples",
+    "make_chain_policy_rm_samples",
     "make_chain_rm_samples",
     "make_chain_splits",
     "make_chain_step_verifier",
@@ -288,22 +290,63 @@ def make_chain_rm_samples(
     if kind not in ("outcome", "process"):
         raise ValueError(f"kind must be 'outcome' or 'process', got {kind!r}")
     rng = random.Random(f"grpokit-chain-rm-{seed}")
-    from grpokit.rewards.process_rewards.steps import step_texts
-
     completions = []
     for row in rows:  # one draw per row, then (when corrupted) the corruption's own draws
         correct = rng.random() < correct_fraction
         completions.append(worked_solution(row) if correct else corrupt_solution(row, rng))
-    samples = [{"prompt": row["prompt"], "completion": c} for row, c in zip(rows, completions)]
+    return label_chain_samples(rows, completions, kind=kind)
+
+
+def label_chain_samples(
+    rows: Sequence[dict[str, Any]], completions: Sequence[str], *, kind: str = "process"
+) -> list[dict[str, Any]]:
+    """Reward-model samples labelled by rule, one per completion (``completions[i]`` answers ``rows[i]``):
+    ``kind="outcome"``: ``{"prompt", "completion", "label"}`` (``chain_outcome_reward``);
+    ``kind="process"``: ``{"prompt", "completion", "step_labels"}`` (``chain_step_reward``)."""
+    if kind not in ("outcome", "process"):
+        raise ValueError(f"kind must be 'outcome' or 'process', got {kind!r}")
+    if len(rows) != len(completions):
+        raise ValueError(f"{len(rows)} rows but {len(completions)} completions")
+    from grpokit.rewards.process_rewards.steps import step_texts
+
+    prompts = [row["prompt"] for row in rows]
+    samples = [{"prompt": p, "completion": c} for p, c in zip(prompts, completions)]
     if kind == "outcome":
-        prompts, solutions = [row["prompt"] for row in rows], [row["solution"] for row in rows]
-        for sample, label in zip(samples, chain_outcome_reward(prompts, completions, solution=solutions)):
+        labels = chain_outcome_reward(prompts, list(completions), solution=[row["solution"] for row in rows])
+        for sample, label in zip(samples, labels):
             sample["label"] = label
         return samples
-    for row, sample in zip(rows, samples):
-        completion = sample["completion"]
-        columns = {"start": [row["start"]], "operations": [row["operations"]]}
-        sample["step_labels"] = chain_step_reward(
-            [row["prompt"]], [completion], [step_texts(completion)], **columns
-        )[0]
+    step_labels = chain_step_reward(
+        prompts, list(completions), [step_texts(c) for c in completions],
+        start=[row["start"] for row in rows], operations=[row["operations"] for row in rows],
+    )  # fmt: skip
+    for sample, labels in zip(samples, step_labels):
+        sample["step_labels"] = labels
     return samples
+
+
+def make_chain_policy_rm_samples(
+    model: Any,
+    tokenizer: Any,
+    rows: Sequence[dict[str, Any]],
+    *,
+    kind: str = "process",
+    num_generations: int = 8,
+    temperature: float = 1.0,
+    max_new_tokens: int = 48,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """Reward-model samples from a policy's own completions: ``num_generations`` sampled completions of
+    each row's question (at ``temperature``, reproducible from ``seed``), labelled by rule
+    (:func:`label_chain_samples`). The samples of one question are consecutive. This is the data a reward
+    model meets during RL: the policy's mistakes, not made-up ones."""
+    from grpokit.eval import generate_completions
+
+    if num_generations < 1:
+        raise ValueError(f"num_generations must be >= 1, got {num_generations}")
+    out = generate_completions(
+        model, tokenizer, list(rows), num_samples=num_generations, temperature=temperature,
+        max_new_tokens=max_new_tokens, seed=seed,
+    )  # fmt: skip
+    repeated = [row for row in rows for _ in range(num_generations)]
+    return label_chain_samples(repeated, [t for texts in out.texts for t in texts], kind=kind)
