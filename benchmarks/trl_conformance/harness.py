@@ -163,6 +163,7 @@ def summarise(trl: dict[str, dict], grpokit: dict[str, dict], walls: dict[str, f
         "date": dt.date.today().isoformat(),
         "trl_tests": {**read_lock(), "trl_package": args.trl_package},
         "k": args.k,
+        "only": getattr(args, "only", None),  # the side run this time; the other's report is its last run's
         "timeout_s": args.timeout,
         "collected": len(trl),
         "trl": {"counts": dict(trl_counts), "wall_min": round(walls.get("trl", 0) / 60, 1)},
@@ -192,6 +193,8 @@ def render_markdown(summary: dict) -> str:
         "GRPOTrainer` changed; CPU, local stand-ins, offline. "
         "Produced by `bash benchmarks/trl_conformance/run.sh`"
         + (f" with `-k {summary['k']}`" if summary["k"] else "")
+        + (f" with `--only {summary['only']}` (the other side: the report of its last run, same test file)"
+           if summary.get("only") else "")
         + ".",
         "",
         f"**TRL: {summary['denominator']} passed; grpokit: {summary['grpokit_passed']} passed** "
