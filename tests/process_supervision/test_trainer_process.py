@@ -169,7 +169,7 @@ def test_process_configuration_errors(tiny_model_dir, tmp_path):
             config=make_config(tmp_path, process_reward_weights=[1.0, 1.0]),
             process_reward_funcs=["chain_steps"],
         )
-    with pytest.raises(ValueError, match="reward_funcs: at least one"):
+    with pytest.raises(ValueError, match="No reward source provided: reward_funcs needs at least one"):
         make_trainer(tiny_model_dir, tmp_path, reward_funcs=[])
     with pytest.raises(ValueError, match="iteration_steps > 0 needs an iterative_reward_model"):
         make_trainer(tiny_model_dir, tmp_path, config=make_config(tmp_path, iteration_steps=2))

@@ -36,7 +36,7 @@ def record_loss_inputs(monkeypatch) -> list[dict]:
 
     def spy(self, logps, old_logps, advantages, mask, **kwargs):
         calls.append({"logps": logps.detach().clone(), "old": old_logps, "ref": kwargs.get("ref_logps"),
-                      "mask": mask.bool(), "weights": kwargs.get("token_weights")})  # fmt: skip
+                      "mask": mask.bool(), "weights": kwargs.get("sampler_weights")})  # fmt: skip
         return original(self, logps, old_logps, advantages, mask, **kwargs)
 
     monkeypatch.setattr(PolicyLoss, "__call__", spy)
