@@ -535,6 +535,11 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     gradients (2) and the weights (3) over the processes; grpokit sets the batch sizes, clipping and
     optimizer itself. ``accelerate launch`` with a DeepSpeed config
     (``recipes/accelerate/deepspeed_zero{2,3}.yaml``) turns it on too. See docs/scaling.md."""
+    router_aux_loss_coef: float | None = None
+    """A mixture-of-experts policy's load-balancing loss (TRL's, transformers'): added to the loss with this
+    weight, computed by the model's own ``transformers`` function on its routers' logits
+    (``grpokit.models.moe``; logged as ``aux_loss``). None: the coefficient the model's config declares (0
+    for a dense model); 0: off. A non-zero value for a model without router logits is refused."""
     disable_dropout: bool = False
     """Set every dropout probability of the policy to 0 (TRL's name), so the update's log-probs match the
     sampling ones."""

@@ -151,6 +151,12 @@ def _check_batch(c: Any) -> None:
 def _check_objective(c: Any) -> None:
     _in_range(c, "top_entropy_quantile", 0, 1, closed="(]")
     require(math.isfinite(c.entropy_coef), "entropy_coef", f"must be a finite number, got {c.entropy_coef}")
+    coef = c.router_aux_loss_coef
+    require(
+        coef is None or (math.isfinite(coef) and coef >= 0),
+        "router_aux_loss_coef",
+        f"must be a finite number >= 0 (or None: the model config's), got {coef!r}",
+    )
     _check_adaptive_entropy(c)
     threshold = c.off_policy_mask_threshold
     require(

@@ -3,7 +3,6 @@ adapters, ``disable_dropout``, ``cast_lm_head_to_fp32``."""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,10 +24,7 @@ __all__ = [
     "load_policy",
     "model_init_kwargs",
     "tokenizer_of",
-    "warn_router_loss_not_added",
 ]
-
-logger = logging.getLogger("grpokit")
 
 
 class PolicyOptions(Protocol):
@@ -215,18 +211,3 @@ def load_policy(
         cast_lm_head_to_fp32(policy)
     return policy
 
-
-def warn_router_loss_not_added(policy: torch.nn.Module) -> None:
-    """Say so when ``policy`` is a mixture-of-experts model whose config declares a load-balancing loss: TRL
-    adds it (``router_aux_loss_coef``, by default the config's); grpokit trains on the GRPO loss alone."""
-    config = getattr(policy, "config", None)
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    coefficient = getattr(text_config, "router_aux_loss_coef", 0.0) or 0.0
-    if hasattr(text_config, "output_router_logits") and coefficient != 0.0:
-        logger.warning(
-            "%s is a mixture-of-experts model with router_aux_loss_coef=%s in its config: TRL adds that "
-            "load-balancing loss to the GRPO loss, grpokit does not (trainer.aux_loss_enabled is False); "
-            "the experts' routing is trained by the GRPO loss alone",
-            type(policy).__name__,
-            coefficient,
-        )

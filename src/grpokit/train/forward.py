@@ -26,6 +26,8 @@ Passes that need no gradient (reference, old-policy log-probs) should run under 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from grpokit.models.parts import cache_argument, decoder_of
@@ -60,6 +62,7 @@ def completion_logprobs(
     shared_prefix: bool | None = None,
     chunk_size: int | None = None,
     context_mask: torch.Tensor | None = None,
+    router_logits: list[Any] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of each completion token under ``model``.
 
@@ -73,6 +76,9 @@ def completion_logprobs(
     ``head_chunk_rows(V)``). ``context_mask`` [B, C]: the completion tokens that exist (attended to and
     counted in positions) when that differs from the scored ones: an episode's observation tokens are
     context (``context_mask`` 1) but not scored (``completion_mask`` 0). None: ``completion_mask``.
+    ``router_logits``: a list to receive ``(router logits, attention mask)`` of a mixture-of-experts
+    backbone (``grpokit.models.moe``); the whole sequence then runs per row, as the model's own forward
+    routes it (no shared prefix).
     """
     context = completion_mask if context_mask is None else context_mask
     batch, num_completion = completion_ids.shape
@@ -80,12 +86,12 @@ def completion_logprobs(
         empty = completion_ids.new_zeros((batch, 0), dtype=torch.float32)
         return empty, (empty.clone() if with_entropy else None)
     shapes = (prompt_ids, prompt_mask, num_generations, num_completion)
-    if _choose_shared(model, *shapes, shared_prefix):
+    if router_logits is None and _choose_shared(model, *shapes, shared_prefix):
         hidden = _shared_prefix_hidden(
             model, prompt_ids, prompt_mask, completion_ids, context, num_generations
         )
     else:
-        hidden = _full_hidden(model, prompt_ids, prompt_mask, completion_ids, context)
+        hidden = _full_hidden(model, prompt_ids, prompt_mask, completion_ids, context, router_logits)
     return head_logprobs(
         model,
         hidden,
@@ -235,20 +241,28 @@ def _choose_shared(model, prompt_ids, prompt_mask, num_generations, num_completi
     return same
 
 
-def _full_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
-    """Backbone over [prompt | completion]; hidden states at positions P-1 .. P+C-2 -> [B, C, H]."""
+def _full_hidden(
+    model, prompt_ids, prompt_mask, completion_ids, completion_mask, router_logits=None
+) -> torch.Tensor:
+    """Backbone over [prompt | completion]; hidden states at positions P-1 .. P+C-2 -> [B, C, H]. With a
+    ``router_logits`` list, the backbone's router logits and the attention mask they were routed under are
+    appended to it."""
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [B, P+C]
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)  # [B, P+C]
     # Positions count real tokens only, so left padding does not shift a prompt (same as generate()).
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)  # [B, P+C]
     width, num_completion = prompt_ids.shape[1], completion_ids.shape[1]
     # The last completion position predicts past the completion: it never needs to be run.
+    routed = {"output_router_logits": True} if router_logits is not None else {}
     out = decoder_of(model)(
         input_ids=input_ids[:, :-1],
         attention_mask=attention_mask[:, :-1],
         position_ids=position_ids[:, :-1],
         use_cache=False,
+        **routed,
     )
+    if router_logits is not None:
+        router_logits.append((out.router_logits, attention_mask[:, :-1]))
     return out.last_hidden_state[:, width - 1 : width - 1 + num_completion]  # [B, C, H]
 
 

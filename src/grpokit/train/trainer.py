@@ -29,7 +29,8 @@ from grpokit.data.chat import encode_prompt
 from grpokit.data.loading import load_dataset_rows
 from grpokit.envs.factories import EMPTY_PROMPT, EnvironmentFactories
 from grpokit.envs.sampler import EpisodeSampler, sample_groups, start_episodes, template_kwargs
-from grpokit.models.policy import check_special_tokens, load_policy, tokenizer_of, warn_router_loss_not_added
+from grpokit.models.moe import router_loss_for
+from grpokit.models.policy import check_special_tokens, load_policy, tokenizer_of
 from grpokit.parallel.cpu_runtime import apply_cpu_runtime
 from grpokit.parallel.distributed import (
     any_process,
@@ -171,7 +172,7 @@ class GRPOTrainer:
         )
         episode_hook = EpisodeSupervision.for_run(self.args, self.episodes is not None)  # env/*, turn rewards
         self.model = load_policy(model, self.args, peft_config)
-        warn_router_loss_not_added(self.model)  # (TRL adds an MoE model's load-balancing loss)
+        self.router_loss = router_loss_for(self.model, self.args.router_aux_loss_coef)  # MoE policies
         self.gather = gather_across_processes(self.accelerator)  # lists from every process, or None
         rewards = run_rewards(
             self.args, reward_funcs, process_reward_funcs, iterative_reward_model, rm_label_func,
@@ -228,7 +229,7 @@ class GRPOTrainer:
         self.entropy_control = EntropyControl.from_config(self.args)  # entropy_coef, adaptive or not
         self.update_context = UpdateContext.from_accelerator(
             self.accelerator, self.loss, placed, self.generator, entropy=self.entropy_control,
-            off_policy_sampler=self.correction.off_policy,
+            off_policy_sampler=self.correction.off_policy, router=self.router_loss,
         )  # fmt: skip
         self.hooks = StepHooks(run_hooks(
             self.args, episodes=episode_hook, process=self.process, reference=self.reference,
@@ -287,9 +288,9 @@ class GRPOTrainer:
 
     @property
     def aux_loss_enabled(self) -> bool:
-        """TRL's: whether a mixture-of-experts load-balancing loss is added to the loss. Never in grpokit
-        (``router_aux_loss_coef`` is refused; a warning at construction says so for an MoE policy)."""
-        return False
+        """TRL's: whether a mixture-of-experts load-balancing loss is added to the loss
+        (``router_aux_loss_coef``, ``grpokit.models.moe``); its value is logged as ``aux_loss``."""
+        return self.router_loss is not None
 
     @property
     def _logs(self) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import torch
 
 from grpokit.config import GRPOConfig
 from grpokit.core import PolicyLoss, off_policy_sequence_mask, top_entropy_mask
+from grpokit.models.moe import RouterLoss
 from grpokit.parallel.fsdp import unwrap_tensor
 from grpokit.rollout.records import RolloutBatch
 from grpokit.train.batch import micro_batch_indices
@@ -39,6 +40,7 @@ class UpdateContext:
     entropy: EntropyControl | None = None  # the entropy bonus's coefficient (None: made from the config)
     off_policy_sampler: bool = False  # the sampler is not pi_old (vLLM, a dtype copy, drawn ahead): the
     # off-policy mask compares pi_theta with the sampler's own log-probs
+    router: RouterLoss | None = None  # a mixture-of-experts policy's load-balancing loss (models.moe)
 
     @classmethod
     def from_accelerator(
@@ -50,6 +52,7 @@ class UpdateContext:
         *,
         entropy: EntropyControl | None = None,
         off_policy_sampler: bool = False,
+        router: RouterLoss | None = None,
     ) -> UpdateContext:
         """Backward, gradient clipping (the pre-clip global norm, a plain tensor also when the gradients
         are sharded), the optimizer and scheduler steps and cross-process sums through ``accelerator``;
@@ -72,6 +75,7 @@ class UpdateContext:
             generator=generator,
             entropy=entropy,
             off_policy_sampler=off_policy_sampler,
+            router=router,
         )
 
 
@@ -151,6 +155,10 @@ def _optimizer_step(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext)
             if bonus is not None:  # a per-micro-batch mean, whatever the loss type's normalisation (as TRL)
                 loss = loss - coef * bonus / len(micro_batches)
                 entropy_totals += totals
+            aux = metrics.pop("router_loss", None)  # MoE load-balancing loss, with its gradient
+            if aux is not None:  # scaled for accumulation like the loss (TRL: / gradient_accumulation_steps)
+                loss = loss + ctx.router.coefficient * aux / len(micro_batches)
+                metrics["aux_loss"] = aux.detach()
             ctx.backward(loss)
         metric_sums["loss"] += float(loss.detach())
         for name, value in metrics.items():
@@ -192,6 +200,7 @@ def _micro_batch_loss(
     """The micro-batch's loss (no entropy bonus) and metrics; with ``bonus``, ``entropy_bonus`` (the mean
     entropy H over the tokens trained on, with its gradient) and ``entropy_totals`` ([sum of H, count])."""
     mask = batch.completion_mask.float()  # [n, C]
+    routed: list[Any] | None = [] if ctx.router is not None else None  # receives an MoE's router logits
     logps, entropy = ctx.policy(  # PolicyLogprobs: completion_logprobs through the (DDP) module's forward
         batch.prompt_ids,
         batch.prompt_mask,
@@ -201,6 +210,7 @@ def _micro_batch_loss(
         with_entropy=True,
         num_generations=config.num_generations if keeps_whole_groups(config) else None,
         context_mask=batch.context_mask,
+        router_logits=routed,
     )
     token_weights = None  # [n, C] masks of the policy term (not of the KL), or None
     trained = mask  # [n, C] the tokens the entropy bonus acts on
@@ -227,6 +237,8 @@ def _micro_batch_loss(
     )
     metrics = {**metrics, **extra}
     metrics["entropy"] = (entropy.detach() * mask).sum() / mask.sum().clamp(min=1)
+    if routed:  # the MoE backbone's router logits: its load-balancing loss (models.moe)
+        metrics["router_loss"] = ctx.router(*routed[0])
     if bonus:  # H over the tokens the loss trains on, with its gradient
         metrics["entropy_bonus"] = (entropy * trained).sum() / trained.sum().clamp(min=1)
         metrics["entropy_totals"] = torch.stack([(entropy.detach() * trained).sum(), trained.sum()]).cpu()

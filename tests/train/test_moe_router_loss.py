@@ -1,0 +1,88 @@
+"""A mixture-of-experts policy's load-balancing loss (``router_aux_loss_coef``, ``grpokit.models.moe``): the
+lean forward's value equals the model's own ``aux_loss``; the trainer adds ``coef * aux`` to the loss."""
+
+import pytest
+import torch
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+from grpokit import GRPOTrainer
+from grpokit.models.moe import router_loss_for
+from grpokit.models.tiny import build_char_tokenizer
+from grpokit.train.forward import completion_logprobs
+from tests.conftest import small_config
+
+
+def tiny_moe(tokenizer=None, coef=0.001):
+    torch.manual_seed(0)
+    vocab = len(tokenizer) if tokenizer is not None else 64
+    config = Qwen3MoeConfig(
+        vocab_size=vocab, hidden_size=16, intermediate_size=32, moe_intermediate_size=8, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=8, num_experts=4, num_experts_per_tok=2,
+        router_aux_loss_coef=coef, tie_word_embeddings=False,
+        **({} if tokenizer is None else {"pad_token_id": tokenizer.pad_token_id,
+                                          "eos_token_id": tokenizer.eos_token_id}),
+    )  # fmt: skip
+    return Qwen3MoeForCausalLM(config)
+
+
+def test_the_router_loss_is_the_models_own_aux_loss():
+    """Left-padded prompts and right-padded completions: the load-balancing loss of the lean forward's router
+    logits equals ``model(...).aux_loss`` of a plain forward over the same tokens."""
+    model = tiny_moe()
+    prompt_ids = torch.tensor([[0, 5, 6, 7], [8, 9, 10, 11]])
+    prompt_mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    completion_ids = torch.tensor([[12, 13, 14], [15, 16, 0]])
+    completion_mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    routed = []
+    completion_logprobs(
+        model, prompt_ids, prompt_mask, completion_ids, completion_mask, num_generations=None,
+        router_logits=routed,
+    )  # fmt: skip
+    router = router_loss_for(model, None)
+    assert router is not None and router.coefficient == 0.001
+    ours = router(*routed[0])
+    ids = torch.cat([prompt_ids, completion_ids], 1)[:, :-1]
+    mask = torch.cat([prompt_mask, completion_mask], 1)[:, :-1]
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    plain = model(input_ids=ids, attention_mask=mask, position_ids=positions, output_router_logits=True)
+    torch.testing.assert_close(ours, plain.aux_loss, rtol=1e-6, atol=1e-7)
+
+
+def test_which_models_get_a_router_loss(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    dense = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert router_loss_for(dense, None) is None and router_loss_for(dense, 0.0) is None
+    with pytest.raises(ValueError, match=r"router_aux_loss_coef=0.01 but LlamaForCausalLM is not a mixture"):
+        router_loss_for(dense, 0.01)
+    moe = tiny_moe(coef=0.02)
+    assert router_loss_for(moe, None).coefficient == 0.02
+    assert router_loss_for(moe, 0.5).coefficient == 0.5
+    assert router_loss_for(moe, 0.0) is None
+
+
+def test_router_aux_loss_coef_is_checked(tmp_path):
+    with pytest.raises(ValueError, match="router_aux_loss_coef"):
+        small_config(tmp_path, router_aux_loss_coef=-1.0)
+
+
+def test_the_trainer_adds_the_weighted_router_loss(tmp_path):
+    """One optimizer step of one micro-batch: loss - policy_loss = coef * aux_loss exactly as logged."""
+    tokenizer = build_char_tokenizer()
+    path = tmp_path / "moe"
+    tiny_moe(tokenizer).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    rows = [{"prompt": "1+1="}, {"prompt": "2+3="}]
+
+    def length(completions, **kwargs):
+        return [float(len(c)) for c in completions]
+
+    config = small_config(tmp_path, router_aux_loss_coef=0.5, learning_rate=1e-3)
+    trainer = GRPOTrainer(str(path), [length], config, train_dataset=rows)
+    assert trainer.aux_loss_enabled
+    (metrics,) = trainer.train()
+    assert metrics["aux_loss"] > 0
+    assert metrics["loss"] - metrics["policy_loss"] == pytest.approx(0.5 * metrics["aux_loss"], rel=1e-5)
+    dense = GRPOTrainer(str(path), [length], small_config(tmp_path / "b", router_aux_loss_coef=0.0),
+                        train_dataset=rows)  # fmt: skip
+    assert not dense.aux_loss_enabled
