@@ -121,7 +121,11 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
         (False,),
         "runs are reproducible from seed on a fixed machine; deterministic kernels are not forced",
     ),
-    "accelerator_config": ((None,), "grpokit builds its Accelerator from mixed_precision/use_cpu"),
+    "accelerator_config": (
+        (None, {"dispatch_batches": False}),
+        "grpokit builds its Accelerator from mixed_precision/use_cpu; every process draws its own prompts "
+        "(dispatch_batches=False, accepted)",
+    ),
     "parallelism_config": ((None,), "use fsdp or deepspeed (docs/scaling.md)"),
     "train_sampling_strategy": (("random",), "prompts are shuffled per epoch (shuffle_dataset)"),
     "ddp_backend": ((None,), "accelerate picks nccl on GPUs and gloo on CPUs"),
