@@ -247,11 +247,11 @@ def test_iterative_rm_update_replay_and_reference_reset(tiny_model_dir, tmp_path
         assert params_equal(trainer.reference.model, trainer.unwrapped_model) is expected_equal
 
     # reward-model updates after steps 2 and 4 only, each on the 2 x G = 8 completions since the last one
-    assert ["rm/loss_before" in m for m in history] == [False, True, False, True]
+    assert ["rm/loss_on_policy" in m for m in history] == [False, True, False, True]
     for metrics in (history[1], history[3]):
         assert metrics["rm/num_fresh"] == 8 and metrics["rm/num_labelled"] == 8
         assert metrics["rm/num_replayed"] == 2  # round(0.2 * 8 / 0.8) = 2: 2 / (8 + 2) = 20%
-        for key in ("rm/loss_before", "rm/accuracy_before", "rm/loss_after", "rm/accuracy_after"):
+        for key in ("rm/loss_on_policy", "rm/accuracy_on_policy", "rm/loss_after", "rm/accuracy_after"):
             assert math.isfinite(metrics[key])
     assert [m["rm/replay_size"] for m in history] == [40, 48, 48, 56]
     assert [m["rm/num_updates"] for m in (history[1], history[3])] == [1, 2]
@@ -276,7 +276,7 @@ def test_iterative_training_logs_and_saves_the_reward_model(tiny_model_dir, tmp_
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2]
     for line in lines:
-        for key in ("rm/loss_before", "rm/accuracy_after", "rm/replay_size", "rm/num_replayed"):
+        for key in ("rm/loss_on_policy", "rm/accuracy_after", "rm/replay_size", "rm/num_replayed"):
             assert key in line, key
     assert lines[1]["rm/replay_size"] == 8 + 4 + 4
     saved = tmp_path / "run" / "reward_model"

@@ -120,3 +120,22 @@ def test_a_loaded_model_and_reward_processing_classes_as_trl_passes_them(reward_
     assert funcs[1](**args) == pytest.approx(by_dir(**args))
     with pytest.raises(ValueError, match=r"reward_processing_classes: 1 given for 2 reward function"):
         resolve_rewards([plain, str(reward_model_dir)], processing_classes=[other])
+
+
+def test_a_grpokit_outcome_model_scores_probabilities(reward_model):
+    """An outcome model trained by ``grpokit train-rm`` (``grpokit_reward_kind: outcome``) scores the sigmoid
+    of its logit, as the iterative reward model does; ``output`` chooses either explicitly."""
+    import copy
+    import math
+
+    model = copy.deepcopy(reward_model.model)
+    model.config.grpokit_reward_kind = "outcome"
+    logit = direct_score(reward_model, "1+1=2")
+    grpokit_rm = RewardModel(model, reward_model.tokenizer)
+    assert grpokit_rm.output == "prob"
+    assert grpokit_rm(["1+1="], ["2"]) == pytest.approx([1 / (1 + math.exp(-logit))], abs=1e-6)
+    raw = RewardModel(model, reward_model.tokenizer, output="logit")
+    assert raw(["1+1="], ["2"]) == pytest.approx([logit], abs=1e-5)
+    assert reward_model.output == "logit"  # any other sequence classifier: its logit
+    with pytest.raises(ValueError, match="output must be 'logit' or 'prob', got 'sigmoid'"):
+        RewardModel(model, reward_model.tokenizer, output="sigmoid")

@@ -98,12 +98,21 @@ def test_iterative_update_metrics(char_tok, tmp_path):
     )
     scorer = rm.reward_func
     before_scores = scorer([fresh[0]["prompt"]], [fresh[0]["completion"]])
+    # the RM's accuracy on the policy's samples before it trains on them, computed through the scorer the
+    # trainer uses (a step is judged right when its score > 0.5 agrees with label >= 0.5), and the baseline
+    # of always giving the majority label
+    scores = scorer([s["prompt"] for s in fresh], [s["completion"] for s in fresh])
+    pairs = [(v, y) for s, row in zip(fresh, scores) for v, y in zip(row, s["step_labels"])]
+    expected_accuracy = sum((v > 0.5) == (y >= 0.5) for v, y in pairs) / len(pairs)
+    positive = sum(y >= 0.5 for _, y in pairs) / len(pairs)
     weights = [p.detach().clone() for p in model.parameters()]
     metrics = rm.update(fresh)
     assert set(metrics) == {
-        "rm/loss_before", "rm/accuracy_before", "rm/loss_after", "rm/accuracy_after",
-        "rm/replay_size", "rm/num_fresh", "rm/num_replayed", "rm/train_loss",
+        "rm/loss_on_policy", "rm/accuracy_on_policy", "rm/constant_accuracy_on_policy", "rm/loss_after",
+        "rm/accuracy_after", "rm/replay_size", "rm/num_fresh", "rm/num_replayed", "rm/train_loss",
     }  # fmt: skip
+    assert metrics["rm/accuracy_on_policy"] == pytest.approx(expected_accuracy)
+    assert metrics["rm/constant_accuracy_on_policy"] == pytest.approx(max(positive, 1 - positive))
     assert metrics["rm/num_fresh"] == 16
     assert metrics["rm/num_replayed"] == 4  # 0.2 * 16 / 0.8 = 4
     assert metrics["rm/replay_size"] == 32 + 16
@@ -113,7 +122,7 @@ def test_iterative_update_metrics(char_tok, tmp_path):
     assert rm.reward_func([fresh[0]["prompt"]], [fresh[0]["completion"]]) != before_scores
     assert not model.training
     empty = rm.update([])
-    assert empty["rm/num_fresh"] == 0 and math.isnan(empty["rm/loss_before"])
+    assert empty["rm/num_fresh"] == 0 and math.isnan(empty["rm/loss_on_policy"])
     out = rm.save(tmp_path / "rm")
     assert (out / "config.json").exists()
     assert len((out / "replay_buffer.jsonl").read_text().splitlines()) == 48

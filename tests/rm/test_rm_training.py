@@ -6,16 +6,21 @@ import json
 import random
 
 import pytest
+import torch
 from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
 
 from grpokit.cli.train_rm_command import train_rm_main
 from grpokit.models.tiny import build_tiny_model
 from grpokit.rewards.process_rewards import ProcessRewardModel
 from grpokit.rm import (
+    IterativeRewardModel,
     build_tiny_reward_model,
     evaluate_reward_model,
+    freeze_bottom,
+    load_reward_model,
     load_rm_samples,
     outcome_scores,
+    save_reward_model,
     train_reward_model,
     validate_rm_samples,
 )
@@ -93,6 +98,10 @@ def test_train_rm_cli_saves_a_loadable_checkpoint(tmp_path, char_tok, capsys):
     assert train_rm_main(argv) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert set(metrics) == {"args", "eval_before", "train", "eval_after"}
+    # the defaults made concrete: a random tiny model gets no extra layers; the chain samples carry their
+    # worked solutions, so a process model trains on dense labels
+    resolved = ("extra_layers", "freeze_backbone", "dense_labels")
+    assert [metrics["args"][k] for k in resolved] == [0, False, True]
     model = AutoModelForTokenClassification.from_pretrained(out)
     assert model.config.num_labels == 1 and model.config.step_delimiter == "\n"
     prm = ProcessRewardModel(str(out))
@@ -109,6 +118,10 @@ def test_train_rm_cli_saves_a_loadable_checkpoint(tmp_path, char_tok, capsys):
     assert train_rm_main(argv) == 0
     orm = AutoModelForSequenceClassification.from_pretrained(tmp_path / "orm")
     assert orm.config.num_labels == 1 and orm.config.grpokit_reward_kind == "outcome"
+    # on a policy: 2 new layers above its one, which stays frozen; one label per sample
+    args = json.loads((tmp_path / "orm" / "metrics.json").read_text())["args"]
+    assert [args[k] for k in resolved] == [2, True, False]
+    assert orm.config.num_hidden_layers == 3 and orm.config.grpokit_frozen_layers == 1
     backbone = orm.model.embed_tokens.weight
     assert backbone.shape == policy.model.embed_tokens.weight.shape
     # dataset "chain": a policy's own samples (here a random tiny policy), labelled by rule; the held-out
@@ -144,3 +157,110 @@ def test_outcome_scores_do_not_depend_on_padding(char_tok):
     alone = outcome_scores(model, char_tok, prompts, completions, batch_size=1)
     assert batched == pytest.approx(alone, abs=1e-5)
     assert len(set(batched)) == 3  # each row read at its own last token, not at padding
+
+
+def test_extra_layers_on_a_frozen_policy_backbone(tmp_path, char_tok, capsys):
+    """New layers go between the policy's layers and the head; with the bottom frozen only they, the final
+    norm and the head train, and a saved model stays so in iterative updates."""
+    policy = build_tiny_model(char_tok, hidden_size=16, num_layers=1, num_heads=2, seed=0)
+    policy.save_pretrained(tmp_path / "policy")
+    char_tok.save_pretrained(tmp_path / "policy")
+    torch.manual_seed(0)
+    model, tokenizer = load_reward_model(str(tmp_path / "policy"), "process", extra_layers=2)
+    assert model.config.num_hidden_layers == 3 and model.config.num_labels == 1
+    layer0 = dict(policy.model.layers[0].named_parameters())
+    assert all(torch.equal(p, layer0[n]) for n, p in model.model.layers[0].named_parameters())
+    freeze_bottom(model, 1)
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    bottom = ("model.embed", "model.layers.0.")
+    assert frozen == {n for n, _ in model.named_parameters() if n.startswith(bottom)}
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    samples = digit_samples(16, 0, "process")
+    train_reward_model(model, tokenizer, samples, kind="process", lr=1e-2, batch_size=8)
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and not changed & frozen and any(n.startswith("model.layers.2.") for n in changed)
+    out = save_reward_model(model, tokenizer, tmp_path / "prm", kind="process")
+    rm = IterativeRewardModel.from_pretrained(out)
+    assert rm.model.config.grpokit_frozen_layers == 1
+    assert {n for n, p in rm.model.named_parameters() if not p.requires_grad} == frozen
+    optimized = sum(len(g["params"]) for g in rm.optimizer.param_groups)
+    assert optimized == sum(1 for p in rm.model.parameters() if p.requires_grad)
+    # bad inputs, each naming what is wrong
+    with pytest.raises(ValueError, match="extra_layers must be >= 0, got -1"):
+        load_reward_model(str(tmp_path / "policy"), "process", extra_layers=-1)
+    with pytest.raises(ValueError, match=r"extra_layers: .* is already a process reward model"):
+        load_reward_model(str(out), "process", extra_layers=1)
+    with pytest.raises(ValueError, match="can freeze 0 to 3 layers of this model, got 4"):
+        freeze_bottom(model, 4)
+    argv = ["--model", "tiny", "--extra_layers", "1", "--output_dir", str(tmp_path / "x")]
+    assert train_rm_main(argv) == 2
+    assert "extra_layers and freeze_backbone apply to a starting checkpoint" in capsys.readouterr().err
+    argv = ["--model", str(tmp_path / "policy"), "--extra_layers", "-1", "--output_dir", str(tmp_path / "x")]
+    assert train_rm_main(argv) == 2
+    assert "extra_layers must be >= 0, got -1" in capsys.readouterr().err
+
+
+def test_trained_reward_model_is_cached(tmp_path, char_tok, monkeypatch):
+    """``train-rm:<kind>``: trained once into the cache, then the same directory without training again."""
+    from grpokit.cli import train_rm_command
+    from grpokit.cli.train_rm_command import resolve_trained_rm, trained_reward_model
+
+    policy = build_tiny_model(char_tok, hidden_size=16, num_layers=1, num_heads=2, seed=0)
+    policy.save_pretrained(tmp_path / "policy")
+    char_tok.save_pretrained(tmp_path / "policy")
+    small = dict(model=str(tmp_path / "policy"), sample_policy=str(tmp_path / "policy"), num_samples=8,
+                 num_eval_samples=4, num_generations=4, epochs=1)  # fmt: skip
+    path = trained_reward_model("outcome", cache_dir=tmp_path / "cache", **small)
+    assert path.parent == tmp_path / "cache" and path.name.startswith("rm-outcome-")
+    metrics = json.loads((path / "metrics.json").read_text())
+    assert metrics["args"]["num_samples"] == 8 and metrics["train"]["num_samples"] == 8  # 2 questions x 4
+    assert AutoModelForSequenceClassification.from_pretrained(path).config.grpokit_reward_kind == "outcome"
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [path.name]  # no temporary directory left
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained again")
+
+    monkeypatch.setattr(train_rm_command, "run_train_rm", no_training)
+    assert trained_reward_model("outcome", cache_dir=tmp_path / "cache", **small) == path
+    with pytest.raises(AssertionError, match="trained again"):  # other settings: another model
+        trained_reward_model("outcome", cache_dir=tmp_path / "cache", **{**small, "epochs": 2})
+    with pytest.raises(TypeError, match=r"unknown or fixed settings \['output_dir'\]"):
+        trained_reward_model("outcome", cache_dir=tmp_path / "cache", output_dir="x")
+    with pytest.raises(ValueError, match=r"'train-rm:bogus': the kind after 'train-rm:' must be"):
+        resolve_trained_rm("train-rm:bogus")
+    assert resolve_trained_rm("runs/orm") == "runs/orm"
+
+
+def test_prefix_labels_by_hand(char_tok):
+    from grpokit.rm import prefix_labels
+
+    reference = "1+2=3\n<answer>3</answer>"
+    # tokens 1 + 2 = 4 \n <answer> 4 </answer>: on track until the wrong result "4", off from there on
+    assert prefix_labels(char_tok, "1+2=4\n<answer>4</answer>", reference) == [1, 1, 1, 1, 0, 0, 0, 0, 0]
+    assert prefix_labels(char_tok, reference, reference) == [1.0] * 9  # the tag is one token
+    assert prefix_labels(char_tok, "1+2=3\n<answer>3</answer>\n", reference) == [1.0] * 9 + [0.0]
+    assert prefix_labels(char_tok, "", reference) == []
+
+
+def test_dense_labels_label_every_completion_token(char_tok):
+    from grpokit.rm.training import _collate
+
+    sample = {"prompt": "q\n", "completion": "1+2=4", "step_labels": [0.0], "reference": "1+2=3"}
+    pad = char_tok.pad_token_id
+    batch = _collate(char_tok, [sample], "process", "\n", None, pad, dense=True)
+    assert batch.positions.tolist() == [2, 3, 4, 5, 6]  # after the 2 prompt tokens
+    assert batch.labels.tolist() == [1, 1, 1, 1, 0]
+    cut = _collate(char_tok, [sample], "process", "\n", 4, pad, dense=True)  # 7 tokens cut to the last 4
+    assert cut.positions.tolist() == [0, 1, 2, 3] and cut.labels.tolist() == [1, 1, 1, 0]
+    steps = _collate(char_tok, [sample], "process", "\n", None, pad)
+    assert steps.positions.tolist() == [6] and steps.labels.tolist() == [0]  # one label, at the step's end
+    model = build_tiny_reward_model(char_tok, "process", hidden_size=16, num_layers=1, seed=0)
+    metrics = train_reward_model(model, char_tok, [sample] * 4, kind="process", dense_labels=True)
+    assert metrics["optimizer_steps"] == 1
+    with pytest.raises(ValueError, match="dense_labels: row 0 has no 'reference' field"):
+        no_reference = {k: v for k, v in sample.items() if k != "reference"}
+        train_reward_model(model, char_tok, [no_reference], kind="process", dense_labels=True)
+    with pytest.raises(ValueError, match="dense_labels: per-token labels train process reward models"):
+        train_reward_model(model, char_tok, [], kind="outcome", dense_labels=True)
+    with pytest.raises(ValueError, match="dataset row 0 field 'reference': expected a string"):
+        validate_rm_samples([{**sample, "reference": 3}], "process")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from grpokit.cli.train_args import TrainArgs
+from grpokit.cli.train_rm_command import resolve_trained_rm
 from grpokit.config import GRPOConfig, resolution
 
 
@@ -72,6 +73,7 @@ def training_data(args: TrainArgs) -> tuple[Any, Any, list[Any], list[float] | N
                 weights = [task.default_reward_weights.get(name, 1.0) for name in task.reward_funcs]
         else:  # the task's own reward names (exact_answer, format, ...) resolve to its functions
             rewards = [task.reward_funcs.get(r, r) if isinstance(r, str) else r for r in rewards]
+    rewards = [resolve_trained_rm(r) for r in rewards] if rewards else rewards  # train-rm:<kind>: cached
     if train_rows is None:
         raise SystemExit("grpokit: give a task or a dataset")
     if not rewards:
@@ -90,18 +92,20 @@ def process_supervision(args: TrainArgs) -> dict[str, Any]:
     steps = dict(task.process_reward_funcs) if task is not None else {}
     kwargs: dict[str, Any] = {}
     if args.process_reward_funcs:
-        kwargs["process_reward_funcs"] = [steps.get(name, name) for name in args.process_reward_funcs]
+        names = [steps.get(name, name) for name in args.process_reward_funcs]
+        kwargs["process_reward_funcs"] = [resolve_trained_rm(name) for name in names]
     if args.iterative_rm is not None:
         from grpokit.rm import reward_model_kind
 
-        kind = reward_model_kind(args.iterative_rm)
+        iterative_rm = resolve_trained_rm(args.iterative_rm)
+        kind = reward_model_kind(iterative_rm)
         label: Any = args.rm_label_func
         if kind == "process":
             label = steps.get(label, label) if label is not None else next(iter(steps.values()), None)
         elif task is not None:
             label = task.reward_funcs.get(label, label) if label is not None else None
             label = label if label is not None else task.reward_funcs[task.correctness_reward]
-        kwargs["iterative_reward_model"] = args.iterative_rm
+        kwargs["iterative_reward_model"] = iterative_rm
         kwargs["rm_label_func"] = label
     return kwargs
 

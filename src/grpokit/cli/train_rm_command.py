@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shutil
 import sys
+import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,13 +23,29 @@ from grpokit.rm import (
     build_tiny_reward_model,
     check_kind,
     evaluate_reward_model,
+    freeze_bottom,
     load_reward_model,
     load_rm_samples,
     save_reward_model,
     train_reward_model,
 )
 
-__all__ = ["TrainRMArgs", "run_train_rm", "train_rm_main"]
+__all__ = [
+    "TRAINED_RM_PREFIX",
+    "TrainRMArgs",
+    "resolve_trained_rm",
+    "run_train_rm",
+    "train_rm_main",
+    "trained_reward_model",
+]
+
+TRAINED_RM_PREFIX = "train-rm:"
+"""``train-rm:outcome`` / ``train-rm:process`` in a recipe (``reward_funcs``, ``process_reward_funcs``,
+``iterative_rm``): the reward model ``grpokit train-rm --kind <kind>`` makes with its defaults, trained once
+and cached (:func:`trained_reward_model`)."""
+
+RM_CACHE_VERSION = 1
+"""Part of the cache key: raised when what train-rm makes with the same settings changes."""
 
 
 @dataclass
@@ -34,11 +55,13 @@ class TrainRMArgs:
     kind: RMKind = "process"
     """outcome: sequence classifier on {prompt, completion, label}; process: token classifier on
     {prompt, completion, step_labels}."""
-    model: str = "tiny:chain"
+    model: str | None = None
     """The reward model's starting point: a model directory (a causal LM, e.g. the policy, gets a new
     one-logit head on its backbone); "tiny:<task>" (the built-in cold-started tiny policy of that task, same
-    head swap: it already knows the task); or "tiny" (a randomly initialised tiny model on the character
-    tokenizer of grpokit.models.tiny)."""
+    head swap: it already knows the task); "train-rm:process" (the process reward model this command makes
+    with its defaults, cached: read at a completion's last token it already judges the whole solution); or
+    "tiny" (a randomly initialised tiny model on the character tokenizer of grpokit.models.tiny). None:
+    "tiny:chain" for a process model, "train-rm:process" for an outcome model."""
     dataset: str = "chain"
     """A labelled .json/.jsonl file; "chain": the built-in chain task's questions answered by
     ``sample_policy`` (its own samples, labelled by the task's rules); "chain-synthetic": worked solutions
@@ -53,11 +76,11 @@ class TrainRMArgs:
     """dataset "chain": sampled completions per question (temperature 1), as GRPO's groups."""
     output_dir: str = "runs/rm"
     """Where the checkpoint (model + tokenizer) and metrics.json are written."""
-    epochs: int = 3
+    epochs: int = 2
     """Passes over the training samples."""
-    lr: float = 3e-4
+    lr: float = 1e-3
     """AdamW learning rate."""
-    batch_size: int = 16
+    batch_size: int = 32
     """Samples per optimizer step."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
@@ -68,10 +91,10 @@ class TrainRMArgs:
     (or backslash-t) given on a command line means a newline (tab)."""
     seed: int = 0
     """Seed for the model init, the generated data and the data order."""
-    num_samples: int = 2000
+    num_samples: int = 16000
     """dataset "chain"/"chain-synthetic": labelled training samples to generate (for "chain", whole
     groups: num_samples / num_generations questions, rounded up)."""
-    num_eval_samples: int = 200
+    num_eval_samples: int = 1000
     """dataset "chain"/"chain-synthetic": held-out samples to generate (whole groups, as num_samples)."""
     num_ops: int = 3
     """dataset "chain": operations per question."""
@@ -79,12 +102,28 @@ class TrainRMArgs:
     """model "tiny": hidden size."""
     tiny_num_layers: int = 2
     """model "tiny": transformer layers."""
-    class_balance: bool = True
-    """Weight the pointwise loss so both classes (label >= 0.5 or not) weigh the same in total: the policy's
-    samples are mostly wrong, and a model answering "wrong" to all of them would learn nothing useful."""
+    class_balance: bool = False
+    """Weight the pointwise loss so both classes (label >= 0.5 or not) weigh the same in total (the policy's
+    samples are mostly wrong). Off by default: it moves the decision threshold away from the one accuracy
+    is measured at."""
     pairwise_weight: float = 1.0
     """Weight of the pairwise Bradley-Terry loss added to the pointwise one: right vs wrong samples of the
     same question (process: the same step), the comparison GRPO's advantages make; 0 turns it off."""
+    dense_labels: bool | None = None
+    """Process models: train on a label at every completion token (1 while the completion is still a prefix
+    of the row's worked solution, its "reference") rather than one per step, so the token where a solution
+    goes wrong is itself labelled; held-out accuracy is per step either way. None: on for a process model
+    on dataset "chain"/"chain-synthetic" (their rows carry the reference), off otherwise."""
+    extra_layers: int | None = None
+    """New transformer layers (randomly initialised) between the starting model's last layer and the head.
+    A policy's last layer predicts the next token; telling whether a written token is right means comparing
+    it with what was predicted before it, which takes layers above the policy's. None: 2 on a causal LM
+    (a policy, e.g. tiny:chain), 0 on a model that already is a reward model and on model "tiny"."""
+    freeze_backbone: bool | None = None
+    """Train only the extra layers, the final norm and the head: the starting model's embeddings and layers
+    (the policy's own predictions, which the new layers learn to check) stay as they are, here and in later
+    iterative updates; starting from a reward model trained so, the layers it kept frozen stay frozen.
+    None: on when extra layers are added."""
 
 
 def _chain_samples(args: TrainRMArgs) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -122,11 +161,56 @@ def _load_policy(spec: str, seed: int) -> tuple[Any, Any]:
 
 
 def _policy_path(spec: str, seed: int) -> str:
+    """A model directory: "tiny:<task>" is the cold-started policy, "train-rm:<kind>" the cached default
+    reward model (:func:`trained_reward_model`), anything else a directory already."""
+    if spec.startswith(TRAINED_RM_PREFIX):
+        return str(resolve_trained_rm(spec))
     if spec.startswith("tiny:"):
         from grpokit.tasks import cold_start_policy
 
         return str(cold_start_policy(spec.split(":", 1)[1], seed=seed))
     return spec
+
+
+def _start_model(args: TrainRMArgs) -> str:
+    """``args.model``, or its default: the chain policy for a process model, the default process reward
+    model for an outcome one."""
+    return args.model or ("tiny:chain" if args.kind == "process" else f"{TRAINED_RM_PREFIX}process")
+
+
+def _check_layers(args: TrainRMArgs) -> None:
+    if args.extra_layers is not None and args.extra_layers < 0:
+        raise ValueError(f"extra_layers must be >= 0, got {args.extra_layers}")
+    if args.model == "tiny" and (args.extra_layers or args.freeze_backbone):
+        raise ValueError(
+            "extra_layers and freeze_backbone apply to a starting checkpoint (a model directory or "
+            "tiny:<task>); model 'tiny' is randomly initialised: set tiny_num_layers instead"
+        )
+
+
+def _resolved(args: TrainRMArgs) -> TrainRMArgs:
+    """``args`` with the None defaults of model, dense_labels, extra_layers and freeze_backbone made
+    concrete (what metrics.json records), after checking them."""
+    _check_layers(args)
+    model = _start_model(args)
+    frozen = 0  # layers the starting model kept frozen (a reward model trained with freeze_backbone)
+    if model == "tiny":
+        extra = 0
+    else:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(_policy_path(model, args.seed))
+        frozen = int(getattr(config, "grpokit_frozen_layers", 0) or 0)
+        heads = ("ForSequenceClassification", "ForTokenClassification")
+        is_rm = getattr(config, "grpokit_reward_kind", None) is not None or any(
+            a.endswith(heads) for a in (getattr(config, "architectures", None) or [])
+        )
+        extra = (0 if is_rm else 2) if args.extra_layers is None else args.extra_layers
+    freeze = extra > 0 or frozen > 0 if args.freeze_backbone is None else args.freeze_backbone
+    dense = args.dense_labels
+    if dense is None:
+        dense = args.kind == "process" and args.dataset in ("chain", "chain-synthetic")
+    return replace(args, model=model, extra_layers=extra, freeze_backbone=freeze, dense_labels=dense)
 
 
 def run_train_rm(args: TrainRMArgs, log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -137,6 +221,7 @@ def run_train_rm(args: TrainRMArgs, log: Callable[[str], None] = print) -> dict[
     torch.manual_seed(args.seed)
     if not (args.pairwise_weight >= 0 and args.pairwise_weight != float("inf")):
         raise ValueError(f"pairwise_weight must be a finite number >= 0, got {args.pairwise_weight}")
+    _check_layers(args)
     if args.dataset in ("chain", "chain-synthetic"):
         train_samples, eval_samples = _chain_samples(args)
         if args.step_delimiter != DEFAULT_STEP_DELIMITER and args.kind == "process":
@@ -150,6 +235,7 @@ def run_train_rm(args: TrainRMArgs, log: Callable[[str], None] = print) -> dict[
         eval_samples = load_rm_samples(
             args.eval_dataset, args.kind, delimiter=args.step_delimiter, name=args.eval_dataset
         )
+    args = _resolved(args)  # the starting model's defaults read from it, once the data is there
     if args.model == "tiny":
         from grpokit.models.tiny import build_char_tokenizer
 
@@ -162,7 +248,11 @@ def run_train_rm(args: TrainRMArgs, log: Callable[[str], None] = print) -> dict[
             seed=args.seed,
         )
     else:
-        model, tokenizer = load_reward_model(_policy_path(args.model, args.seed), args.kind)
+        path = _policy_path(args.model, args.seed)
+        model, tokenizer = load_reward_model(path, args.kind, extra_layers=args.extra_layers)
+        if args.freeze_backbone:  # the starting model's layers; a reward model's own frozen ones stay so
+            kept = getattr(model.config, "grpokit_frozen_layers", None)
+            freeze_bottom(model, kept or model.config.num_hidden_layers - args.extra_layers)
     common = {
         "kind": args.kind,
         "batch_size": args.batch_size,
@@ -184,6 +274,7 @@ def run_train_rm(args: TrainRMArgs, log: Callable[[str], None] = print) -> dict[
         seed=args.seed,
         class_balance=args.class_balance,
         pairwise_weight=args.pairwise_weight,
+        dense_labels=args.dense_labels,
         log_fn=lambda m: log(f"epoch {m['epoch']}: train loss {m['loss']:.4f}"),
         **common,
     )
@@ -198,6 +289,59 @@ def run_train_rm(args: TrainRMArgs, log: Callable[[str], None] = print) -> dict[
     write_jsonl(out / REPLAY_FILE, train_samples)
     log(f"saved {args.kind} reward model to {out}")
     return metrics
+
+
+def trained_reward_model(kind: str, cache_dir: str | os.PathLike[str] | None = None, **settings: Any) -> Path:
+    """The reward model ``grpokit train-rm --kind <kind>`` makes with its defaults (seed 0: the chain task's
+    cold-started policy's own samples) or with ``settings`` (other ``TrainRMArgs`` fields), trained once with
+    one torch thread (as the cold start, so the model is the same on every run on a machine) and cached as
+    ``<cache root>/rm-<kind>-<hash>`` (the cold start's cache root by default); the hash covers the settings
+    and the starting policy's directory. Later calls return the directory."""
+    from grpokit.tasks.cold_start import default_cache_root
+
+    check_kind(kind)
+    unknown = set(settings) - {f.name for f in fields(TrainRMArgs)} | ({"kind", "output_dir"} & set(settings))
+    if unknown:
+        raise TypeError(f"trained_reward_model: unknown or fixed settings {sorted(unknown)}; see TrainRMArgs")
+    args = TrainRMArgs(kind=kind, **settings)  # type: ignore[arg-type]
+    record = {
+        **asdict(args),
+        "output_dir": None,
+        "model": _policy_path(_start_model(args), args.seed),
+        "sample_policy": _policy_path(args.sample_policy, args.seed),
+        "version": RM_CACHE_VERSION,
+    }
+    key = hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
+    final = root / f"rm-{kind}-{key}"
+    if (final / "metrics.json").is_file():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run_train_rm(replace(args, output_dir=str(tmp)))
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / "metrics.json").is_file():  # not a concurrent writer finishing first
+                raise
+    finally:
+        torch.set_num_threads(threads)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def resolve_trained_rm(spec: Any) -> Any:
+    """``train-rm:<kind>`` -> the cached reward model's directory (:func:`trained_reward_model`); anything
+    else unchanged."""
+    if isinstance(spec, str) and spec.startswith(TRAINED_RM_PREFIX):
+        kind = spec[len(TRAINED_RM_PREFIX) :]
+        if kind not in ("outcome", "process"):
+            raise ValueError(f"{spec!r}: the kind after {TRAINED_RM_PREFIX!r} must be 'outcome' or 'process'")
+        return str(trained_reward_model(kind))
+    return spec
 
 
 def _describe(result: dict[str, Any]) -> str:

@@ -600,6 +600,15 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     rm_buffer_capacity: int | None = None
     """Most samples the replay buffer keeps (a uniform reservoir of all history); None keeps all."""
 
+    # ---- watching a learned reward (docs/process-supervision.md, section 6) --------------------------------
+    gold_reward: str | None = None
+    """A reward function that only watches: its metric name (as in rewards/<name>/mean), weight 0 in
+    reward_weights. Each step logs the proxy reward (the weighted sum of the others) against it:
+    proxy_gold/proxy_mean, gold_mean, gap, accuracy and pair_accuracy. None: not logged."""
+    proxy_threshold: float = 0.5
+    """With gold_reward: the proxy value from which a completion counts as judged right, for
+    proxy_gold/accuracy (0.5 for a probability, such as a grpokit outcome reward model's; 0 for a logit)."""
+
     # ---- experiment tracking -------------------------------------------------------------------------------
     report_to: str | list[str] = "none"
     """Metric sinks besides metrics.jsonl: "tensorboard", "wandb", "trackio", "mlflow", a list of them,

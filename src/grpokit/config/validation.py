@@ -37,8 +37,8 @@ def validate(config: Any) -> None:
     for check in (
         _check_schedule, _check_intervals, _check_batch, _check_objective, _check_reference,
         _check_generation, _check_vllm, _check_correction, _check_sampling, _check_optimisation,
-        _check_precision, _check_environment, _check_process_supervision, _check_iterative, _check_data,
-        _check_tracking,
+        _check_precision, _check_environment, _check_process_supervision, _check_iterative, _check_gold,
+        _check_data, _check_tracking,
     ):  # fmt: skip
         check(view)
     _check_precision_flags(config)
@@ -428,6 +428,17 @@ def _check_iterative(c: Any) -> None:
     _at_least(c, "rm_epochs", 1)
     _at_least(c, "rm_batch_size", 1)
     _at_least(c, "rm_buffer_capacity", 1, none="no limit")
+
+
+def _check_gold(c: Any) -> None:
+    """The monitor-only gold reward: its name is checked against the run's reward functions at the start
+    (``grpokit.reporting.proxy_gold.gold_reward_column``)."""
+    require(c.gold_reward != "", "gold_reward", "must name a reward function (or be None), got ''")
+    require(
+        isinstance(c.proxy_threshold, (int, float)) and math.isfinite(c.proxy_threshold),
+        "proxy_threshold",
+        f"must be a finite number, got {c.proxy_threshold!r}",
+    )
 
 
 def _check_data(c: Any) -> None:

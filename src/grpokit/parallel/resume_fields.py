@@ -184,6 +184,7 @@ EVERY_STEP_FIELDS: dict[str, str] = {
         "step_delimiter process_reward_weights outcome_advantage_weight process_advantage_weight "
         "replay_ratio rm_learning_rate rm_epochs rm_batch_size"
     ),
+    "watching a learned reward": "gold_reward proxy_threshold",
 }
 """The fields honoured because the run reads them from its config at every step (or when it starts), by
 what they are about (names separated by spaces)."""

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from grpokit.core import combine_rewards, group_mean_std
+from grpokit.reporting.proxy_gold import GoldWatch
 from grpokit.rollout.base import GenerationOutput
 from grpokit.rollout.records import Scores
 
@@ -118,14 +119,18 @@ def step_metrics(
     num_tokens: int,
     timer: PhaseTimer,
     group_sizes: Sequence[int] | None = None,
+    gold: GoldWatch | None = None,
 ) -> dict[str, float]:
-    """This process's metrics of one step: rewards (over the whole batch), failures, completion lengths, the
-    update's, the hooks' (``extra``), the learning rate, the phase timings and the throughput. Groups: equal
-    ``group_size`` or ragged ``group_sizes`` (see :func:`reward_metrics`)."""
+    """This process's metrics of one step: rewards (over the whole batch), failures, with a ``gold`` reward
+    the proxy against it (``proxy_gold/*``), completion lengths, the update's, the hooks' (``extra``), the
+    learning rate, the phase timings and the throughput. Groups: equal ``group_size`` or ragged
+    ``group_sizes`` (see :func:`reward_metrics`)."""
     elapsed = timer.elapsed()
     rewards, combined = scores.rewards.cpu(), scores.combined.cpu()  # [N, F], [N]
+    sizes = group_sizes or [group_size or len(rewards)] * (len(rewards) // (group_size or len(rewards) or 1))
     return {
         **reward_metrics(rewards, combined, reward_names, group_size, group_sizes=group_sizes),
+        **(gold.metrics(rewards, sizes) if gold is not None else {}),
         **scores.failures,
         **completion_metrics(generated),
         **update,

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -11,9 +11,18 @@ from typing import Any
 from grpokit.data.records import append_jsonl, json_number, read_jsonl
 from grpokit.reporting.tracking import RunInfo, Sink, open_sinks, resolve_sinks
 
-__all__ = ["PLOTTED", "MetricsLogger", "plot_metrics"]
+__all__ = ["COMPARED", "PLOTTED", "MetricsLogger", "plot_metrics", "plot_runs", "seed_curve"]
 
-PLOTTED = ("reward", "kl", "completions/mean_length", "entropy")
+PLOTTED: tuple[str | tuple[str, ...], ...] = (
+    "reward",
+    "kl",
+    "completions/mean_length",
+    "entropy",
+    ("proxy_gold/proxy_mean", "proxy_gold/gold_mean"),
+    ("proxy_gold/accuracy", "rm/accuracy_on_policy"),
+)
+"""The end-of-run plot's panels: a metric, or a tuple of metrics drawn together (the proxy reward against the
+gold reward; the reward model's accuracy on the policy's samples). A panel without data is left out."""
 
 
 class MetricsLogger:
@@ -91,24 +100,85 @@ class MetricsLogger:
 
 
 def plot_metrics(
-    records: list[dict[str, Any]], path: str | Path, names: tuple[str, ...] = PLOTTED
+    records: list[dict[str, Any]], path: str | Path, names: Sequence[str | tuple[str, ...]] = PLOTTED
 ) -> Path | None:
-    """Plot the named metrics against step into one PNG (one panel each). Returns the path or None."""
-    names = tuple(n for n in names if any(r.get(n) is not None for r in records))
-    if not names:
+    """Plot the named metrics against step into one PNG, one panel per entry of ``names`` (a tuple of names:
+    one panel with a line each). Metrics without a value are left out. Returns the path or None."""
+    panels = [
+        shown
+        for entry in names
+        if (shown := [n for n in ((entry,) if isinstance(entry, str) else entry) if _has(records, n)])
+    ]
+    if not panels:
         return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3), squeeze=False)
+    for axis, panel in zip(axes[0], panels):
+        for name in panel:
+            points = [(r["step"], r[name]) for r in records if r.get(name) is not None]
+            axis.plot([p[0] for p in points], [p[1] for p in points], marker=".", label=name)
+        axis.set_title(panel[0] if len(panel) == 1 else " vs ".join(n.split("/")[-1] for n in panel))
+        if len(panel) > 1:
+            axis.legend(fontsize=7)
+        axis.set_xlabel("step")
+        axis.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)
+
+
+def _has(records: list[dict[str, Any]], name: str) -> bool:
+    return any(r.get(name) is not None for r in records)
+
+
+COMPARED = ("proxy_gold/gold_mean", "proxy_gold/proxy_mean", "kl", "proxy_gold/accuracy")
+"""The panels of :func:`plot_runs` by default: the over-optimisation curves of runs on a learned reward."""
+
+
+def seed_curve(runs: Sequence[list[dict[str, Any]]], name: str) -> list[tuple[int, float, float, float]]:
+    """``(step, mean, min, max)`` of metric ``name`` over the runs (seeds) that logged it at each step, in
+    step order; steps no run logged it at are left out."""
+    by_step: dict[int, list[float]] = {}
+    for records in runs:
+        for record in records:
+            if record.get(name) is not None:
+                by_step.setdefault(int(record["step"]), []).append(float(record[name]))
+    return [(step, sum(v) / len(v), min(v), max(v)) for step, v in sorted(by_step.items())]
+
+
+def plot_runs(
+    runs: Mapping[str, Sequence[str | Path]], path: str | Path, names: Sequence[str] = COMPARED
+) -> Path:
+    """Compare runs: ``runs`` maps a label (a recipe) to its output directories (one per seed); each panel
+    (a metric of ``names``) draws, per label, the mean over seeds at each step with the min-max band. Reads
+    each directory's metrics.jsonl."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    logs = {
+        label: [read_jsonl(Path(d) / "metrics.jsonl", str(d)) for d in dirs] for label, dirs in runs.items()
+    }
     fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3), squeeze=False)
     for axis, name in zip(axes[0], names):
-        points = [(r["step"], r[name]) for r in records if r.get(name) is not None]
-        axis.plot([p[0] for p in points], [p[1] for p in points], marker=".")
+        for label, records in logs.items():
+            curve = seed_curve(records, name)
+            if not curve:
+                continue
+            steps = [c[0] for c in curve]
+            line = axis.plot(steps, [c[1] for c in curve], label=label)[0]
+            axis.fill_between(steps, [c[2] for c in curve], [c[3] for c in curve], alpha=0.2,
+                              color=line.get_color())  # fmt: skip
         axis.set_title(name)
         axis.set_xlabel("step")
         axis.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

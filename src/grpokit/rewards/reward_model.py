@@ -2,6 +2,9 @@
 
     r_i = logits(prompt_i + completion_i)[label_index]      (the score head at the last non-pad token)
 
+or, for an outcome reward model trained by ``grpokit train-rm`` (``grpokit_reward_kind: outcome`` in its
+config), ``sigmoid`` of that logit: the probability it gives the completion of being right, the score the
+iterative reward model gives too (``grpokit.rm.outcome_scores``). ``output`` chooses either explicitly.
 Conversational rows are rendered with the tokenizer's chat template (prompt messages + the completion's
 messages, no generation prompt); plain rows are the concatenation ``prompt + completion``.
 """
@@ -30,6 +33,8 @@ class RewardModel:
         max_length: keep at most this many tokens per sequence, dropping from the left (the completion's end,
             which the score head reads, is kept); None: no truncation.
         label_index: which logit is the reward (0 for the usual ``num_labels=1`` heads).
+        output: ``"logit"`` (the raw score) or ``"prob"`` (its sigmoid); None: ``"prob"`` for a grpokit
+            outcome reward model, else ``"logit"``.
         name: metric name; default: the model directory's base name, else the model class name.
 
     The model is frozen: ``eval()``, ``requires_grad_(False)``, scored under ``torch.inference_mode()``.
@@ -45,6 +50,7 @@ class RewardModel:
         max_length: int | None = None,
         label_index: int = 0,
         dtype: torch.dtype | None = None,
+        output: str | None = None,
         name: str | None = None,
     ) -> None:
         from transformers import AutoModelForSequenceClassification
@@ -69,6 +75,11 @@ class RewardModel:
             model.config.pad_token_id = tokenizer.pad_token_id  # the score head finds the last non-pad token
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if output is None:
+            output = "prob" if getattr(model.config, "grpokit_reward_kind", None) == "outcome" else "logit"
+        if output not in ("logit", "prob"):
+            raise ValueError(f"RewardModel: output must be 'logit' or 'prob', got {output!r}")
+        self.output = output
         self.model = model.eval().requires_grad_(False)
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -114,7 +125,9 @@ class RewardModel:
         with torch.inference_mode():
             for start in range(0, len(texts), self.batch_size):
                 logits = self.model(**self._encode(texts[start : start + self.batch_size])).logits  # [B, L]
-                scores.extend(logits[:, self.label_index].float().cpu().tolist())
+                values = logits[:, self.label_index].float()  # [B]
+                values = torch.sigmoid(values) if self.output == "prob" else values
+                scores.extend(values.cpu().tolist())
         return scores
 
     def __repr__(self) -> str:

@@ -13,7 +13,13 @@ from grpokit.rewards.process_rewards.steps import DEFAULT_STEP_DELIMITER
 from grpokit.rm.samples import check_kind
 from grpokit.rm.training import classifier_pad_id
 
-__all__ = ["build_tiny_reward_model", "load_reward_model", "reward_model_kind", "save_reward_model"]
+__all__ = [
+    "build_tiny_reward_model",
+    "freeze_bottom",
+    "load_reward_model",
+    "reward_model_kind",
+    "save_reward_model",
+]
 
 
 def _model_class(kind: str):
@@ -55,22 +61,55 @@ def build_tiny_reward_model(
     return model
 
 
-def load_reward_model(path: str, kind: str) -> tuple[torch.nn.Module, Any]:
+def load_reward_model(path: str, kind: str, *, extra_layers: int = 0) -> tuple[torch.nn.Module, Any]:
     """(model, tokenizer) from a directory. A checkpoint that already has the right head is loaded as is; any
-    other (e.g. a causal LM policy) gets a new one-logit head on its backbone."""
+    other (e.g. a causal LM policy) gets a new one-logit head on its backbone, and with ``extra_layers`` that
+    many new transformer layers (randomly initialised from torch's generator, as ``transformers`` initialises
+    missing weights) between its last layer and the head."""
     check_kind(kind)
     from transformers import AutoConfig
 
+    if extra_layers < 0:
+        raise ValueError(f"extra_layers must be >= 0, got {extra_layers}")
     config = AutoConfig.from_pretrained(path)
     suffix = "ForSequenceClassification" if kind == "outcome" else "ForTokenClassification"
     has_head = any(a.endswith(suffix) for a in (getattr(config, "architectures", None) or []))
+    if has_head and extra_layers:
+        raise ValueError(
+            f"extra_layers: {path} is already a {kind} reward model; new layers go on a backbone (e.g. the "
+            "policy), not on a trained reward model"
+        )
     if has_head:
         model = _model_class(kind).from_pretrained(path)
     else:
-        model = _model_class(kind).from_pretrained(path, num_labels=1)
+        config.num_labels = 1
+        if extra_layers:
+            layers = config.num_hidden_layers
+            config.num_hidden_layers = layers + extra_layers
+            kinds = getattr(config, "layer_types", None)
+            if isinstance(kinds, list) and len(kinds) == layers:  # per-layer attention kinds, one more each
+                config.layer_types = kinds + [kinds[-1]] * extra_layers
+        model = _model_class(kind).from_pretrained(path, config=config)
     tokenizer = load_tokenizer(path)
     classifier_pad_id(model, tokenizer)
     return model, tokenizer
+
+
+def freeze_bottom(model: torch.nn.Module, num_layers: int) -> None:
+    """Freeze a reward model's input embeddings and its first ``num_layers`` transformer layers; the layers
+    above, the final norm and the head train. Recorded in ``config.grpokit_frozen_layers``, so a saved model
+    keeps them frozen when it trains again (``IterativeRewardModel``)."""
+    model.requires_grad_(True)
+    if num_layers:
+        layers = getattr(getattr(model, "base_model", None), "layers", None)
+        if layers is None:
+            raise ValueError(f"{type(model).__name__} has no base_model.layers to freeze")
+        if not 0 < num_layers <= len(layers):
+            raise ValueError(f"can freeze 0 to {len(layers)} layers of this model, got {num_layers}")
+        model.get_input_embeddings().requires_grad_(False)
+        for layer in layers[:num_layers]:
+            layer.requires_grad_(False)
+    model.config.grpokit_frozen_layers = num_layers
 
 
 def save_reward_model(

@@ -5,8 +5,9 @@ The trainer, every ``iteration_steps`` policy steps:
 
 1. ``label_samples(...)``: label the completions of the recent steps with the task's verifier (or the
    dataset's gold answers through an outcome reward such as exact-match).
-2. ``IterativeRewardModel.update(samples)``: RM loss/accuracy on the fresh samples before, training on
-   fresh + replayed history (``replay_ratio``), loss/accuracy after; fresh samples join the buffer.
+2. ``IterativeRewardModel.update(samples)``: RM loss/accuracy on the fresh samples before training on them
+   (its accuracy on the policy's current samples, ``rm/accuracy_on_policy``), training on fresh + replayed
+   history (``replay_ratio``), loss/accuracy after; fresh samples join the buffer.
 3. Scoring goes on with ``IterativeRewardModel.reward_func`` (the same module, now updated: nothing to
    swap by hand).
 4. Reset the reference model to the current policy.
@@ -25,7 +26,7 @@ from grpokit.data.chat import completion_text
 from grpokit.data.records import write_jsonl
 from grpokit.rewards.process_rewards.prm import ProcessRewardModel
 from grpokit.rewards.process_rewards.steps import DEFAULT_STEP_DELIMITER, split_steps
-from grpokit.rm.checkpoints import load_reward_model, reward_model_kind, save_reward_model
+from grpokit.rm.checkpoints import freeze_bottom, load_reward_model, reward_model_kind, save_reward_model
 from grpokit.rm.replay import ReplayBuffer
 from grpokit.rm.samples import load_rm_samples, validate_rm_samples
 from grpokit.rm.training import evaluate_reward_model, outcome_scores, train_reward_model
@@ -121,8 +122,10 @@ class IterativeRewardModel:
             self.buffer.add(
                 validate_rm_samples(initial_samples, kind, delimiter=delimiter, name="initial_samples")
             )
-        self.model.requires_grad_(True)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
+        # everything trains but the layers frozen when it was trained (train-rm's freeze_backbone)
+        freeze_bottom(self.model, int(getattr(self.model.config, "grpokit_frozen_layers", 0) or 0))
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay)
         self.num_updates = 0
         self.model.eval()
         self._prm = (
@@ -184,9 +187,11 @@ class IterativeRewardModel:
 
     def update(self, fresh_samples: Sequence[dict[str, Any]]) -> dict[str, float]:
         """Evaluate on ``fresh_samples``, train on them plus replayed history, evaluate again, then add them
-        to the buffer. Returns ``rm/loss_before``, ``rm/accuracy_before``, ``rm/loss_after``,
-        ``rm/accuracy_after`` (on the fresh samples), ``rm/train_loss``, ``rm/num_fresh``,
-        ``rm/num_replayed`` and ``rm/replay_size`` (buffer size after adding). No fresh samples: nothing
+        to the buffer. Returns, on the fresh samples (the policy's current ones) before training,
+        ``rm/loss_on_policy``, ``rm/accuracy_on_policy`` and ``rm/constant_accuracy_on_policy`` (the
+        accuracy of always giving their majority label, the baseline to beat); after training,
+        ``rm/loss_after`` and ``rm/accuracy_after``; and ``rm/train_loss``, ``rm/num_fresh``,
+        ``rm/num_replayed``, ``rm/replay_size`` (buffer size after adding). No fresh samples: nothing
         trains, NaN metrics."""
         fresh = validate_rm_samples(fresh_samples, self.kind, delimiter=self.delimiter, name="fresh samples")
         metrics = {"rm/num_fresh": float(len(fresh))}
@@ -194,8 +199,9 @@ class IterativeRewardModel:
             nan = math.nan
             metrics.update(
                 {
-                    "rm/loss_before": nan,
-                    "rm/accuracy_before": nan,
+                    "rm/loss_on_policy": nan,
+                    "rm/accuracy_on_policy": nan,
+                    "rm/constant_accuracy_on_policy": nan,
                     "rm/loss_after": nan,
                     "rm/accuracy_after": nan,
                     "rm/train_loss": nan,
@@ -229,8 +235,9 @@ class IterativeRewardModel:
         self.model.eval()
         metrics.update(
             {
-                "rm/loss_before": before["loss"],
-                "rm/accuracy_before": before["accuracy"],
+                "rm/loss_on_policy": before["loss"],
+                "rm/accuracy_on_policy": before["accuracy"],
+                "rm/constant_accuracy_on_policy": before["constant_accuracy"],
                 "rm/loss_after": after["loss"],
                 "rm/accuracy_after": after["accuracy"],
                 "rm/train_loss": train["train_loss"],

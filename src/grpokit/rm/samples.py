@@ -6,6 +6,9 @@ One row per sample:
 - ``kind="process"``: ``{"prompt", "completion", "step_labels"}``, one label in [0, 1] per step of the
   completion (``split_steps(completion, delimiter)``; empty steps do not count).
 
+Optional: ``"reference"``, a right solution (a string), for dense per-token process labels
+(``train_reward_model(dense_labels=True)``).
+
 Prompts are strings or chat messages; completions strings or assistant messages. Errors name the data set,
 the row and the field.
 """
@@ -62,6 +65,8 @@ def validate_rm_samples(
             isinstance(completion, str) or (isinstance(completion, list) and is_conversational(completion))
         ):
             raise ValueError(f"{where} field 'completion': expected a string or chat messages")
+        if "reference" in row and not isinstance(row["reference"], str):
+            raise ValueError(f"{where} field 'reference': expected a string (a right solution)")
         if kind == "outcome":
             if not _is_label(row["label"]):
                 raise ValueError(f"{where} field 'label': expected a number in [0, 1], got {row['label']!r}")

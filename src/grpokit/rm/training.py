@@ -29,11 +29,17 @@ from grpokit.core import pad_right
 from grpokit.data.chat import completion_text, render_prompt
 from grpokit.models.loading import pad_token_id
 from grpokit.rewards.process_rewards.prm import encode_prompt_completion, scalar_logits
-from grpokit.rewards.process_rewards.steps import DEFAULT_STEP_DELIMITER
+from grpokit.rewards.process_rewards.steps import DEFAULT_STEP_DELIMITER, token_char_ends
 from grpokit.rm.losses import bradley_terry_loss, class_weights, pointwise_loss
 from grpokit.rm.samples import check_kind, load_rm_samples
 
-__all__ = ["classifier_pad_id", "evaluate_reward_model", "outcome_scores", "train_reward_model"]
+__all__ = [
+    "classifier_pad_id",
+    "evaluate_reward_model",
+    "outcome_scores",
+    "prefix_labels",
+    "train_reward_model",
+]
 
 
 @dataclass
@@ -46,6 +52,20 @@ class _Batch:
     groups: torch.Tensor  # [B] or [S]: items that may be compared (same prompt; process: same step index)
 
 
+def prefix_labels(tokenizer: Any, completion: str, reference: str) -> list[float]:
+    """One label per token of ``completion`` (tokenized on its own, as for scoring): 1.0 while the
+    completion up to and including that token is a prefix of ``reference`` (a right solution), 0.0 from
+    the first token that leaves it on. Dense process labels: each token says whether the solution is still
+    on track there."""
+    ids = list(tokenizer(completion, add_special_tokens=False)["input_ids"]) if completion else []
+    text = tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    labels, on_track = [], True
+    for end in token_char_ends(text, ids, tokenizer):
+        on_track = on_track and reference.startswith(text[:end])
+        labels.append(1.0 if on_track else 0.0)
+    return labels
+
+
 def _collate(
     tokenizer: Any,
     samples: Sequence[dict[str, Any]],
@@ -53,19 +73,28 @@ def _collate(
     delimiter: str,
     max_length: int | None,
     pad: int,
+    dense: bool = False,
 ) -> _Batch:
     sequences, labels, rows, positions, groups = [], [], [], [], []
     keys: dict[tuple[str, int], int] = {}
     for b, sample in enumerate(samples):
         prompt = render_prompt(sample["prompt"], tokenizer)
+        text = completion_text(sample["completion"])
         ids, ends = encode_prompt_completion(
-            tokenizer, prompt, completion_text(sample["completion"]),
-            delimiter if kind == "process" else None, max_length,
-        )  # fmt: skip
+            tokenizer, prompt, text, delimiter if kind == "process" else None, max_length
+        )
         sequences.append(ids)
         if kind == "outcome":
             labels.append(float(sample["label"]))
             groups.append(keys.setdefault((prompt, 0), len(keys)))
+        elif dense:  # a label at every completion token still in the (left-cut) sequence
+            token_labels = prefix_labels(tokenizer, text, sample["reference"])
+            start = len(ids) - len(token_labels)  # the completion's first position
+            kept = [i for i in range(len(token_labels)) if start + i >= 0]
+            labels.extend(token_labels[i] for i in kept)
+            rows.extend([b] * len(kept))
+            positions.extend(start + i for i in kept)
+            groups.extend(keys.setdefault((prompt, i), len(keys)) for i in kept)
         else:
             labels.extend(float(v) for v in sample["step_labels"])
             rows.extend([b] * len(ends))
@@ -180,6 +209,7 @@ def train_reward_model(
     seed: int = 0,
     class_balance: bool = False,
     pairwise_weight: float = 0.0,
+    dense_labels: bool = False,
     optimizer: torch.optim.Optimizer | None = None,
     eval_dataset: Any | None = None,
     log_fn: Callable[[dict[str, float]], None] | None = None,
@@ -192,7 +222,10 @@ def train_reward_model(
     BCE-with-logits over its samples (outcome) or over all its steps (process) (:mod:`grpokit.rm.losses`);
     ``class_balance``: each item weighted by its class's weight over the whole training set, so both classes
     weigh the same; plus ``pairwise_weight`` x the Bradley-Terry loss over the batch's pairs of the same
-    prompt (and step index) with different labels. ``optimizer`` (e.g. kept across iterative updates)
+    prompt (and step index) with different labels. ``dense_labels`` (process models): instead of one label
+    per step, one per completion token, :func:`prefix_labels` against each row's ``reference`` (a right
+    solution): the token where a solution goes wrong is itself labelled, not only the end of its step.
+    ``optimizer`` (e.g. kept across iterative updates)
     defaults to a fresh AdamW(lr, weight_decay). ``log_fn`` receives ``{"epoch", "loss"}`` after each epoch.
 
     Returns ``{"train_loss"`` (mean over the last epoch), ``"optimizer_steps", "num_samples", "epochs"}``,
@@ -204,6 +237,15 @@ def train_reward_model(
     if not (math.isfinite(pairwise_weight) and pairwise_weight >= 0):
         raise ValueError(f"pairwise_weight must be a finite number >= 0, got {pairwise_weight}")
     samples = load_rm_samples(dataset, kind, delimiter=delimiter)
+    if dense_labels:
+        if kind != "process":
+            raise ValueError("dense_labels: per-token labels train process reward models, not outcome ones")
+        missing = next((i for i, sample in enumerate(samples) if "reference" not in sample), None)
+        if missing is not None:
+            raise ValueError(
+                f"dense_labels: row {missing} has no 'reference' field (a right solution to label the "
+                "tokens against)"
+            )
     weights = class_weights(_all_labels(samples, kind)) if class_balance else (1.0, 1.0)
     pad = classifier_pad_id(model, tokenizer)
     if optimizer is None:
@@ -221,7 +263,7 @@ def train_reward_model(
         losses, counts = [], []
         for start in range(0, len(order), batch_size):
             chunk = [samples[i] for i in order[start : start + batch_size]]
-            batch = _collate(tokenizer, chunk, kind, delimiter, max_length, pad)
+            batch = _collate(tokenizer, chunk, kind, delimiter, max_length, pad, dense_labels)
             if batch.labels.numel() == 0:
                 continue
             logits, labels = _logits(model, batch, kind)

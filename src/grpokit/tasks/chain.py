@@ -302,7 +302,8 @@ def label_chain_samples(
 ) -> list[dict[str, Any]]:
     """Reward-model samples labelled by rule, one per completion (``completions[i]`` answers ``rows[i]``):
     ``kind="outcome"``: ``{"prompt", "completion", "label"}`` (``chain_outcome_reward``);
-    ``kind="process"``: ``{"prompt", "completion", "step_labels"}`` (``chain_step_reward``)."""
+    ``kind="process"``: ``{"prompt", "completion", "step_labels", "reference"}`` (``chain_step_reward``;
+    ``reference`` the worked solution, for dense per-token labels)."""
     if kind not in ("outcome", "process"):
         raise ValueError(f"kind must be 'outcome' or 'process', got {kind!r}")
     if len(rows) != len(completions):
@@ -320,8 +321,9 @@ def label_chain_samples(
         prompts, list(completions), [step_texts(c) for c in completions],
         start=[row["start"] for row in rows], operations=[row["operations"] for row in rows],
     )  # fmt: skip
-    for sample, labels in zip(samples, step_labels):
+    for sample, labels, row in zip(samples, step_labels, rows):
         sample["step_labels"] = labels
+        sample["reference"] = worked_solution(row)
     return samples
 
 

@@ -7,7 +7,8 @@ Every step the hook keeps the step's completions (``on_scored``); every ``iterat
 1. labels the completions kept since the last update with ``rm_label_func`` (the task's verifier or an
    outcome reward comparing with the dataset's gold answers; a step verifier for a process RM);
 2. trains the reward model on them mixed with replayed history (``replay_ratio``), logging ``rm/*`` (loss
-   and accuracy on the fresh samples before and after, replay buffer size);
+   and accuracy on the fresh samples before training, ``rm/accuracy_on_policy``, and after; replay buffer
+   size);
 3. then the reference model is reset to the current policy (a ``ReferenceSync`` hook every
    ``iteration_steps`` steps, right after this one: ``train.hooks.run_hooks``).
 
@@ -197,11 +198,15 @@ class IterativeGRPO(StepHook):
 
 
 def rm_metric_summary(history: Sequence[dict[str, float]]) -> dict[str, float]:
-    """The ``rm/*`` metrics of every update in a training history, for summaries: means of
-    accuracy before/after on fresh samples and the number of updates."""
-    updates = [h for h in history if "rm/accuracy_before" in h]
+    """The ``rm/*`` metrics of every update in a training history, for summaries: the number of updates and
+    the means of the accuracy and loss on the policy's samples before each update (with the constant
+    baseline's accuracy) and after it."""
+    updates = [h for h in history if "rm/accuracy_on_policy" in h]
     out: dict[str, float] = {"rm/updates": float(len(updates))}
-    for key in ("rm/accuracy_before", "rm/accuracy_after", "rm/loss_before", "rm/loss_after"):
+    for key in (
+        "rm/accuracy_on_policy", "rm/constant_accuracy_on_policy", "rm/accuracy_after",
+        "rm/loss_on_policy", "rm/loss_after",
+    ):  # fmt: skip
         values = [h[key] for h in updates if not math.isnan(h[key])]
         out[f"{key}/mean"] = sum(values) / len(values) if values else math.nan
     return out

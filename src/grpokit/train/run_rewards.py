@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from grpokit.envs import environment_reward
+from grpokit.reporting.proxy_gold import GoldWatch
 from grpokit.rewards import resolve_rewards, reward_names, reward_weights
 from grpokit.train.iterative_grpo import IterativeGRPO
 from grpokit.train.process_supervision import ProcessSupervision
@@ -31,6 +32,8 @@ class RunRewards:
     """Process supervision (per-step rewards -> token advantages), or None."""
     iterative: IterativeGRPO | None
     """Iterative GRPO's reward model, or None."""
+    gold: GoldWatch | None = None
+    """``GRPOConfig.gold_reward``: a reward of weight 0 watching the others (``proxy_gold/*``), or None."""
 
 
 def run_rewards(
@@ -54,7 +57,8 @@ def run_rewards(
     (TRL's): the tokenizer of each reward model in ``reward_funcs`` (None: the model's own).
     ``environment_rewards`` (TRL's ``environment_factory``: one per environment class with ``get_reward``)
     come last, with weight 1 each (``reward_weights`` weighs the others); with them ``reward_funcs`` may
-    be empty. No reward source at all is a ValueError."""
+    be empty. No reward source at all is a ValueError; so is a ``gold_reward`` that is not a reward function
+    of weight 0 beside one of nonzero weight."""
     empty = reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and not reward_funcs)
     owned = list(environment_rewards or [])
     if has_environment and empty and not owned:
@@ -75,4 +79,5 @@ def run_rewards(
     weights = reward_weights(args.reward_weights, reward_names(funcs), "reward_weights") + [1.0] * len(owned)
     funcs += owned
     names = reward_names(funcs)
-    return RunRewards(funcs, names, torch.tensor(weights, dtype=torch.float32), process, iterative)
+    gold = GoldWatch.from_run(args.gold_reward, names, weights, args.proxy_threshold)
+    return RunRewards(funcs, names, torch.tensor(weights, dtype=torch.float32), process, iterative, gold)

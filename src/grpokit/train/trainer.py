@@ -184,6 +184,7 @@ class GRPOTrainer:
         self.iterative, self.process = rewards.iterative, rewards.process  # optional step hooks
         self.reward_funcs, self.reward_names = rewards.funcs, rewards.names
         self.reward_weights = rewards.weights  # [F]
+        self.gold = rewards.gold  # a watching gold reward (proxy_gold/* metrics), or None
         if self.episodes is None:  # (episodes add columns of their own)
             refuse_missing_columns(self.reward_names, self.reward_funcs, self.train_rows, "train_dataset")
         self.reference = Reference.for_run(self.model, self.args, adapter_disabled=peft_config is not None)
@@ -510,7 +511,7 @@ class GRPOTrainer:
             scores=drawn_scores, reward_names=self.reward_names, group_size=None,
             group_sizes=drawn_scores.group_sizes, generated=drawn.samples.generated, update=update,
             extra={**self.hooks.metrics(), **self.groups.metrics(drawn, kept, advantages), **drawn.metrics},
-            learning_rate=self.scheduler.get_last_lr()[0], num_tokens=num_tokens, timer=timer,
+            learning_rate=self.scheduler.get_last_lr()[0], num_tokens=num_tokens, timer=timer, gold=self.gold,
         )  # fmt: skip
         return merged_across_processes(self.accelerator, metrics)
 
