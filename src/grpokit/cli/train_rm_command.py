@@ -5,9 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import sys
-import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -297,7 +295,7 @@ def trained_reward_model(kind: str, cache_dir: str | os.PathLike[str] | None = N
     one torch thread (as the cold start, so the model is the same on every run on a machine) and cached as
     ``<cache root>/rm-<kind>-<hash>`` (the cold start's cache root by default); the hash covers the settings
     and the starting policy's directory. Later calls return the directory."""
-    from grpokit.tasks.cold_start import default_cache_root
+    from grpokit.tasks.cold_start import build_once, default_cache_root
 
     check_kind(kind)
     unknown = set(settings) - {f.name for f in fields(TrainRMArgs)} | ({"kind", "output_dir"} & set(settings))
@@ -314,23 +312,7 @@ def trained_reward_model(kind: str, cache_dir: str | os.PathLike[str] | None = N
     key = hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()[:12]
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
     final = root / f"rm-{kind}-{key}"
-    if (final / "metrics.json").is_file():
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        run_train_rm(replace(args, output_dir=str(tmp)))
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / "metrics.json").is_file():  # not a concurrent writer finishing first
-                raise
-    finally:
-        torch.set_num_threads(threads)
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return build_once(final, "metrics.json", lambda tmp: run_train_rm(replace(args, output_dir=str(tmp))), 1)
 
 
 def resolve_trained_rm(spec: Any) -> Any:

@@ -22,6 +22,7 @@ import random
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ __all__ = [
     "COLD_START_THREADS",
     "COLD_START_VERSION",
     "ColdStartSettings",
+    "build_once",
     "cold_start_policy",
     "default_cache_root",
 ]
@@ -118,6 +120,31 @@ def default_cache_root() -> Path:
     return base / "grpokit" / "models"
 
 
+def build_once(final: Path, marker: str, build: Callable[[Path], None], threads: int) -> Path:
+    """``final`` (a cache directory, complete when it holds the file ``marker``), built by ``build(tmp)`` on
+    first use: with ``threads`` torch threads (restored afterwards), into a temporary directory renamed into
+    place, so a crash never leaves a half-written entry and two processes building it at once both end with
+    the one that finished first."""
+    if (final / marker).is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()  # plain mkdir (not mkdtemp) so the entry gets the user's usual permissions
+    try:
+        build(tmp)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / marker).is_file():  # not a concurrent writer finishing first
+                raise
+    finally:
+        torch.set_num_threads(previous_threads)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
 def _task_kwargs(task: Any, settings: ColdStartSettings) -> dict[str, Any]:
     """The task's difficulty defaults overridden by ``settings.task_kwargs`` (split sizes excluded)."""
     kwargs = {k: v for k, v in task.defaults.items() if k not in ("num_train", "num_test")}
@@ -185,15 +212,8 @@ def cold_start_policy(
     settings = ColdStartSettings(**{**task.cold_start, **sft})
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
     final = root / f"{task_name}-{_settings_key(task, seed, settings)}"
-    if (final / "cold_start.json").is_file():
-        return final
 
-    root.mkdir(parents=True, exist_ok=True)
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, min(num_threads or COLD_START_THREADS, _available_cores())))
-    tmp = root / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()  # plain mkdir (not mkdtemp) so the checkpoint gets the user's usual permissions
-    try:
+    def build(tmp: Path) -> None:
         model, tokenizer, record = _run_cold_start(task, seed, settings, progress)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
@@ -204,15 +224,9 @@ def cold_start_policy(
             "version": COLD_START_VERSION,
         }
         (tmp / "cold_start.json").write_text(json.dumps({**meta, "record": record}, indent=2) + "\n")
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / "cold_start.json").is_file():  # not a concurrent writer finishing first
-                raise
-    finally:
-        torch.set_num_threads(previous_threads)
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+
+    threads = max(1, min(num_threads or COLD_START_THREADS, _available_cores()))
+    return build_once(final, "cold_start.json", build, threads)
 
 
 def _run_cold_start(
