@@ -16,27 +16,7 @@ from grpokit.train.update import UpdateContext, optimizer_step, run_update
 
 from .conftest import digit_reward
 from .test_update import RecordingOptimizer, make_batch
-
-
-def update(model_dir, batch, *, entropy=None, **config_values):
-    """run_update on a fresh tiny model with an lr-0 recording optimizer: (gradients per optimizer step,
-    metrics, the context)."""
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    optimizer = RecordingOptimizer(model.parameters())
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    config = GRPOConfig(num_generations=2, beta=0.0, max_completion_length=5, **config_values)
-    ctx = UpdateContext(
-        loss=config.policy_loss(),
-        policy=PolicyLogprobs(model),
-        backward=lambda loss: loss.backward(),
-        step=optimizer_step(optimizer, scheduler, model),
-        sum_across_processes=lambda t: t,
-        num_processes=1,
-        generator=torch.Generator().manual_seed(0),
-        entropy=entropy,
-    )
-    metrics = run_update(batch, config, ctx)
-    return optimizer.seen, metrics, ctx
+from .test_update import recorded_update as update
 
 
 def current_logps(model_dir, batch):

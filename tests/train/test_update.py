@@ -36,6 +36,12 @@ def make_batch(num_rows=8, prompt_len=3, completion_len=5, seed=0):
 
 
 def gradients(model_dir, batch, **config_values):
+    return recorded_update(model_dir, batch, **config_values)[0]
+
+
+def recorded_update(model_dir, batch, *, entropy=None, **config_values):
+    """run_update on a fresh tiny model with an lr-0 recording optimizer: (gradients per optimizer step,
+    metrics, the context)."""
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     optimizer = RecordingOptimizer(model.parameters())
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
@@ -48,9 +54,10 @@ def gradients(model_dir, batch, **config_values):
         sum_across_processes=lambda t: t,
         num_processes=1,
         generator=torch.Generator().manual_seed(0),
+        entropy=entropy,
     )
-    run_update(batch, config, ctx)
-    return optimizer.seen
+    metrics = run_update(batch, config, ctx)
+    return optimizer.seen, metrics, ctx
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
