@@ -118,12 +118,18 @@ def test_train_rm_cli_saves_a_loadable_checkpoint(tmp_path, char_tok, capsys):
     assert train_rm_main(argv) == 0
     orm = AutoModelForSequenceClassification.from_pretrained(tmp_path / "orm")
     assert orm.config.num_labels == 1 and orm.config.grpokit_reward_kind == "outcome"
-    # on a policy: 2 new layers above its one, which stays frozen; one label per sample
+    # on a policy: a policy verifier (tests/rm/test_policy_verifier.py) with 2 new layers, the policy
+    # frozen; one label per sample
     args = json.loads((tmp_path / "orm" / "metrics.json").read_text())["args"]
-    assert [args[k] for k in resolved] == [2, True, False]
+    assert [args[k] for k in resolved] == [2, True, False] and args["policy_features"] is True
+    assert orm.config.extra_layers == 2 and orm.config.freeze_policy
+    assert orm.policy.model.embed_tokens.weight.shape == policy.model.embed_tokens.weight.shape
+    # without the policy's predictions: the policy's own architecture with 2 more layers, its one frozen
+    argv += ["--policy_features", "False"]
+    argv[argv.index(str(tmp_path / "orm"))] = str(tmp_path / "orm-layers")
+    assert train_rm_main(argv) == 0
+    orm = AutoModelForSequenceClassification.from_pretrained(tmp_path / "orm-layers")
     assert orm.config.num_hidden_layers == 3 and orm.config.grpokit_frozen_layers == 1
-    backbone = orm.model.embed_tokens.weight
-    assert backbone.shape == policy.model.embed_tokens.weight.shape
     # dataset "chain": a policy's own samples (here a random tiny policy), labelled by rule; the held-out
     # accuracy printed beside the constant baseline
     policy_dir = str(tmp_path / "policy")

@@ -61,17 +61,35 @@ def build_tiny_reward_model(
     return model
 
 
-def load_reward_model(path: str, kind: str, *, extra_layers: int = 0) -> tuple[torch.nn.Module, Any]:
+def load_reward_model(
+    path: str, kind: str, *, extra_layers: int = 0, policy_features: bool = False
+) -> tuple[torch.nn.Module, Any]:
     """(model, tokenizer) from a directory. A checkpoint that already has the right head is loaded as is; any
     other (e.g. a causal LM policy) gets a new one-logit head on its backbone, and with ``extra_layers`` that
     many new transformer layers (randomly initialised from torch's generator, as ``transformers`` initialises
-    missing weights) between its last layer and the head."""
+    missing weights) between its last layer and the head. ``policy_features`` (a causal LM only): a policy
+    verifier instead (:mod:`grpokit.models.verifier`): the frozen policy, what it predicted at every token,
+    and ``extra_layers`` new layers judging from both."""
     check_kind(kind)
     from transformers import AutoConfig
+
+    from grpokit.models import verifier
 
     if extra_layers < 0:
         raise ValueError(f"extra_layers must be >= 0, got {extra_layers}")
     config = AutoConfig.from_pretrained(path)
+    if policy_features:
+        from transformers import AutoModelForCausalLM
+
+        if not any(a.endswith("ForCausalLM") for a in (getattr(config, "architectures", None) or [])):
+            raise ValueError(f"policy_features: {path} is not a causal LM (a policy) to read predictions of")
+        if extra_layers < 1:
+            raise ValueError("policy_features: the verifier needs extra_layers >= 1 to judge the features")
+        policy = AutoModelForCausalLM.from_pretrained(path)
+        model = verifier.build_policy_verifier(policy, kind, extra_layers=extra_layers)
+        tokenizer = load_tokenizer(path)
+        classifier_pad_id(model, tokenizer)
+        return model, tokenizer
     suffix = "ForSequenceClassification" if kind == "outcome" else "ForTokenClassification"
     has_head = any(a.endswith(suffix) for a in (getattr(config, "architectures", None) or []))
     if has_head and extra_layers:
@@ -98,8 +116,16 @@ def load_reward_model(path: str, kind: str, *, extra_layers: int = 0) -> tuple[t
 def freeze_bottom(model: torch.nn.Module, num_layers: int) -> None:
     """Freeze a reward model's input embeddings and its first ``num_layers`` transformer layers; the layers
     above, the final norm and the head train. Recorded in ``config.grpokit_frozen_layers``, so a saved model
-    keeps them frozen when it trains again (``IterativeRewardModel``)."""
+    keeps them frozen when it trains again (``IterativeRewardModel``). A policy verifier keeps its policy
+    frozen (its ``config.freeze_policy``) and has no other layers to freeze: ``num_layers`` must be 0."""
+    from grpokit.models.verifier import is_policy_verifier
+
     model.requires_grad_(True)
+    if is_policy_verifier(model):
+        if num_layers:
+            raise ValueError("a policy verifier freezes its whole policy (freeze_policy), not some layers")
+        model.policy.requires_grad_(not model.config.freeze_policy)
+        return
     if num_layers:
         layers = getattr(getattr(model, "base_model", None), "layers", None)
         if layers is None:
