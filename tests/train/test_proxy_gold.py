@@ -127,3 +127,40 @@ def test_seed_curves_and_the_comparison_plot(tmp_path):
         (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     out = plot_runs({"static": [tmp_path / "a", tmp_path / "b"]}, tmp_path / "curves.png", ["kl"])
     assert out == tmp_path / "curves.png" and out.stat().st_size > 0
+
+
+def test_process_proxy_by_hand():
+    """With process rewards the proxy of a completion is its last step's weighted reward."""
+    watch = GoldWatch(0, torch.tensor([0.0]), process=True)
+    matrix = torch.tensor([[1.0], [0.0], [1.0], [0.0]])  # [4, 1]: the gold
+    # proxies 0.8, 0.2, none (no steps), 0.6; groups [0, 1] and [2, 3]
+    metrics = watch.process_metrics([[1.0, 0.8], [0.9, 0.2], [], [0.6]], matrix, [2, 2])
+    assert metrics["proxy_gold/proxy_mean"] == pytest.approx((0.8 + 0.2 + 0.6) / 3)
+    assert metrics["proxy_gold/gold_mean"] == pytest.approx(1 / 3)
+    assert metrics["proxy_gold/accuracy"] == pytest.approx(2 / 3)  # 0.6 judged right, gold 0
+    assert metrics["proxy_gold/pair_accuracy"] == 1.0  # one pair (rows 0, 1), ordered as the gold
+    assert watch.metrics(matrix, [2, 2]) == {}  # the outcome path reports nothing for it
+    # process rewards are a proxy: the outcome rewards may all have weight 0
+    assert gold_reward_column("gold", ["gold"], [0.0], process=True) == 0
+    with pytest.raises(ValueError, match=r"has weight 1.0"):
+        gold_reward_column("gold", ["gold"], [1.0], process=True)
+
+
+def test_a_process_run_logs_its_process_rewards_against_the_gold(tiny_model_dir, tmp_path, rows):
+    def quarter_steps(prompts, completions, steps, **kwargs):
+        return [[0.25] * len(s) for s in steps]
+
+    config = small_config(tmp_path, max_steps=2, reward_weights=[0.0], gold_reward="gold_reward",
+                          outcome_advantage_weight=0.0)  # fmt: skip
+    trainer = GRPOTrainer(
+        model=str(tiny_model_dir), reward_funcs=[gold_reward], process_reward_funcs=[quarter_steps],
+        args=config, train_dataset=rows,
+    )  # fmt: skip
+    assert trainer.gold.process
+    trainer.train()
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    for line in lines:
+        # every completion with a step gets proxy 0.25, judged wrong: accuracy = the fraction gold-wrong
+        assert line["proxy_gold/proxy_mean"] == pytest.approx(0.25)
+        assert line["proxy_gold/gold_mean"] == pytest.approx(line["rewards/gold_reward/mean"])
+        assert line["proxy_gold/accuracy"] == pytest.approx(1 - line["proxy_gold/gold_mean"])

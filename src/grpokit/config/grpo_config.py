@@ -603,8 +603,9 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     # ---- watching a learned reward (docs/process-supervision.md, section 6) --------------------------------
     gold_reward: str | None = None
     """A reward function that only watches: its metric name (as in rewards/<name>/mean), weight 0 in
-    reward_weights. Each step logs the proxy reward (the weighted sum of the others) against it:
-    proxy_gold/proxy_mean, gold_mean, gap, accuracy and pair_accuracy. None: not logged."""
+    reward_weights. Each step logs the proxy reward (the weighted sum of the others; with process rewards,
+    the weighted step reward at each completion's last step) against it: proxy_gold/proxy_mean, gold_mean,
+    gap, accuracy and pair_accuracy. None: not logged."""
     proxy_threshold: float = 0.5
     """With gold_reward: the proxy value from which a completion counts as judged right, for
     proxy_gold/accuracy (0.5 for a probability, such as a grpokit outcome reward model's; 0 for a logit)."""

@@ -16,6 +16,11 @@ Per step, over the completions that have both rewards:
   group has such a pair.
 
 A falling accuracy (or pair accuracy) with a rising proxy is reward hacking under way.
+
+With process rewards (``GoldWatch.process``) the proxy of a completion is the process rewards' score of the
+whole of it: the weighted step reward at its last step (for a process reward model trained on prefix labels,
+its probability that the whole solution is on track); the outcome rewards are not part of it. Those metrics
+are over this process's completions (the step rewards stay where they were scored).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import torch
 
 from grpokit.core import combine_rewards
 
-__all__ = ["GoldWatch", "gold_reward_column", "proxy_gold_metrics"]
+__all__ = ["GoldWatch", "compare_proxy_gold", "gold_reward_column", "proxy_gold_metrics"]
 
 
 @dataclass(frozen=True)
@@ -38,26 +43,50 @@ class GoldWatch:
     column: int
     weights: torch.Tensor
     threshold: float = 0.5
+    process: bool = False
+    """The proxy is the process rewards' (:meth:`process_metrics`), not the weighted outcome rewards'."""
 
     @classmethod
     def from_run(
-        cls, gold_reward: str | None, names: Sequence[str], weights: Sequence[float], threshold: float = 0.5
+        cls,
+        gold_reward: str | None,
+        names: Sequence[str],
+        weights: Sequence[float],
+        threshold: float = 0.5,
+        *,
+        process: bool = False,
     ) -> GoldWatch | None:
-        """None without a gold reward; else checked by :func:`gold_reward_column`."""
-        column = gold_reward_column(gold_reward, names, weights)
+        """None without a gold reward; else checked by :func:`gold_reward_column`. ``process``: the run
+        has process rewards, which are then the proxy."""
+        column = gold_reward_column(gold_reward, names, weights, process=process)
         if column is None:
             return None
-        return cls(column, torch.tensor([float(w) for w in weights], dtype=torch.float32), float(threshold))
+        weights = torch.tensor([float(w) for w in weights], dtype=torch.float32)
+        return cls(column, weights, float(threshold), process)
 
     def metrics(self, matrix: torch.Tensor, group_sizes: Sequence[int]) -> dict[str, float]:
-        """:func:`proxy_gold_metrics` of one step's reward matrix [N, F]."""
+        """:func:`proxy_gold_metrics` of one step's reward matrix [N, F]; nothing when the proxy is the
+        process rewards' (the process hook reports those)."""
+        if self.process:
+            return {}
         return proxy_gold_metrics(matrix, self.weights, self.column, group_sizes, self.threshold)
 
+    def process_metrics(
+        self, step_rewards: Sequence[Sequence[float]], matrix: torch.Tensor, group_sizes: Sequence[int]
+    ) -> dict[str, float]:
+        """The ``proxy_gold/*`` metrics with each completion's last weighted step reward as its proxy.
+        step_rewards: [n][S_i] (no steps: no proxy); matrix: the same n completions' rewards [n, F]."""
+        proxy = torch.tensor([float(r[-1]) if len(r) else math.nan for r in step_rewards])  # [n]
+        gold = matrix[:, self.column].to(torch.float32).cpu()  # [n]
+        return compare_proxy_gold(proxy, gold, group_sizes, self.threshold)
 
-def gold_reward_column(gold_reward: str | None, names: Sequence[str], weights: Sequence[float]) -> int | None:
+
+def gold_reward_column(
+    gold_reward: str | None, names: Sequence[str], weights: Sequence[float], *, process: bool = False
+) -> int | None:
     """The reward-matrix column of ``GRPOConfig.gold_reward`` (None when not set), after checking that it
-    names one of the run's reward functions, has weight 0 and leaves another reward with a nonzero
-    weight."""
+    names one of the run's reward functions, has weight 0 and leaves a proxy to compare it with: another
+    reward with a nonzero weight, or (``process``) the run's process rewards."""
     if gold_reward is None:
         return None
     if gold_reward not in names:
@@ -71,10 +100,10 @@ def gold_reward_column(gold_reward: str | None, names: Sequence[str], weights: S
             f"GRPOConfig.gold_reward {gold_reward!r} has weight {float(weights[column])} in reward_weights; "
             "a gold reward only watches, so give it weight 0 (otherwise the policy trains on it)"
         )
-    if not any(float(w) != 0.0 for i, w in enumerate(weights) if i != column):
+    if not process and not any(float(w) != 0.0 for i, w in enumerate(weights) if i != column):
         raise ValueError(
-            f"GRPOConfig.gold_reward {gold_reward!r}: every other reward function has weight 0, so there is "
-            "no proxy reward to compare it with (process rewards are not compared)"
+            f"GRPOConfig.gold_reward {gold_reward!r}: every other reward function has weight 0 and there are "
+            "no process rewards, so there is no proxy reward to compare it with"
         )
     return column
 
@@ -92,7 +121,16 @@ def proxy_gold_metrics(
         raise ValueError(f"group sizes {list(group_sizes)} do not add up to the {matrix.shape[0]} rows")
     others = [f for f in range(matrix.shape[1]) if f != gold_column]
     proxy = combine_rewards(matrix[:, others], weights[others])  # [N], NaN where no proxy reward applies
-    gold = matrix[:, gold_column].to(torch.float32)  # [N]
+    return compare_proxy_gold(proxy, matrix[:, gold_column].to(torch.float32), group_sizes, threshold)
+
+
+def compare_proxy_gold(
+    proxy: torch.Tensor, gold: torch.Tensor, group_sizes: Sequence[int], threshold: float = 0.5
+) -> dict[str, float]:
+    """The ``proxy_gold/*`` metrics (module doc) of per-completion proxy and gold rewards, [N] each (NaN:
+    none); groups are contiguous rows of ``group_sizes``."""
+    if sum(group_sizes) != proxy.shape[0]:
+        raise ValueError(f"group sizes {list(group_sizes)} do not add up to the {proxy.shape[0]} rows")
     both = ~torch.isnan(proxy) & ~torch.isnan(gold)  # [N]
     nan = math.nan
     if not bool(both.any()):

@@ -27,6 +27,7 @@ from grpokit.core import combine_outcome_and_process, process_advantages
 from grpokit.data.chat import as_completion
 from grpokit.data.loading import reward_columns
 from grpokit.envs.episodes import Episode, episode_metrics
+from grpokit.reporting.proxy_gold import GoldWatch
 from grpokit.rewards.process_rewards import (
     ProcessRewardModel,
     ProcessScores,
@@ -64,9 +65,14 @@ class ProcessSupervision(StepHook):
         self.weights = reward_weights(args.process_reward_weights, self.names, "process_reward_weights")
         self._scores: ProcessScores | None = None
         self._metrics: dict[str, float] = {}
+        self.gold: GoldWatch | None = None
+        """A watching gold reward (``GRPOConfig.gold_reward``): ``proxy_gold/*`` with these process rewards as
+        the proxy (set by the run's rewards)."""
+        self._gold_metrics: dict[str, float] = {}
 
     def on_scored(self, step: int, samples: Samples, scores: Scores) -> None:
-        """Step rewards and step end tokens of this process's n completions."""
+        """Step rewards and step end tokens of this process's n completions; with a gold reward, the
+        ``proxy_gold/*`` metrics of those completions."""
         rows = samples.rows
         self._scores = score_process(
             self.funcs,
@@ -80,6 +86,10 @@ class ProcessSupervision(StepHook):
             on_error=self.args.reward_failure,
             timeout=self.args.reward_timeout,
         )
+        if self.gold is not None:
+            local = scores.rewards[scores.local]  # [n, F] this process's rows
+            sizes = _local_group_sizes(scores, self.args.num_generations)
+            self._gold_metrics = self.gold.process_metrics(self._scores.step_rewards, local, sizes)
 
     def on_batch(self, batch: RolloutBatch) -> None:
         """batch.advantages: the outcome advantages [n] -> token advantages [n, C] (module docstring)."""
@@ -87,7 +97,7 @@ class ProcessSupervision(StepHook):
         self._metrics = self.step_metrics(self._scores, batch.advantages, batch.completion_mask)
 
     def metrics(self) -> dict[str, float]:
-        return self._metrics
+        return {**self._metrics, **self._gold_metrics}
 
     def advantages(
         self, scores: ProcessScores, outcome_advantages: torch.Tensor, mask: torch.Tensor
@@ -106,6 +116,19 @@ class ProcessSupervision(StepHook):
             **scores.metrics(),
             "advantages/token_abs_mean": token_abs_mean(advantages, mask),
         }
+
+
+def _local_group_sizes(scores: Scores, group_size: int) -> list[int]:
+    """The sizes of the groups within ``scores.local`` (groups are contiguous and never split between
+    processes); ``scores.group_sizes`` when given, else groups of ``group_size``."""
+    total = len(scores.rewards)
+    sizes = scores.group_sizes or [group_size] * (total // group_size)
+    local, out, start = scores.local, [], 0
+    for size in sizes:
+        if local.start <= start and start + size <= local.stop:
+            out.append(size)
+        start += size
+    return out
 
 
 class EpisodeSupervision(StepHook):

@@ -58,7 +58,7 @@ def run_rewards(
     ``environment_rewards`` (TRL's ``environment_factory``: one per environment class with ``get_reward``)
     come last, with weight 1 each (``reward_weights`` weighs the others); with them ``reward_funcs`` may
     be empty. No reward source at all is a ValueError; so is a ``gold_reward`` that is not a reward function
-    of weight 0 beside one of nonzero weight."""
+    of weight 0 beside one of nonzero weight or process rewards (which are then the proxy it watches)."""
     empty = reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and not reward_funcs)
     owned = list(environment_rewards or [])
     if has_environment and empty and not owned:
@@ -79,5 +79,8 @@ def run_rewards(
     weights = reward_weights(args.reward_weights, reward_names(funcs), "reward_weights") + [1.0] * len(owned)
     funcs += owned
     names = reward_names(funcs)
-    gold = GoldWatch.from_run(args.gold_reward, names, weights, args.proxy_threshold)
+    has_process = process is not None
+    gold = GoldWatch.from_run(args.gold_reward, names, weights, args.proxy_threshold, process=has_process)
+    if process is not None:
+        process.gold = gold  # the process rewards are the proxy
     return RunRewards(funcs, names, torch.tensor(weights, dtype=torch.float32), process, iterative, gold)
