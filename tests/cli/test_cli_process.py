@@ -22,8 +22,8 @@ from grpokit.tasks.chain import chain_outcome_reward, chain_step_reward
     [
         ("chain-outcome", None, None),
         ("chain-process-rule", ["chain_steps"], None),
-        ("chain-process-prm", ["runs/chain-prm"], None),
-        ("chain-iterative-prm", None, "runs/chain-prm"),
+        ("chain-process-prm", ["train-rm:process"], None),
+        ("chain-iterative-prm", None, "train-rm:process"),
     ],
 )
 def test_chain_recipes_load(name, process, iterative):
@@ -46,6 +46,8 @@ def test_chain_recipes_load(name, process, iterative):
     ):
         assert getattr(args.config, key) == getattr(base.config, key), key
     assert args.config.iteration_steps == (10 if iterative else 0)
+    # the process rows watch the exact answer (proxy_gold/*, the process rewards as the proxy)
+    assert args.config.gold_reward == (None if name == "chain-outcome" else "chain_outcome_reward")
 
 
 def test_chain_task_is_registered():
