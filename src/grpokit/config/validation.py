@@ -222,6 +222,11 @@ def _check_generation(c: Any) -> None:
     _at_least(c, "max_completion_length", 1)
     _at_least(c, "max_prompt_length", 1, none="keep prompts whole")
     _at_least(c, "generation_micro_batch_size", 1, none="all of a step's prompts in one call")
+    if c.compile_decode:
+        why = "compiles the fast sampler's decode step"
+        require(not c.use_vllm, "compile_decode", f"{why}; with use_vllm the vLLM engine generates")
+        require(c.generation_backend != "transformers", "compile_decode", f"{why}, not model.generate")
+        require(not c.async_generation, "compile_decode", f"{why} in this thread, not with async_generation")
 
 
 def _check_generation_kwargs(c: Any) -> None:

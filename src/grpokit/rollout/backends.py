@@ -38,18 +38,26 @@ def resolve_backend_name(name: str, model: torch.nn.Module) -> str:
     return chosen
 
 
-def make_backend(name: str, model: torch.nn.Module, *, micro_batch_size: int | None = None) -> RolloutBackend:
+def make_backend(
+    name: str, model: torch.nn.Module, *, micro_batch_size: int | None = None, compile_decode: bool = False
+) -> RolloutBackend:
     """``"transformers"``: ``model.generate``; ``"fast"``: grpokit's sampler (shared prompt prefill,
     pre-allocated KV cache); ``"auto"``: ``resolve_backend_name``. Both read the live weights of ``model``
     and generate for at most ``micro_batch_size`` prompts per call (None: all at once), which bounds the KV
-    cache."""
+    cache. ``compile_decode``: the fast sampler's decode step through ``torch.compile`` (a ValueError where
+    the chosen backend is not the fast sampler's native decode)."""
     name = resolve_backend_name(name, model)
     if name == "transformers":
+        if compile_decode:
+            raise ValueError(
+                "compile_decode compiles the fast sampler's decode step, and the generation backend for this "
+                f"{type(model).__name__} is model.generate; set compile_decode=False"
+            )
         from grpokit.rollout.hf import TransformersBackend
 
         return TransformersBackend(model, micro_batch_size=micro_batch_size)
     if name == "fast":
         from grpokit.rollout.fast import FastSampler
 
-        return FastSampler(model, prompts_per_call=micro_batch_size)
+        return FastSampler(model, prompts_per_call=micro_batch_size, compile_decode=compile_decode)
     raise ValueError(f"generation_backend must be one of {GENERATION_BACKENDS}, got {name!r}")

@@ -28,7 +28,8 @@ prompts share its batch); here only real prompt tokens and generated tokens coun
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -67,6 +68,8 @@ class FastSampler:
         prefill_batch_size: prompts prefilled per forward call (bounds prefill activation memory).
         prompts_per_call: prompts whose G samples are decoded together (None: all); the KV cache holds
             that many prompts' samples at a time.
+        compile_decode: run the native decode step through ``torch.compile`` (inductor, dynamic shapes;
+            compiled once per process on first use, then per new shape set). Native decode only.
     """
 
     def __init__(
@@ -77,6 +80,7 @@ class FastSampler:
         impl: str = "auto",
         prefill_batch_size: int = 16,
         prompts_per_call: int | None = None,
+        compile_decode: bool = False,
     ) -> None:
         if impl not in ("auto", "native", "hf"):
             raise ValueError(f"impl must be 'auto', 'native' or 'hf', got {impl!r}")
@@ -90,6 +94,12 @@ class FastSampler:
         if impl == "native" and not supported:
             raise ValueError(f"native decode does not support {type(model).__name__}; use impl='hf'")
         self.impl = "native" if (impl == "auto" and supported) else ("hf" if impl == "auto" else impl)
+        if compile_decode and self.impl != "native":
+            raise ValueError(
+                f"compile_decode compiles the native decode step, which does not support "
+                f"{type(model).__name__} (llama, qwen2, qwen3 and mistral without a sliding window)"
+            )
+        self.decode_step = compiled_decode_step() if compile_decode else NativeDecoder.__call__
         self.last_stats: dict[str, int] = {}
         """Counters of the last ``generate`` call, summed over its chunks of prompts: prefill_rows (distinct
         prompts run), prefill_tokens (padded), decode_steps (forward calls after the prefill), rows."""
@@ -130,8 +140,8 @@ class FastSampler:
         vocab = self.model.get_output_embeddings().weight.shape[0]
 
         pre = self._prefill(prompt_ids, device, keep_hf_cache=self.impl == "hf")
-        if self.impl == "native":
-            step = NativeDecoder(self.model, pre, group, max_new)
+        if self.impl == "native":  # eager or compiled (compile_decode)
+            step = functools.partial(self.decode_step, NativeDecoder(self.model, pre, group, max_new))
         else:
             step = _HFDecoder(self.model, pre, group, max_new)
 
@@ -268,6 +278,14 @@ class _HFDecoder:
 
 
 # ---------------------------------------------------------------------- helpers
+@functools.cache
+def compiled_decode_step() -> Callable[[NativeDecoder, torch.Tensor, int], torch.Tensor]:
+    """``NativeDecoder.__call__`` through ``torch.compile`` (inductor, dynamic shapes), made once per
+    process: every sampler shares its compiled graphs, so a new sampler (a new step's) does not compile
+    again; a new shape set (another number of rows, another prompt length bucket) may."""
+    return torch.compile(NativeDecoder.__call__, dynamic=True)
+
+
 def _joined(parts: list[GenerationOutput]) -> GenerationOutput:
     """One output from the outputs of consecutive prompt chunks (rows stay grouped per prompt)."""
     if len(parts) == 1:

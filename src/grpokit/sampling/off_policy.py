@@ -137,10 +137,10 @@ def make_sampler(
         return backend, OffPolicyCorrection.from_config(args, off_policy=True)
     if rollout_backend is not None:
         return rollout_backend, OffPolicyCorrection.from_config(args, off_policy=True)
-    size = args.generation_micro_batch_size
+    size, compiled = args.generation_micro_batch_size, args.compile_decode
     dtype = None if args.generation_dtype == "auto" else getattr(torch, args.generation_dtype)
     if dtype is None or dtype == policy_dtype(model):
-        backend = make_backend(args.generation_backend, model, micro_batch_size=size)
+        backend = make_backend(args.generation_backend, model, micro_batch_size=size, compile_decode=compiled)
         return backend, OffPolicyCorrection.from_config(args, off_policy=drawn_ahead)
     if strategy == "fsdp":
         raise ValueError(
@@ -148,7 +148,7 @@ def make_sampler(
             "weights are sharded; use generation_dtype='auto' (or mixed_precision for bf16 compute)"
         )
     copied = generation_copy(model, dtype)
-    inner = make_backend(args.generation_backend, copied, micro_batch_size=size)
+    inner = make_backend(args.generation_backend, copied, micro_batch_size=size, compile_decode=compiled)
     return CopiedWeightsBackend(model, copied, inner), OffPolicyCorrection.from_config(args, off_policy=True)
 
 

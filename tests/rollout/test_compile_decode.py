@@ -1,0 +1,51 @@
+"""``compile_decode``: the fast sampler's decode step through torch.compile gives the eager step's tokens and
+log-probs (greedy, and sampled from the same random numbers), and is refused where there is no native decode
+step to compile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpokit import GRPOConfig
+from grpokit.models.tiny import build_char_tokenizer, build_tiny_model
+from grpokit.rollout import FastSampler
+from grpokit.rollout.backends import make_backend
+from grpokit.rollout.base import SamplingParams
+from grpokit.rollout.fast import compiled_decode_step
+
+
+@pytest.fixture(scope="module")
+def model():
+    tokenizer = build_char_tokenizer()
+    return build_tiny_model(tokenizer, hidden_size=16, num_layers=1, num_heads=2, seed=0).eval()
+
+
+def _generate(model, compiled: bool, do_sample: bool):
+    sampler = FastSampler(model, generator=torch.Generator().manual_seed(0), compile_decode=compiled)
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]  # ragged: the prompts are left-padded
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, do_sample=do_sample, eos_token_ids=())
+    return sampler.generate(prompts, 3, params)
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_compiled_decode_gives_the_eager_tokens_and_logprobs(model, do_sample):
+    eager, compiled = _generate(model, False, do_sample), _generate(model, True, do_sample)
+    assert compiled.completion_ids == eager.completion_ids
+    for a, b in zip(compiled.logprobs, eager.logprobs):
+        assert a == pytest.approx(b, abs=1e-5)
+    assert FastSampler(model, compile_decode=True).decode_step is compiled_decode_step()  # compiled once
+
+
+def test_compile_decode_is_refused_without_a_native_decode(model):
+    with pytest.raises(ValueError, match="compile_decode compiles the native decode step"):
+        FastSampler(model, impl="hf", compile_decode=True)
+    with pytest.raises(ValueError, match=r"the generation backend for this .* is model.generate"):
+        make_backend("transformers", model, compile_decode=True)
+    for settings, why in (
+        ({"use_vllm": True}, "with use_vllm the vLLM engine generates"),
+        ({"generation_backend": "transformers"}, "not model.generate"),
+        ({"async_generation": True}, "not with async_generation"),
+    ):
+        with pytest.raises(ValueError, match=rf"GRPOConfig.compile_decode .*{why}"):
+            GRPOConfig(compile_decode=True, **settings)
