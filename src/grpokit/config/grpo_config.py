@@ -355,7 +355,8 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     compile_decode: bool = False
     """Run the fast sampler's decode step through ``torch.compile`` (inductor, dynamic shapes; not in TRL).
     Measured on a 2-core CPU (benchmarks/compile_decode.py): generation 0.71-0.84x the eager time on tiny
-    models, after 52-56 s of compilation on first use in a process, so it pays in long runs only. Needs the fast sampler's native decode (a Llama-family model; not with use_vllm,
+    models, after 52-56 s of compilation on first use in a process, so it pays in long runs only. Needs
+    the fast sampler's native decode (a Llama-family model; not with use_vllm,
     generation_backend="transformers" or async_generation)."""
 
     # ---- vLLM (docs/generation.md, "The vLLM backend"; tested on vLLM's CPU engine, not on a GPU) ----------

@@ -164,7 +164,7 @@ EVERY_STEP_FIELDS: dict[str, str] = {
         "vllm_gpu_memory_utilization vllm_max_model_length vllm_tensor_parallel_size "
         "vllm_importance_sampling_correction vllm_importance_sampling_mode "
         "vllm_importance_sampling_clip_max vllm_importance_sampling_clip_min "
-        "vllm_importance_sampling_cap async_generation max_staleness reuse_sampler_logprobs"
+        "vllm_importance_sampling_cap async_generation max_staleness reuse_sampler_logprobs compile_decode"
     ),
     "which groups a step trains on": (
         "dynamic_sampling max_sampling_rounds curriculum_min_pass_rate curriculum_max_pass_rate "
