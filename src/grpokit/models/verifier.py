@@ -127,7 +127,7 @@ class _PolicyVerifier(PreTrainedModel):
         the feature projection and the head in ``__init__``; a loaded checkpoint has every weight."""
 
     def token_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        """[B, L] one logit per token."""
+        """[B, L, num_labels]: the logits of every token."""
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.config.freeze_policy):
             out = self.policy(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
             hidden = out.hidden_states[-1]  # [B, L, H], after the policy's final norm
