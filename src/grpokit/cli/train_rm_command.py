@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from grpokit.data.records import write_jsonl
+from grpokit.models.verifier import is_policy_verifier
 from grpokit.rewards.process_rewards.steps import DEFAULT_STEP_DELIMITER
 from grpokit.rm import (
     REPLAY_FILE,
@@ -276,8 +277,6 @@ def run_train_rm(args: TrainRMArgs, log: Callable[[str], None] = print) -> dict[
             seed=args.seed,
         )
     else:
-        from grpokit.models.verifier import is_policy_verifier
-
         path = _policy_path(args.model, args.seed)
         model, tokenizer = load_reward_model(
             path, args.kind, extra_layers=args.extra_layers, policy_features=args.policy_features

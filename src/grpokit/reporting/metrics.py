@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from grpokit.core import combine_rewards, group_mean_std
+from grpokit.core import combine_rewards, group_mean_std, resolve_group_sizes
 from grpokit.reporting.proxy_gold import GoldWatch
 from grpokit.rollout.base import GenerationOutput
 from grpokit.rollout.records import Scores
@@ -127,10 +127,12 @@ def step_metrics(
     ``group_sizes`` (see :func:`reward_metrics`)."""
     elapsed = timer.elapsed()
     rewards, combined = scores.rewards.cpu(), scores.combined.cpu()  # [N, F], [N]
-    sizes = group_sizes or [group_size or len(rewards)] * (len(rewards) // (group_size or len(rewards) or 1))
+    watched = {}
+    if gold is not None:
+        watched = gold.metrics(rewards, resolve_group_sizes(len(rewards), group_size, group_sizes))
     return {
         **reward_metrics(rewards, combined, reward_names, group_size, group_sizes=group_sizes),
-        **(gold.metrics(rewards, sizes) if gold is not None else {}),
+        **watched,
         **scores.failures,
         **completion_metrics(generated),
         **update,

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from grpokit.models import verifier
 from grpokit.models.loading import load_tokenizer
 from grpokit.rewards.process_rewards.steps import DEFAULT_STEP_DELIMITER
 from grpokit.rm.samples import check_kind
@@ -73,8 +74,6 @@ def load_reward_model(
     check_kind(kind)
     from transformers import AutoConfig
 
-    from grpokit.models import verifier
-
     if extra_layers < 0:
         raise ValueError(f"extra_layers must be >= 0, got {extra_layers}")
     config = AutoConfig.from_pretrained(path)
@@ -118,10 +117,8 @@ def freeze_bottom(model: torch.nn.Module, num_layers: int) -> None:
     above, the final norm and the head train. Recorded in ``config.grpokit_frozen_layers``, so a saved model
     keeps them frozen when it trains again (``IterativeRewardModel``). A policy verifier keeps its policy
     frozen (its ``config.freeze_policy``) and has no other layers to freeze: ``num_layers`` must be 0."""
-    from grpokit.models.verifier import is_policy_verifier
-
     model.requires_grad_(True)
-    if is_policy_verifier(model):
+    if verifier.is_policy_verifier(model):
         if num_layers:
             raise ValueError("a policy verifier freezes its whole policy (freeze_policy), not some layers")
         model.policy.requires_grad_(not model.config.freeze_policy)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from grpokit.config import GRPOConfig
-from grpokit.core import combine_outcome_and_process, process_advantages
+from grpokit.core import combine_outcome_and_process, process_advantages, resolve_group_sizes
 from grpokit.data.chat import as_completion
 from grpokit.data.loading import reward_columns
 from grpokit.envs.episodes import Episode, episode_metrics
@@ -121,8 +121,8 @@ class ProcessSupervision(StepHook):
 def _local_group_sizes(scores: Scores, group_size: int) -> list[int]:
     """The sizes of the groups within ``scores.local`` (groups are contiguous and never split between
     processes); ``scores.group_sizes`` when given, else groups of ``group_size``."""
-    total = len(scores.rewards)
-    sizes = scores.group_sizes or [group_size] * (total // group_size)
+    ragged = scores.group_sizes
+    sizes = resolve_group_sizes(len(scores.rewards), None if ragged else group_size, ragged)
     local, out, start = scores.local, [], 0
     for size in sizes:
         if local.start <= start and start + size <= local.stop:
