@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from grpokit import GRPOConfig
 from grpokit.models.tiny import build_char_tokenizer, build_tiny_model
+from grpokit.parallel.hardware import MATRIX_UNITS_ENV
+
+# A config that sets no precision computes in bf16 on a CPU with bf16 matrix units (AMX): the suite states
+# "none" so that it checks the same numbers on every machine, its worker processes included. The tests of
+# that default (tests/train/test_hardware.py) state the answer they need.
+os.environ[MATRIX_UNITS_ENV] = "0"
 
 
 def small_config(tmp_path, **overrides) -> GRPOConfig:

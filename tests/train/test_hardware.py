@@ -7,11 +7,14 @@ import logging
 from pathlib import Path
 
 import pytest
+import torch
 
+from grpokit import GRPOConfig
 from grpokit.parallel import hardware
 
 
-def test_cpu_flags_are_those_of_proc_cpuinfo():
+def test_cpu_flags_are_those_of_proc_cpuinfo(monkeypatch):
+    monkeypatch.delenv(hardware.MATRIX_UNITS_ENV, raising=False)  # the suite states "none" (conftest)
     cpuinfo = Path("/proc/cpuinfo")
     if not cpuinfo.exists():
         pytest.skip("no /proc/cpuinfo")
@@ -38,6 +41,7 @@ def test_cpu_flags_are_those_of_proc_cpuinfo():
     ],
 )
 def test_matrix_units_by_processor(monkeypatch, flags, machine, units):
+    monkeypatch.delenv(hardware.MATRIX_UNITS_ENV, raising=False)
     monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset(flags))
     monkeypatch.setattr(hardware.platform, "machine", lambda: machine)
     assert hardware.has_bf16_matrix_units("cpu") is units
@@ -45,6 +49,7 @@ def test_matrix_units_by_processor(monkeypatch, flags, machine, units):
 
 
 def test_the_trainer_start_logs_it(monkeypatch, caplog):
+    monkeypatch.delenv(hardware.MATRIX_UNITS_ENV, raising=False)
     monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset({"amx_bf16", "avx512_bf16"}))
     with caplog.at_level(logging.INFO, logger="grpokit.parallel.hardware"):
         support = hardware.log_bf16_support("cpu", "no")
@@ -55,3 +60,51 @@ def test_the_trainer_start_logs_it(monkeypatch, caplog):
 
 def test_another_device_has_none_detected():
     assert not hardware.has_bf16_matrix_units("meta")
+
+
+def test_the_environment_variable_states_the_answer(monkeypatch):
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset({"amx_bf16", "avx512_bf16"}))
+    monkeypatch.setenv(hardware.MATRIX_UNITS_ENV, "0")
+    support = hardware.bf16_support("cpu")
+    assert not support.matrix_units
+    assert support.features == ("amx_bf16", "avx512_bf16", "GRPOKIT_BF16_MATRIX_UNITS=0")
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset())
+    monkeypatch.setenv(hardware.MATRIX_UNITS_ENV, "1")
+    assert hardware.has_bf16_matrix_units()
+    monkeypatch.setenv(hardware.MATRIX_UNITS_ENV, "yes")
+    with pytest.raises(ValueError, match="GRPOKIT_BF16_MATRIX_UNITS='yes': set it to 1"):
+        hardware.bf16_support("cpu")
+
+
+@pytest.mark.parametrize(
+    ("flags", "accelerator", "use_cpu", "expected"),
+    [
+        ({"amx_bf16", "amx_tile"}, None, False, "bf16"),  # AMX, a CPU run
+        ({"avx512_bf16"}, None, False, "no"),  # a dot-product instruction only: fp32
+        ({"avx2"}, None, True, "no"),
+        ({"amx_bf16", "amx_tile"}, "cuda", False, "no"),  # the run is on the GPU: fp32 unless bf16=true
+        ({"amx_bf16", "amx_tile"}, "cuda", True, "bf16"),  # use_cpu: the CPU's answer
+    ],
+)
+def test_the_default_precision_follows_the_processor(monkeypatch, flags, accelerator, use_cpu, expected):
+    monkeypatch.delenv(hardware.MATRIX_UNITS_ENV, raising=False)
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset(flags))
+    monkeypatch.setattr(hardware.platform, "machine", lambda: "x86_64")
+    device = None if accelerator is None else torch.device(accelerator)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: device)
+    assert hardware.default_mixed_precision(use_cpu) == expected
+    config = GRPOConfig(use_cpu=use_cpu)
+    assert config.bf16 is None and config.resolved().mixed_precision == expected
+    assert config.resolved().bf16 is (expected == "bf16")
+    # anything the config states wins over the processor
+    assert GRPOConfig(use_cpu=use_cpu, bf16=False).resolved().mixed_precision == "no"
+    assert GRPOConfig(use_cpu=use_cpu, fp16=True).resolved().mixed_precision == "fp16"
+    assert GRPOConfig(use_cpu=use_cpu, mixed_precision="fp16").resolved().mixed_precision == "fp16"
+    assert GRPOConfig(use_cpu=use_cpu, bf16=True).resolved().mixed_precision == "bf16"
+
+
+def test_the_start_says_when_the_processor_chose_bf16(monkeypatch, caplog):
+    monkeypatch.setenv(hardware.MATRIX_UNITS_ENV, "1")
+    with caplog.at_level(logging.INFO, logger="grpokit.parallel.hardware"):
+        hardware.log_bf16_support("cpu", "bf16", by_default=True)
+    assert "mixed_precision=bf16 (the default on this processor; bf16=false computes in fp32)" in caplog.text

@@ -66,3 +66,27 @@ def test_learning_rate_zero_gives_ratio_one_and_kl_zero_exactly(cell, tiny_model
     assert all((call["weights"] is not None) == corrected for call in calls)  # pi_old / pi_sampler
     if corrected:  # a real mismatch between the bf16 sampler and pi_old, corrected
         assert metrics["sampling/sampling_logp_difference/max"] > 1e-4
+
+
+@pytest.mark.parametrize(("units", "stated"), [("1", {"bf16": True}), ("0", {"bf16": False})])
+def test_a_run_that_sets_no_precision_follows_the_processor(
+    units, stated, tiny_model_dir, tmp_path, monkeypatch
+):
+    """bf16 unset: on a CPU with bf16 matrix units the run is ``bf16=true`` exactly (the same log-probs
+    into the loss, bit for bit), on one without it is ``bf16=false`` exactly."""
+    calls = record_loss_inputs(monkeypatch)
+    runs = {}
+    for name, (env, fields) in {"unset": (units, {}), "stated": ("0", stated)}.items():
+        monkeypatch.setenv("GRPOKIT_BF16_MATRIX_UNITS", env)
+        config = small_config(tmp_path / name, learning_rate=1e-3, max_completion_length=6,
+                              generation_backend="fast", **fields)  # fmt: skip
+        trainer = GRPOTrainer(str(tiny_model_dir), [reward], config, train_dataset=ROWS)
+        trainer.train()
+        runs[name] = (list(calls), trainer.accelerator.mixed_precision, trainer.args.bf16)
+        calls.clear()
+    (unset, precision, bf16), (stated_calls, stated_precision, _) = runs["unset"], runs["stated"]
+    assert precision == stated_precision == ("bf16" if units == "1" else "no")
+    assert bf16 is (units == "1")  # the resolved config records the choice
+    assert len(unset) == len(stated_calls) > 0
+    for a, b in zip(unset, stated_calls):
+        assert torch.equal(a["logps"], b["logps"]) and torch.equal(a["ref"], b["ref"])

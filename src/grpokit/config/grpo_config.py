@@ -499,8 +499,11 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     # ---- precision, memory and placement -------------------------------------------------------------------
     mixed_precision: MixedPrecision = "no"
     """accelerate mixed precision (autocast over generation, log-prob passes and the update)."""
-    bf16: bool = False
-    """TRL/transformers name for ``mixed_precision="bf16"``."""
+    bf16: bool | None = None
+    """TRL/transformers name for ``mixed_precision="bf16"``. None (unset, with no ``fp16`` or
+    ``mixed_precision``): bf16 on a CPU run whose processor has bf16 matrix units (Intel AMX, Arm BF16;
+    logged at start), fp32 elsewhere, GPUs included (TRL's None means bf16 on every device); ``false`` keeps
+    fp32. ``GRPOKIT_BF16_MATRIX_UNITS=0/1`` overrides the detection (docs/performance.md)."""
     fp16: bool = False
     """TRL/transformers name for ``mixed_precision="fp16"``."""
     model_init_kwargs: ScalarMapping | None = None

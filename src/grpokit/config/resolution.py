@@ -68,12 +68,18 @@ def eval_steps(config: Any) -> int | float | None:
 
 def mixed_precision(config: Any) -> str:
     """accelerate's mixed precision: TRL's ``bf16``/``fp16`` booleans name it too (validation refuses the
-    two disagreeing with ``mixed_precision``)."""
+    two disagreeing with ``mixed_precision``). With none of the three set (``bf16`` None, the default), the
+    processor decides (``parallel.hardware.default_mixed_precision``: bf16 on a CPU with bf16 matrix units,
+    else fp32); ``bf16=False`` is fp32 whatever the processor."""
     if config.bf16:
         return "bf16"
     if config.fp16:
         return "fp16"
-    return config.mixed_precision
+    if config.mixed_precision != "no" or config.bf16 is not None:
+        return config.mixed_precision
+    from grpokit.parallel.hardware import default_mixed_precision  # imports torch: only when resolving
+
+    return default_mixed_precision(config.use_cpu)
 
 
 def max_num_generations(config: Any) -> int | None:

@@ -11,25 +11,41 @@ beside its measured rates.
 - **CUDA GPUs.** Compute capability 8.0 (Ampere) and later: bf16 tensor cores. ROCm: what torch reports
   without emulation.
 
-Nothing here changes a default: whether bf16 becomes a CPU run's default is decided from measurements
-(``benchmarks/roofline.py --precision bf16``).
+``default_mixed_precision`` is the one default that follows from the answer: a CPU run that sets no precision
+(``bf16`` unset) computes in bf16 on a CPU with bf16 matrix units, in fp32 elsewhere (the measurements
+behind it: docs/performance.md). ``GRPOKIT_BF16_MATRIX_UNITS=0`` / ``=1`` states the answer for the CPU
+instead of ``/proc/cpuinfo`` (a virtual machine that hides its flags; a test suite that must give the same
+numbers on every machine).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import platform
 from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 
-__all__ = ["Bf16Support", "bf16_support", "cpu_flags", "has_bf16_matrix_units", "log_bf16_support"]
+__all__ = [
+    "MATRIX_UNITS_ENV",
+    "Bf16Support",
+    "bf16_support",
+    "cpu_flags",
+    "default_mixed_precision",
+    "has_bf16_matrix_units",
+    "log_bf16_support",
+]
 
 logger = logging.getLogger(__name__)
 
 CPU_FEATURES = ("amx_bf16", "amx_tile", "amx_fp16", "avx512_bf16", "avx512_fp16", "bf16")
 """The ``/proc/cpuinfo`` flags reported: x86's AMX and AVX-512 half-precision extensions, Arm's ``bf16``."""
+
+MATRIX_UNITS_ENV = "GRPOKIT_BF16_MATRIX_UNITS"
+"""Environment variable: ``1`` or ``0`` states whether the CPU has bf16 matrix units (unset: its flags
+say)."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +96,14 @@ def bf16_support(device: torch.device | str | None = None) -> Bf16Support:
         return Bf16Support(str(device), False, ())
     flags = cpu_flags()
     features = tuple(flag for flag in CPU_FEATURES if flag in flags)
+    stated = os.environ.get(MATRIX_UNITS_ENV)
+    if stated is not None:
+        if stated not in ("0", "1"):
+            raise ValueError(
+                f"{MATRIX_UNITS_ENV}={stated!r}: set it to 1 (the CPU has bf16 matrix units) or 0 "
+                "(it has none)"
+            )
+        return Bf16Support("cpu", stated == "1", (*features, f"{MATRIX_UNITS_ENV}={stated}"))
     arm = platform.machine().lower() in ("aarch64", "arm64")
     units = "amx_bf16" in flags or (arm and "bf16" in flags)
     return Bf16Support("cpu", units, features)
@@ -91,10 +115,25 @@ def has_bf16_matrix_units(device: torch.device | str | None = None) -> bool:
     return bf16_support(device).matrix_units
 
 
-def log_bf16_support(device: torch.device | str, mixed_precision: str) -> Bf16Support:
-    """Log what ``device`` offers for bf16 and whether the run computes in it (``mixed_precision``)."""
+def default_mixed_precision(use_cpu: bool) -> str:
+    """The mixed precision of a run that chooses none (``bf16`` unset, no ``fp16``, ``mixed_precision="no"``):
+    ``"bf16"`` when the run computes on the CPU (``use_cpu``, or torch sees no accelerator) and the CPU has
+    bf16 matrix units; ``"no"`` (fp32) elsewhere, GPUs included (set ``bf16=true`` there, as TRL's examples
+    do). On such CPUs bf16 autocast learned as well as fp32 over 3 seeds on every recipe compared and its
+    matmuls run several times faster (docs/performance.md)."""
+    on_cpu = use_cpu or torch.accelerator.current_accelerator() is None
+    return "bf16" if on_cpu and has_bf16_matrix_units("cpu") else "no"
+
+
+def log_bf16_support(
+    device: torch.device | str, mixed_precision: str, by_default: bool = False
+) -> Bf16Support:
+    """Log what ``device`` offers for bf16 and whether the run computes in it (``mixed_precision``;
+    ``by_default``: chosen by ``default_mixed_precision``, not by the config)."""
     support = bf16_support(device)
-    if support.matrix_units and mixed_precision == "no":
+    if by_default and mixed_precision == "bf16":
+        advice = " (the default on this processor; bf16=false computes in fp32)"
+    elif support.matrix_units and mixed_precision == "no":
         advice = "; this run computes in fp32 (bf16=true would put the matmuls on them)"
     elif not support.matrix_units and mixed_precision == "bf16":
         advice = "; bf16 autocast without matrix units (benchmarks/roofline.py --precision bf16 measures it)"
