@@ -122,6 +122,7 @@ def config(out: Path, **overrides) -> GRPOConfig:
         max_completion_length=8,
         disable_tqdm=True,
         seed=0,
+        bf16=False,  # stated: unset, a CPU with bf16 matrix units would choose bf16 (the checks say when)
     )
     return GRPOConfig(**{**values, **overrides})
 

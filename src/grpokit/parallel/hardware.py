@@ -119,8 +119,8 @@ def default_mixed_precision(use_cpu: bool) -> str:
     """The mixed precision of a run that chooses none (``bf16`` unset, no ``fp16``, ``mixed_precision="no"``):
     ``"bf16"`` when the run computes on the CPU (``use_cpu``, or torch sees no accelerator) and the CPU has
     bf16 matrix units; ``"no"`` (fp32) elsewhere, GPUs included (set ``bf16=true`` there, as TRL's examples
-    do). On such CPUs bf16 autocast learned as well as fp32 over 3 seeds on every recipe compared and its
-    matmuls run several times faster (docs/performance.md)."""
+    do). bf16 autocast learned as well as fp32 over 3 seeds on every recipe compared, and on such CPUs bf16
+    matrix products run several times faster than fp32's (docs/performance.md)."""
     on_cpu = use_cpu or torch.accelerator.current_accelerator() is None
     return "bf16" if on_cpu and has_bf16_matrix_units("cpu") else "no"
 
