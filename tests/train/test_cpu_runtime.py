@@ -1,5 +1,5 @@
-"""What a CPU run sets for speed: freed blocks reused instead of page-faulted afresh, and grouped-query
-attention without copied keys/values (the same numbers as the copying path)."""
+"""What a CPU run sets for speed and memory: freed blocks reused instead of page-faulted afresh, grouped-query
+attention without copied keys/values (the same numbers as the copying path), bounded oneDNN kernel caches."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from grpokit import GRPOConfig
 from grpokit.parallel.cpu_runtime import (
     FORCE_GQA,
+    ONEDNN_CACHE_CAPACITY,
     apply_cpu_runtime,
     attention_without_copies,
     keep_freed_memory,
@@ -91,3 +92,56 @@ def test_a_cpu_run_sets_both_and_keeps_what_the_user_set(monkeypatch):
     monkeypatch.setenv(FORCE_GQA, "0")  # the user's choice stays
     assert attention_without_copies() is False and os.environ[FORCE_GQA] == "0"
     assert keep_freed_memory(GRPOConfig(cpu_memory_reuse=False)) is False
+
+
+# RSS growth of bf16 products (forward and backward) at 600 row counts, in a fresh process (torch reads the cache capacities when
+# it builds its first oneDNN kernel), with the caches bounded first or left at their defaults; and a digest
+# of the outputs, which must not depend on the caching.
+KERNEL_CACHES = """
+import sys, torch
+from grpokit.parallel.cpu_runtime import bound_onednn_caches
+if sys.argv[1] == "bounded":
+    bound_onednn_caches()
+torch.manual_seed(0)
+torch.set_num_threads(1)
+layer = torch.nn.Linear(256, 704)
+def rss():
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS")) / 1024
+start, digest = rss(), 0.0
+for rows in range(400, 1000):
+    x = (torch.ones(rows, 256) / rows).requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+    y.float().square().sum().backward()  # three kernels per shape: forward, input and weight gradients
+    digest += y.float().sum().item() + x.grad.sum().item()
+print(rss() - start, digest)
+"""
+
+
+def _kernel_cache_growth(setting: str) -> tuple[float, str]:
+    env = {k: v for k, v in os.environ.items() if not k.endswith("CACHE_CAPACITY")}
+    out = subprocess.run(
+        [sys.executable, "-c", KERNEL_CACHES, setting], capture_output=True, text=True, check=True, env=env
+    ).stdout.split()
+    return float(out[0]), out[1]
+
+
+@pytest.mark.skipif(platform.system() != "Linux", reason="reads /proc/self/status")
+def test_bounded_onednn_caches_keep_bf16_products_from_growing_the_process():
+    default_growth, default_digest = _kernel_cache_growth("default")
+    bounded_growth, bounded_digest = _kernel_cache_growth("bounded")
+    assert bounded_digest == default_digest  # the same numbers
+    if default_growth < 200:
+        pytest.skip(f"this processor's bf16 products cache little per shape ({default_growth:.0f} MiB)")
+    assert bounded_growth < 0.75 * default_growth
+
+
+def test_a_cpu_run_bounds_the_onednn_caches_and_keeps_what_the_user_set(monkeypatch):
+    monkeypatch.delenv("LRU_CACHE_CAPACITY", raising=False)
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "1024")
+    apply_cpu_runtime(GRPOConfig(cpu_memory_reuse=False), cpu=True)
+    assert os.environ["LRU_CACHE_CAPACITY"] == str(ONEDNN_CACHE_CAPACITY)
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "1024"  # the user's
+    monkeypatch.delenv("LRU_CACHE_CAPACITY")
+    apply_cpu_runtime(GRPOConfig(cpu_memory_reuse=False), cpu=False)  # accelerators: left alone
+    assert "LRU_CACHE_CAPACITY" not in os.environ
