@@ -94,9 +94,9 @@ def test_a_cpu_run_sets_both_and_keeps_what_the_user_set(monkeypatch):
     assert keep_freed_memory(GRPOConfig(cpu_memory_reuse=False)) is False
 
 
-# RSS growth of bf16 products (forward and backward) at 600 row counts, in a fresh process (torch reads the cache capacities when
-# it builds its first oneDNN kernel), with the caches bounded first or left at their defaults; and a digest
-# of the outputs, which must not depend on the caching.
+# RSS growth of bf16 products (forward and backward) at 600 row counts, in a fresh process (torch reads the
+# cache capacities when it builds its first oneDNN kernel), with the caches bounded first or left at their
+# defaults; and a digest of the outputs, which must not depend on the caching.
 KERNEL_CACHES = """
 import sys, torch
 from grpokit.parallel.cpu_runtime import bound_onednn_caches

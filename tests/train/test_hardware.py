@@ -93,14 +93,15 @@ def test_the_default_precision_follows_the_processor(monkeypatch, flags, acceler
     device = None if accelerator is None else torch.device(accelerator)
     monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: device)
     assert hardware.default_mixed_precision(use_cpu) == expected
+    processor = hardware.default_mixed_precision(use_cpu)
     config = GRPOConfig(use_cpu=use_cpu)
-    assert config.bf16 is None and config.resolved().mixed_precision == expected
-    assert config.resolved().bf16 is (expected == "bf16")
+    assert config.bf16 is None and config.resolved(processor).mixed_precision == expected
+    assert config.resolved(processor).bf16 is (expected == "bf16")
     # anything the config states wins over the processor
-    assert GRPOConfig(use_cpu=use_cpu, bf16=False).resolved().mixed_precision == "no"
-    assert GRPOConfig(use_cpu=use_cpu, fp16=True).resolved().mixed_precision == "fp16"
-    assert GRPOConfig(use_cpu=use_cpu, mixed_precision="fp16").resolved().mixed_precision == "fp16"
-    assert GRPOConfig(use_cpu=use_cpu, bf16=True).resolved().mixed_precision == "bf16"
+    assert GRPOConfig(use_cpu=use_cpu, bf16=False).resolved(processor).mixed_precision == "no"
+    assert GRPOConfig(use_cpu=use_cpu, fp16=True).resolved(processor).mixed_precision == "fp16"
+    assert GRPOConfig(use_cpu=use_cpu, mixed_precision="fp16").resolved(processor).mixed_precision == "fp16"
+    assert GRPOConfig(use_cpu=use_cpu, bf16=True).resolved(processor).mixed_precision == "bf16"
 
 
 def test_the_start_says_when_the_processor_chose_bf16(monkeypatch, caplog):

@@ -60,6 +60,7 @@ from typing import Any
 
 from grpokit.config import GRPOConfig
 from grpokit.models.shape import DTYPE_BYTES, ModelShape, count_lora_parameters, dtype_name
+from grpokit.parallel.hardware import default_mixed_precision
 from grpokit.train.lm_head import head_chunk_rows
 
 __all__ = [
@@ -282,7 +283,8 @@ def plan_memory(
         raise ValueError(f"num_processes must be an integer >= 1, got {num_processes!r}")
     if device_type not in ("cuda", "cpu"):
         raise ValueError(f"device_type must be 'cuda' or 'cpu', got {device_type!r}")
-    args = args.resolved()  # as the run will use it: bf16 -> mixed_precision, generation_kwargs
+    # as the run will use it: bf16 -> mixed_precision (unset: the processor's), generation_kwargs
+    args = args.resolved(default_mixed_precision(args.use_cpu))
     shape = ModelShape.from_config(model_config)
     # fsdp: the weights (and everything with them) split; ZeRO-3 splits them the same way
     n, fsdp, lora = num_processes, strategy in ("fsdp", "zero3"), lora_r is not None

@@ -503,7 +503,8 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     """TRL/transformers name for ``mixed_precision="bf16"``. None (unset, with no ``fp16`` or
     ``mixed_precision``): bf16 on a CPU run whose processor has bf16 matrix units (Intel AMX, Arm BF16;
     logged at start), fp32 elsewhere, GPUs included (TRL's None means bf16 on every device); ``false`` keeps
-    fp32. ``GRPOKIT_BF16_MATRIX_UNITS=0/1`` overrides the detection (docs/performance.md)."""
+    fp32. ``GRPOKIT_BF16_MATRIX_UNITS=0/1`` overrides the detection (docs/performance.md). Decided when
+    the run starts (``resolved(default_precision)``)."""
     fp16: bool = False
     """TRL/transformers name for ``mixed_precision="fp16"``."""
     model_init_kwargs: ScalarMapping | None = None
@@ -683,13 +684,15 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
         self.report_to = [name.strip() for name in names if name.strip() not in ("none", "")]
 
     # ---- what a run uses -----------------------------------------------------------------------------------
-    def resolved(self) -> GRPOConfig:
+    def resolved(self, default_precision: str = "no") -> GRPOConfig:
         """This config with every derived field written out (``config.resolution.derived_values``): the
         strategies, ``eval_steps``, ``mixed_precision``, ``max_num_generations``, the importance-sampling
         bound and the sampling fields under ``generation_kwargs``. What a run uses (``GRPOTrainer`` resolves
         its ``args`` once) and what ``grpokit train`` records in config.yaml. Change a source on the config
-        you built, then resolve again: a resolved config states its derived fields explicitly."""
-        return dataclasses.replace(self, **resolution.derived_values(self))
+        you built, then resolve again: a resolved config states its derived fields explicitly.
+        ``default_precision``: the mixed precision when the config chooses none (``bf16`` unset); the
+        trainer passes the processor's (``grpokit.parallel.hardware.default_mixed_precision``)."""
+        return dataclasses.replace(self, **resolution.derived_values(self, default_precision))
 
     def check_eval_dataset(self, has_eval_dataset: bool, what_to_do: str = "pass eval_dataset") -> None:
         """Refuse an evaluation schedule (``eval_strategy``, ``eval_steps``, ``eval_on_start``) without an

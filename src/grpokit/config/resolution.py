@@ -66,20 +66,19 @@ def eval_steps(config: Any) -> int | float | None:
     return config.eval_steps if config.eval_steps is not None else config.logging_steps
 
 
-def mixed_precision(config: Any) -> str:
+def mixed_precision(config: Any, default: str = "no") -> str:
     """accelerate's mixed precision: TRL's ``bf16``/``fp16`` booleans name it too (validation refuses the
-    two disagreeing with ``mixed_precision``). With none of the three set (``bf16`` None, the default), the
-    processor decides (``parallel.hardware.default_mixed_precision``: bf16 on a CPU with bf16 matrix units,
-    else fp32); ``bf16=False`` is fp32 whatever the processor."""
+    two disagreeing with ``mixed_precision``). With none of the three set (``bf16`` None, the default):
+    ``default``, the processor's choice that ``GRPOTrainer`` passes
+    (``parallel.hardware.default_mixed_precision``: bf16 on a CPU with bf16 matrix units, else "no");
+    ``bf16=False`` is fp32 whatever the processor."""
     if config.bf16:
         return "bf16"
     if config.fp16:
         return "fp16"
     if config.mixed_precision != "no" or config.bf16 is not None:
         return config.mixed_precision
-    from grpokit.parallel.hardware import default_mixed_precision  # imports torch: only when resolving
-
-    return default_mixed_precision(config.use_cpu)
+    return default
 
 
 def max_num_generations(config: Any) -> int | None:
@@ -118,11 +117,11 @@ def sampling_fields(config: Any) -> dict[str, Any]:
     return values
 
 
-def derived_values(config: Any) -> dict[str, Any]:
+def derived_values(config: Any, default_precision: str = "no") -> dict[str, Any]:
     """Every derived field, by name, with the value a run uses (``GRPOConfig.resolved``). The deprecated cap
     becomes ``vllm_importance_sampling_clip_max`` and is cleared; ``bf16``/``fp16`` agree with
-    ``mixed_precision``."""
-    precision = mixed_precision(config)
+    ``mixed_precision`` (``default_precision`` when the config chooses none)."""
+    precision = mixed_precision(config, default_precision)
     return {
         "save_strategy": save_strategy(config),
         "eval_strategy": eval_strategy(config),

@@ -40,7 +40,7 @@ from grpokit.parallel.distributed import (
     placement,
     prepare_policy,
 )
-from grpokit.parallel.hardware import log_bf16_support
+from grpokit.parallel.hardware import default_mixed_precision, log_bf16_support
 from grpokit.parallel.run_state import RunState
 from grpokit.parallel.stopping import NonfiniteGuard, StopSignals
 from grpokit.parallel.threads import ThreadPolicy
@@ -139,7 +139,8 @@ class GRPOTrainer:
     ) -> None:
         args = args or GRPOConfig()
         args.check_eval_dataset(eval_dataset is not None, "pass eval_dataset to GRPOTrainer")
-        self.args = args.resolved()  # every derived value written out, once
+        # every derived value written out, once; a config that chooses no precision gets the processor's
+        self.args = args.resolved(default_mixed_precision(args.use_cpu))
         refuse_trainer_arguments(quantization_config=quantization_config, rollout_func=rollout_func)
         refuse_resets_of_adapter_reference(self.args, peft_config)
         if self.args.use_vllm:  # no vLLM or no device for its engine: refused before any weights load
