@@ -1,0 +1,115 @@
+"""The sampler's exactness under bf16 autocast, the precision ``bf16=true`` generates in: sampling equal in
+distribution to transformers' ``generate`` under the same autocast, and every reported log-prob equal to a
+full forward under it (fast sampler; multi-turn sessions cached and re-prefilled). bf16 rounds each matrix
+product's output to 8 bits of mantissa, so log-probs agree to bf16's resolution (``ATOL``), not to fp32's
+1e-5; each test also shows that the bf16 numbers really differ from fp32's (autocast was in effect)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpokit.envs.turns import CachedTurnSession, ReprefillSession
+from grpokit.models.tiny import build_char_tokenizer, build_tiny_model
+from grpokit.rollout import FastSampler
+from grpokit.rollout.base import SamplingParams
+
+from .test_fast_sampler import EOS, PAD, PROMPTS, VOCAB, _build, _chi2_two_sample, _encode
+from .test_turns import SIZES, episode_rows, full_forward_logprobs, params, prompt_ids, run
+
+ATOL = 0.25
+"""Log-prob agreement of two bf16 computations of one token (a fused decode step, a full forward): bf16's
+rounding, compounded through the layers, moved single log-probs of these peaky test models by up to 0.14
+(mean 0.02); a wrong token, position or weight moves them by a nat or more. fp32: 1e-5."""
+
+
+def bf16():
+    return torch.autocast("cpu", dtype=torch.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def qwen2(tmp_path_factory):
+    return _build(tmp_path_factory, "qwen2")
+
+
+def forward_logprobs(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    """log p(completion[t] | prompt + completion[:t]) from one full forward, in the ambient precision."""
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None]).squeeze(1)
+
+
+def test_bf16_sampling_equal_in_distribution_to_generate(qwen2):
+    """First and second tokens of 3000 samples from generate and from FastSampler, both under bf16
+    autocast: the two-sample chi-square test must not reject (fixed seeds)."""
+    model, tok = qwen2
+    prompt = _encode(tok, PROMPTS[2])
+    n = 3000
+    ids = torch.tensor([prompt] * n)
+    with bf16():
+        torch.manual_seed(123)
+        mask = torch.ones_like(ids)
+        hf = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=2,
+                            min_new_tokens=2, pad_token_id=PAD, eos_token_id=None, top_k=0)  # fmt: skip
+        hf = hf[:, len(prompt) :]
+        torch.manual_seed(321)
+        out = FastSampler(model).generate([prompt], n, SamplingParams(max_new_tokens=2, eos_token_ids=()))
+    ours = torch.tensor(out.completion_ids)
+    assert ours.shape == (n, 2)
+    p_first = _chi2_two_sample(ours[:, 0], hf[:, 0], VOCAB)
+    p_second = _chi2_two_sample(ours[:, 1], hf[:, 1], VOCAB)
+    assert p_first > 1e-3 and p_second > 1e-3, (p_first, p_second)
+
+
+@pytest.mark.parametrize("impl", ["native", "hf"])
+def test_bf16_sampler_logprobs_equal_a_bf16_full_forward(qwen2, impl):
+    model, tok = qwen2
+    prompts = [_encode(tok, p) for p in PROMPTS[:3]]
+    params_ = SamplingParams(max_new_tokens=6, eos_token_ids=(EOS,), pad_token_id=PAD)
+    torch.manual_seed(0)
+    with bf16():
+        out = FastSampler(model, impl=impl).generate(prompts, 3, params_)
+    widest, errors = 0.0, []
+    for row, (completion, logprobs) in enumerate(zip(out.completion_ids, out.logprobs)):
+        prompt, reported = prompts[row // 3], torch.tensor(logprobs)
+        with bf16():
+            expected = forward_logprobs(model, prompt, completion)
+        torch.testing.assert_close(reported, expected, atol=ATOL, rtol=0)
+        errors.append((reported - expected).abs())
+        widest = max(widest, (reported - forward_logprobs(model, prompt, completion)).abs().max().item())
+    assert torch.cat(errors).mean() < 0.05  # a few rounding steps on average, not a bias
+    if impl == "hf":  # transformers' own forward on both sides: the same bf16 numbers
+        assert max(e.max().item() for e in errors) < 1e-5
+    assert widest > 1e-4  # against fp32's forward: bf16 really computed them
+
+
+@pytest.fixture(scope="module")
+def turn_model():
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(tokenizer, arch="llama", hidden_size=32, num_layers=2, num_heads=4, seed=3)
+    return model.eval(), tokenizer
+
+
+def test_bf16_turn_sessions_report_the_full_forward_logprobs(turn_model):
+    """Multi-turn episodes under bf16 autocast: the cached session and the re-prefilling one each report,
+    for every policy token, the log-prob a bf16 full forward over the episode gives."""
+    model, tokenizer = turn_model
+    ids = prompt_ids(tokenizer)
+    greedy = params(tokenizer, greedy=True)
+    with bf16():
+        cached = run(CachedTurnSession(model, ids, SIZES), tokenizer, episode_rows(), greedy)
+        again = run(ReprefillSession(FastSampler(model), ids, SIZES), tokenizer, episode_rows(), greedy)
+    prompts = [p for p, size in zip(ids, SIZES) for _ in range(size)]
+    widest = 0.0
+    for prompt, *episodes in zip(prompts, cached, again):
+        for episode in episodes:
+            assert episode.done
+            mask = torch.tensor(episode.policy_mask, dtype=torch.bool)
+            with bf16():
+                expected = full_forward_logprobs(model, prompt, episode.completion_ids)[mask]
+            reported = torch.tensor(episode.logprobs)[mask]
+            torch.testing.assert_close(reported, expected, atol=ATOL, rtol=0)
+            fp32 = full_forward_logprobs(model, prompt, episode.completion_ids)[mask]
+            widest = max(widest, (reported - fp32).abs().max().item())
+    assert widest > 1e-4
