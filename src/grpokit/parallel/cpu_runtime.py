@@ -39,8 +39,8 @@ reuse, grouped-query attention without copied keys/values, and bounded oneDNN ke
   1,067 MiB, against 75 in fp32; with both caches at 16, by 56 MiB, at 256 by 387 MiB, and no slower.
 - So a CPU run sets both to ``ONEDNN_CACHE_CAPACITY`` entries (a value the user set is kept). torch reads
   them when it builds its first such kernel, so a process that ran a bf16 product before the trainer
-  starts keeps the defaults. The maze recipe under ``bf16=true``, 80 steps: peak RSS 1,268 MiB instead of
-  1,641 (fp32: 1,217), the step as fast (docs/performance.md).
+  starts keeps the defaults. The maze recipe under ``bf16=true``, 80 steps: peak RSS 1,238 MiB instead of
+  1,603 (fp32: 1,188), the step as fast (docs/performance.md).
 """
 
 from __future__ import annotations
