@@ -58,6 +58,20 @@ def test_train_from_recipe_with_override(recipe, tmp_path, capsys):
     assert yaml.safe_load((run / "config.yaml").read_text())["beta"] == 0.0
 
 
+@pytest.mark.parametrize(
+    ("units", "extra", "bf16"), [("1", [], True), ("1", ["bf16=false"], False), ("0", [], False)]
+)
+def test_the_start_says_when_the_processor_chose_bf16(
+    recipe, tmp_path, capsys, monkeypatch, units, extra, bf16
+):
+    monkeypatch.setenv("GRPOKIT_BF16_MATRIX_UNITS", units)
+    assert main(["train", str(recipe), "max_steps=1", "evaluate=false", *extra]) == 0
+    said = "grpokit: bf16 autocast, this CPU's default (it has bf16 matrix units); bf16=false for fp32"
+    assert (said in capsys.readouterr().out) is bf16
+    recorded = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert (recorded["bf16"], recorded["mixed_precision"]) == (bf16, "bf16" if bf16 else "no")
+
+
 def test_lora_from_the_command_line(recipe, tmp_path):
     """TRL's ModelConfig names build the adapters; the run saves a peft adapter directory."""
     args = ["train", str(recipe), "use_peft=true", "lora_r=4", "lora_target_modules=[q_proj,v_proj]"]

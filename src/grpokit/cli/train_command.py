@@ -225,6 +225,10 @@ def run_training(args: TrainArgs) -> dict[str, Any]:
     main = trainer.accelerator.is_main_process
     if main:
         print(f"grpokit: {trainer.plan.describe()}; {trainer.max_steps} steps; output in {output_dir}")
+        if trainer.bf16_by_default:
+            print(
+                "grpokit: bf16 autocast, this CPU's default (it has bf16 matrix units); bf16=false for fp32"
+            )
         output_dir.mkdir(parents=True, exist_ok=True)  # what this run trains on, before it starts
         dataclasses.replace(config, hub_token=None).to_yaml(output_dir / "config.yaml")  # no secrets on disk
     summary: dict[str, Any] = {

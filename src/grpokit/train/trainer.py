@@ -151,9 +151,10 @@ class GRPOTrainer:
         self.threads = ThreadPolicy.for_run(self.args, cpu=cpu)
         apply_cpu_runtime(self.args, cpu=cpu)
         main = self.accelerator.is_main_process
+        unset = args.bf16 is None and not args.fp16 and args.mixed_precision == "no"
+        self.bf16_by_default = unset and self.args.mixed_precision == "bf16"  # the processor chose bf16
         if main:  # bf16 matrix units (AMX, Arm BF16, tensor cores) and whether this run computes in bf16
-            by_default = args.bf16 is None and not args.fp16 and args.mixed_precision == "no"
-            log_bf16_support(self.accelerator.device, self.args.mixed_precision, by_default)
+            log_bf16_support(self.accelerator.device, self.args.mixed_precision, self.bf16_by_default)
         self.publisher = Publisher(self.args, model, train_dataset, is_main=main)  # checks hub access
         self.plan = self.args.batch_plan(self.accelerator.num_processes)
         remote = self.args.trust_remote_code
