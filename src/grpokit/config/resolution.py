@@ -27,6 +27,7 @@ __all__ = [
     "max_num_generations",
     "mixed_precision",
     "policy_loss",
+    "precision_unset",
     "sampling_fields",
     "save_strategy",
     "vllm_context_length",
@@ -76,9 +77,12 @@ def mixed_precision(config: Any, default: str = "no") -> str:
         return "bf16"
     if config.fp16:
         return "fp16"
-    if config.mixed_precision != "no" or config.bf16 is not None:
-        return config.mixed_precision
-    return default
+    return default if precision_unset(config) else config.mixed_precision
+
+
+def precision_unset(config: Any) -> bool:
+    """The config chooses no precision: ``bf16`` None, no ``fp16``, ``mixed_precision`` "no"."""
+    return config.bf16 is None and not config.fp16 and config.mixed_precision == "no"
 
 
 def max_num_generations(config: Any) -> int | None:

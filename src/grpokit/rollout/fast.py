@@ -99,7 +99,8 @@ class FastSampler:
                 f"compile_decode compiles the native decode step, which does not support "
                 f"{type(model).__name__} (llama, qwen2, qwen3 and mistral without a sliding window)"
             )
-        self.decode_step = compiled_decode_step() if compile_decode else NativeDecoder.__call__
+        self.decode_step = compiled_decode_step() if compile_decode else None
+        """The compiled ``NativeDecoder.__call__`` (``compile_decode``); None: the decoder is called as is."""
         self.last_stats: dict[str, int] = {}
         """Counters of the last ``generate`` call, summed over its chunks of prompts: prefill_rows (distinct
         prompts run), prefill_tokens (padded), decode_steps (forward calls after the prefill), rows."""
@@ -140,8 +141,10 @@ class FastSampler:
         vocab = self.model.get_output_embeddings().weight.shape[0]
 
         pre = self._prefill(prompt_ids, device, keep_hf_cache=self.impl == "hf")
-        if self.impl == "native":  # eager or compiled (compile_decode)
-            step = functools.partial(self.decode_step, NativeDecoder(self.model, pre, group, max_new))
+        if self.impl == "native":
+            step = NativeDecoder(self.model, pre, group, max_new)
+            if self.decode_step is not None:  # compile_decode
+                step = functools.partial(self.decode_step, step)
         else:
             step = _HFDecoder(self.model, pre, group, max_new)
 

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from transformers import TrainerState
 
 from grpokit.config import GRPOConfig
+from grpokit.config.resolution import precision_unset
 from grpokit.config.trl_fields import refuse_trainer_arguments
 from grpokit.core import entropy_threshold, multi_reward_advantages, off_policy_sequence_mask
 from grpokit.data.chat import encode_prompt
@@ -151,8 +152,8 @@ class GRPOTrainer:
         self.threads = ThreadPolicy.for_run(self.args, cpu=cpu)
         apply_cpu_runtime(self.args, cpu=cpu)
         main = self.accelerator.is_main_process
-        unset = args.bf16 is None and not args.fp16 and args.mixed_precision == "no"
-        self.bf16_by_default = unset and self.args.mixed_precision == "bf16"  # the processor chose bf16
+        # the processor chose bf16 (the config chose no precision)
+        self.bf16_by_default = precision_unset(args) and self.args.mixed_precision == "bf16"
         if main:  # bf16 matrix units (AMX, Arm BF16, tensor cores) and whether this run computes in bf16
             log_bf16_support(self.accelerator.device, self.args.mixed_precision, self.bf16_by_default)
         self.publisher = Publisher(self.args, model, train_dataset, is_main=main)  # checks hub access
