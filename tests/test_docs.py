@@ -148,7 +148,7 @@ COMMANDS = [(doc, line, argv) for doc in DOCS for line, argv in command_lines(do
 COMMANDS += [(DOCS[0], line, argv) for line, argv in table_commands(DOCS[0])]  # the README's tables
 
 
-class Parsed(Exception):
+class Parsed(BaseException):  # (not an Exception: main() reports those as errors)
     """Raised where a command would start running, with what the parser made of its arguments."""
 
 

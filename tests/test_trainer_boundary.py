@@ -25,6 +25,7 @@ STEP_MODULES = {
     "reference",  # pi_ref
     "update",  # mu epochs of optimizer steps
     "prompts",  # which prompts, as token ids
+    "preflight",  # a run's checks that need no weights, before any load
     "run_rewards",  # what scores a run
     "schedule",  # when a run logs, evaluates, saves
     "hooks",  # the protocol of optional behaviour

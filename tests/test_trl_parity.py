@@ -127,6 +127,7 @@ def test_command_line_dict_values_are_typed_like_yaml():
     """tyro gives the values of a dict field as strings; "false" would be true in a Jinja template."""
     config = GRPOConfig(
         chat_template_kwargs={"enable_thinking": "false", "budget": "3", "name": "x"},
+        lr_scheduler_type="cosine",
         lr_scheduler_kwargs={"num_cycles": "0.5"},
     )
     assert config.chat_template_kwargs == {"enable_thinking": False, "budget": 3, "name": "x"}

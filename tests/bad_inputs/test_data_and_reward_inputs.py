@@ -53,7 +53,7 @@ def test_the_command_line_names_a_non_utf8_data_file_without_a_traceback(tiny_mo
     path = write_non_utf8(tmp_path / "train.csv")
     argv = ["train", f"model={tiny_model_dir}", "task=null", f"dataset={path}", "reward_funcs=[think_format]",
             f"output_dir={tmp_path / 'run'}", "max_steps=1", "disable_tqdm=true"]  # fmt: skip
-    with pytest.raises(SystemExit, match=rf"^grpokit: train_dataset: {path} line 3 is not UTF-8 text"):
+    with pytest.raises(SystemExit, match=rf"^grpokit: dataset: {path} line 3 is not UTF-8 text"):
         main(argv)
 
 

@@ -24,7 +24,8 @@ from grpokit.parallel.resume_fields import FIELDS, HONOURED, NOT_COMPARED, REFUS
 
 from ..conftest import small_config
 
-ROWS = [{"prompt": "1+1=", "solution": "2"}, {"prompt": "2+3=", "solution": "5"}]
+ROWS = [{"prompt": "1+1=", "solution": "2"}, {"prompt": "2+3=", "solution": "5"},
+        {"prompt": "4+4=", "solution": "8"}, {"prompt": "7-2=", "solution": "5"}]  # fmt: skip
 
 
 def length_reward(completions, **kwargs):
@@ -140,13 +141,13 @@ def test_the_reliability_doc_lists_every_field_as_the_table_does():
 
 
 def test_other_training_rows_are_refused(tiny_model_dir, run_dir, tmp_path):
-    other = [{"prompt": "9+9=", "solution": "18"}, ROWS[1]]
+    other = [{"prompt": "9+9=", "solution": "18"}, *ROWS[1:]]
     with pytest.raises(
-        ResumeError, match=r"train_dataset is not the one checkpoint-1 .* trained on \(2 rows both"
+        ResumeError, match=r"train_dataset is not the one checkpoint-1 .* trained on \(4 rows both"
     ):
         resumed(tiny_model_dir, tmp_path, rows=other)
-    with pytest.raises(ResumeError, match=r"\(2 rows then, 1 now\)"):
-        resumed(tiny_model_dir, tmp_path, rows=ROWS[:1])
+    with pytest.raises(ResumeError, match=r"\(4 rows then, 3 now\)"):
+        resumed(tiny_model_dir, tmp_path, rows=ROWS[:3])
 
 
 def test_a_model_of_another_shape_is_refused(run_dir, tmp_path):

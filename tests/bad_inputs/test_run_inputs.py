@@ -30,9 +30,9 @@ def test_an_output_dir_with_another_runs_checkpoints(tiny_model_dir, tmp_path):
         str(tiny_model_dir), [length_reward], config(tmp_path, save_steps=1), train_dataset=ROWS
     ).train()
     again = GRPOTrainer(str(tiny_model_dir), [length_reward], config(tmp_path), train_dataset=ROWS)
-    with pytest.raises(ValueError, match=r"already holds another run's checkpoints \(checkpoint-1\).*resume"):
-        again.train()
-    over = config(tmp_path, overwrite_output_dir=True)
+    with pytest.raises(ValueError, match=r"holds the results of a finished train run .*checkpoint-1.*resume"):
+        again.train()  # (built: train(resume_from_checkpoint=...) could have continued it)
+    over = config(tmp_path, overwrite_output_dir=True, save_steps=1)
     GRPOTrainer(str(tiny_model_dir), [length_reward], over, train_dataset=ROWS).train()  # allowed
     resumed = config(tmp_path, max_steps=2, resume_from_checkpoint="latest")
     assert len(GRPOTrainer(str(tiny_model_dir), [length_reward], resumed, train_dataset=ROWS).train()) == 1

@@ -137,7 +137,7 @@ def test_recipe_base_is_extended():
 def test_a_multi_turn_task_trains_in_its_environment_and_is_evaluated_over_episodes(tiny_model_dir, tmp_path):
     out = tmp_path / "maze-run"
     argv = ["train", "task=maze", f"model={tiny_model_dir}", f"output_dir={out}", "max_steps=1",
-            "num_train_examples=8", "num_eval_examples=4", "max_completion_length=12", "max_turns=3",
+            "num_train_examples=16", "num_eval_examples=4", "max_completion_length=12", "max_turns=3",
             "max_turn_tokens=2", "disable_tqdm=true"]  # fmt: skip
     assert main(argv) == 0
     summary = json.loads((out / "eval_summary.json").read_text())

@@ -12,8 +12,10 @@ from grpokit.rewards import combine_rewards, resolve_reward, score_completions
 
 
 @pytest.fixture(scope="module")
-def r1_zero_rewards():
-    args = parse_train_args(["r1-zero", "dataset=unused.jsonl"])
+def r1_zero_rewards(tmp_path_factory):
+    rows = tmp_path_factory.mktemp("r1") / "rows.jsonl"
+    rows.write_text('{"prompt": "What is 6*7?", "solution": "42"}\n')
+    args = parse_train_args(["r1-zero", f"dataset={rows}"])
     _, _, specs, weights = training_data(args)
     return [resolve_reward(spec) for spec in specs], weights
 

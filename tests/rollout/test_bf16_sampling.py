@@ -78,9 +78,10 @@ def test_bf16_sampler_logprobs_equal_a_bf16_full_forward(qwen2, impl):
         torch.testing.assert_close(reported, expected, atol=ATOL, rtol=0)
         errors.append((reported - expected).abs())
         widest = max(widest, (reported - forward_logprobs(model, prompt, completion)).abs().max().item())
-    assert torch.cat(errors).mean() < 0.05  # a few rounding steps on average, not a bias
-    if impl == "hf":  # transformers' own forward on both sides: the same bf16 numbers
-        assert max(e.max().item() for e in errors) < 1e-5
+    # a few rounding steps on average, not a bias. (impl="hf" is transformers' forward on both sides, but a
+    # cached decode step multiplies 1-row matrices and the full forward T-row ones: oneDNN picks other bf16
+    # kernels for them on some processors, e.g. AMD EPYC with avx512_bf16, so they need not agree bit for bit)
+    assert torch.cat(errors).mean() < 0.05
     assert widest > 1e-4  # against fp32's forward: bf16 really computed them
 
 

@@ -96,11 +96,32 @@ def test_a_checkpoint_cut_off_mid_write_is_never_the_latest(tmp_path):
 
 
 def test_a_second_signal_stops_at_once():
-    from grpokit.parallel.stopping import StopSignals
+    from grpokit.parallel.stopping import RunInterrupted, StopSignals
+
+    before = signal.getsignal(signal.SIGTERM)
+    with StopSignals() as signals, signals.deferred():
+        signals._note(signal.SIGTERM, None)
+        assert signals.requested() and signals.received == "SIGTERM"
+        with pytest.raises(RunInterrupted, match="SIGTERM again"):
+            signals._note(signal.SIGTERM, None)
+    assert signal.getsignal(signal.SIGTERM) is before  # the previous handler is back
+
+
+def test_outside_the_step_loop_a_signal_stops_at_once_and_an_ignored_one_stays_ignored():
+    """Loading or evaluating, nothing is lost by stopping: the first signal raises RunInterrupted (a
+    KeyboardInterrupt). A signal the process ignores (SIGINT under nohup) is left ignored."""
+    from grpokit.parallel.stopping import RunInterrupted, StopSignals
 
     with StopSignals() as signals:
-        signals._note(signal.SIGINT, None)
-        assert signals.requested() and signals.received == "SIGINT"
-        with pytest.raises(KeyboardInterrupt, match="SIGINT again"):
-            signals._note(signal.SIGINT, None)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the previous handler is back
+        assert StopSignals.current() is signals
+        with pytest.raises(RunInterrupted, match="stopped by SIGTERM") as caught:
+            signals._note(signal.SIGTERM, None)
+        assert isinstance(caught.value, KeyboardInterrupt) and caught.value.signal == "SIGTERM"
+    assert StopSignals.current() is None
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with StopSignals():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -217,7 +217,7 @@ def test_a_tool_environment_puts_its_tools_in_the_chat_template(tmp_path, tokeni
         "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     )
     model = build_tiny_model(chat, hidden_size=32, num_layers=1, num_heads=4)
-    rows = [{"prompt": [{"role": "user", "content": "hi"}]}]
+    rows = [{"prompt": [{"role": "user", "content": word}]} for word in ("hi", "yo")]
     config = small_config(tmp_path, max_completion_length=12, max_turn_tokens=4, max_turns=2)
     trainer = GRPOTrainer(model, None, config, train_dataset=rows, processing_class=chat,
                           environment=lambda: ToolEnvironment([lookup]))  # fmt: skip

@@ -106,6 +106,7 @@ def test_chat_template_kwargs_reach_the_template(tiny_model_dir, rows, tmp_path)
         output_dir=str(tmp_path),
         num_generations=2,
         per_device_train_batch_size=2,
+        max_completion_length=8,
         chat_template_kwargs={"enable_thinking": False},
     )
     trainer = GRPOTrainer(str(tiny_model_dir), [digit_reward], config, train_dataset=rows)

@@ -34,13 +34,31 @@ def main(argv: list[str] | None = None) -> int:
         return _run(command, argv)
     except InputError as error:  # a bad input, refused in one sentence: no traceback
         raise SystemExit(f"grpokit: {error}") from error
+    except KeyboardInterrupt as stop:  # a signal outside a run (a run ends with its own closing line)
+        print(f"grpokit: {stop or 'interrupted'}; nothing was written", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `grpokit train --help | head`: the reader left; nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except Exception:  # not a bad input: an error of grpokit's (or of code it ran), with its traceback
+        import traceback
+
+        traceback.print_exc()
+        print(
+            "grpokit: the error above is not one of grpokit's input checks: a bug in grpokit, or in code "
+            "it ran for you (a reward function, an environment, a library). If it is grpokit's, please "
+            "report it with the command and this traceback.",
+            file=sys.stderr,
+        )
+        return 1
 
 
 def _run(command: str | None, argv: list[str]) -> int:
     if command in (None, "train"):
         from grpokit.cli.train_command import run_training
 
-        run_training(parse_train_args(argv[1:] if command else argv))
+        arguments = argv[1:] if command else argv
+        run_training(parse_train_args(arguments), command=arguments)
         return 0
     if command == "eval":
         from grpokit.cli.eval_command import eval_main

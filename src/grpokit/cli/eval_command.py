@@ -9,6 +9,7 @@ value``. What the output keys mean: :func:`grpokit.eval.grade_completions` and d
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +19,9 @@ import tyro
 from grpokit.cli.recipes import TYRO_MARKERS, to_flag_arguments
 from grpokit.cli.train_command import resolve_model, task_splits
 from grpokit.config.values import field_types, typed_value
+from grpokit.data.integrity import InputError
+from grpokit.data.run_folder import check_writable
+from grpokit.parallel.stopping import StopSignals
 
 __all__ = [
     "EvalArgs",
@@ -100,7 +104,11 @@ class EvalArgs:
     per_example: bool = False
     """Add ``records``: per prompt its completions, rewards, correctness and extracted answers."""
     output: str | None = None
-    """Write the result as JSON here."""
+    """Write the result as JSON to this file (checked before the model loads; written aside, then renamed
+    into place, so a stopped evaluation never leaves half a file)."""
+    overwrite_output: bool = False
+    """Replace an existing ``output`` file (without it, an existing one is refused: another evaluation's
+    result)."""
     num_eval_examples: int | None = None
     """Evaluate only this many prompts: a built-in task generates this many, an eval_dataset's first rows."""
     task_seed: int = 0
@@ -122,15 +130,31 @@ class EvalArgs:
 
 
 def resolve_device(spec: str) -> str:
-    """``auto`` -> ``cuda`` when a GPU is available, else ``cpu``; anything else is checked and returned."""
+    """``auto`` -> ``cuda`` when a GPU is available, else ``cpu``; anything else is checked (a device of
+    this machine) and returned."""
     import torch
 
     if spec == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        torch.device(spec)
+        device = torch.device(spec)
     except RuntimeError as error:
-        raise ValueError(f"device: {spec!r} is not a torch device (cpu, cuda, cuda:1, auto)") from error
+        raise InputError(f"device: {spec!r} is not a torch device (cpu, cuda, cuda:1, auto)") from error
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise InputError(f"device={spec}: this machine has no CUDA device; use device=cpu (or auto)")
+        if device.index is not None and device.index >= count:
+            raise InputError(
+                f"device={spec}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+            )
+    elif device.type not in ("cpu", "meta"):
+        backend = getattr(torch, device.type, None)
+        available = getattr(backend, "is_available", None)
+        if callable(available) and not available():
+            raise InputError(
+                f"device={spec}: no {device.type} device on this machine; use device=cpu (or auto)"
+            )
     return spec
 
 
@@ -203,7 +227,7 @@ def plan_eval(args: EvalArgs) -> EvalPlan:
         from grpokit.tasks import TASKS
 
         if task_name not in TASKS:
-            raise ValueError(f"task: unknown built-in task {task_name!r}; known tasks: {sorted(TASKS)}")
+            raise InputError(f"task: unknown built-in task {task_name!r}; known tasks: {sorted(TASKS)}")
         task = TASKS[task_name]
     rows = _rows(args, task_name)
     reward_specs, extractor_spec = _graders(args, task)
@@ -229,11 +253,62 @@ def plan_eval(args: EvalArgs) -> EvalPlan:
     if max_new is None:
         max_new = TASK_MAX_NEW_TOKENS if args.eval_dataset is None else DATASET_MAX_NEW_TOKENS
     if max_new < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new}")
+        raise InputError(f"max_new_tokens must be >= 1, got {max_new}")
     if args.batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {args.batch_size}")
+        raise InputError(f"batch_size must be >= 1, got {args.batch_size}")
     resolve_device(args.device)
+    check_output_file(args.output, args.overwrite_output)
     return EvalPlan(rows, reward_funcs, extractor, task_name, temperature, max_new)
+
+
+def check_options(args: EvalArgs) -> None:
+    """The options' own ranges, before anything is read: the sampling settings as GRPOConfig checks them
+    (``config.validation.check_sampling_values``), the counts, the threshold, the environment's options."""
+    import math
+
+    from grpokit.config.validation import check_sampling_values
+
+    temperature = args.temperature if args.temperature is not None else 0.0
+    check_sampling_values(temperature=temperature, top_p=args.top_p, top_k=args.top_k, owner="",
+                          greedy_allowed=True)  # fmt: skip
+    if not math.isfinite(args.correct_threshold):
+        raise InputError(f"correct_threshold must be a finite number, got {args.correct_threshold}")
+    for name in ("num_samples", "num_eval_examples", "max_prompt_length", "max_turns", "max_turn_tokens"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise InputError(f"{name} must be >= 1, got {value}")
+    if args.environment_timeout is not None and not args.environment_timeout > 0:
+        raise InputError(
+            f"environment_timeout must be > 0 seconds (or None: unbounded), got {args.environment_timeout}"
+        )
+    if args.environment_kwargs and args.environment is None and args.eval_dataset is not None:
+        from grpokit.envs.sampler import refuse_unused_environment_kwargs
+
+        refuse_unused_environment_kwargs(args.environment_kwargs)
+
+
+def check_output_file(output: str | None, overwrite: bool) -> None:
+    """``output`` can take the result: a file path (not a folder) whose folder can be made and written,
+    and no earlier result there unless ``overwrite``."""
+    if output is None:
+        return
+    path = Path(output)
+    if path.is_dir():
+        raise InputError(f"output: {output} is a folder; give a file path, e.g. output={path / 'eval.json'}")
+    if path.exists() and not overwrite:
+        raise InputError(
+            f"output: {output} already exists (another evaluation's result?); give another file, or "
+            "overwrite_output=true to replace it"
+        )
+    check_writable(path.parent, "output's folder")  # a file, or not writable: refused
+
+
+def _write_output(path: Path, result: dict[str, Any]) -> None:
+    """The result as JSON, written aside and renamed into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(result, indent=2))
+    os.replace(tmp, path)
 
 
 def _refuse_missing_columns(args: EvalArgs, rows: list[dict[str, Any]], reward_funcs: list[Any]) -> None:
@@ -251,7 +326,9 @@ def run_eval(args: EvalArgs, plan: EvalPlan | None = None) -> dict[str, Any]:
     only when no output file takes them) and write the whole result as JSON to ``output``."""
     from grpokit.eval import evaluate_model
 
-    plan = plan or plan_eval(args)
+    if plan is None:
+        check_options(args)
+        plan = plan_eval(args)
     path = resolve_model(args.model, seed=args.task_seed)
     model, tokenizer = load_eval_model(path, args.device, args.dtype)
     template = {k: typed_value(v) for k, v in (args.chat_template_kwargs or {}).items()}
@@ -282,8 +359,7 @@ def run_eval(args: EvalArgs, plan: EvalPlan | None = None) -> dict[str, Any]:
     shown = {k: v for k, v in result.items() if k != "records"} if args.output else result
     print(json.dumps(shown, indent=2))
     if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(json.dumps(result, indent=2))
+        _write_output(Path(args.output), result)
     return result
 
 
@@ -308,7 +384,7 @@ def _episode_runner(args: EvalArgs, plan: EvalPlan, tokenizer: Any) -> Any:
 
 def parse_eval_args(argv: list[str]) -> EvalArgs:
     """``key=value`` / ``--key value`` arguments -> EvalArgs (tyro; ``--help`` lists every option)."""
-    return tyro.cli(
+    args = tyro.cli(
         EvalArgs,
         args=to_flag_arguments(argv, field_types(EvalArgs)),
         prog="grpokit eval",
@@ -316,6 +392,11 @@ def parse_eval_args(argv: list[str]) -> EvalArgs:
         use_underscores=True,
         config=TYRO_MARKERS,
     )
+    for name in ("model", "eval_dataset", "output"):  # ~ as a shell expands it
+        value = getattr(args, name)
+        if isinstance(value, str) and value.startswith("~"):
+            setattr(args, name, os.path.expanduser(value))
+    return args
 
 
 def eval_main(argv: list[str]) -> int:
@@ -323,8 +404,10 @@ def eval_main(argv: list[str]) -> int:
     message naming the option: from the parser (exit status 2), or ``SystemExit("grpokit eval: ...")``."""
     args = parse_eval_args(argv)
     try:
+        check_options(args)
         plan = plan_eval(args)  # fail on bad input before the model loads
     except (ValueError, FileNotFoundError) as error:
         raise SystemExit(f"grpokit eval: {error}") from error
-    run_eval(args, plan)
+    with StopSignals.in_force():  # a signal stops it at once: nothing is written
+        run_eval(args, plan)
     return 0

@@ -48,7 +48,9 @@ _BOOL_WORDS = {
 
 def find_recipe(name_or_path: str) -> Path:
     """A recipe file path, or the name of a recipe shipped with grpokit (``arithmetic-tiny``)."""
-    path = Path(name_or_path)
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        raise SystemExit(f"grpokit: recipe {name_or_path!r} is a directory; give a recipe's .yaml file")
     if path.exists():
         return path
     shipped = RECIPES_DIR / f"{name_or_path.removesuffix('.yaml')}.yaml"

@@ -5,10 +5,13 @@ how the before/after evaluation and LoRA are set. Read from recipes and the comm
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 
 from grpokit.config import GRPOConfig
 from grpokit.config.values import field_types, typed
+from grpokit.data.integrity import InputError
+from grpokit.tasks import get_task
 
 __all__ = ["TrainArgs"]
 
@@ -71,17 +74,27 @@ class TrainArgs:
         for spec in dataclasses.fields(self):
             if spec.name != "config":
                 setattr(self, spec.name, typed(types[spec.name], getattr(self, spec.name), spec.name))
+        if not self.model.strip():
+            raise InputError(
+                "model: empty; give a model directory, a hub id, or tiny:<task> (e.g. tiny:arithmetic)"
+            )
+        for name in ("model", "dataset", "eval_dataset"):  # ~ as a shell expands it
+            value = getattr(self, name)
+            if isinstance(value, str) and value.startswith("~"):
+                setattr(self, name, os.path.expanduser(value))
+        if self.task is not None:
+            get_task(self.task)  # an unknown name: the known ones listed
         for name, none_means in _COUNTS.items():
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1 (or None: {none_means}), got {value}")
+                raise InputError(f"{name} must be >= 1 (or None: {none_means}), got {value}")
         if self.lora_r < 1:
-            raise ValueError(f"lora_r must be >= 1 (the adapters' rank), got {self.lora_r}")
+            raise InputError(f"lora_r must be >= 1 (the adapters' rank), got {self.lora_r}")
         if self.lora_alpha <= 0:
-            raise ValueError(f"lora_alpha must be > 0 (the adapters' scale is lora_alpha / lora_r), got "
+            raise InputError(f"lora_alpha must be > 0 (the adapters' scale is lora_alpha / lora_r), got "
                              f"{self.lora_alpha}")  # fmt: skip
         if not 0 <= self.lora_dropout < 1:
-            raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
+            raise InputError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
 
 
 _COUNTS = {

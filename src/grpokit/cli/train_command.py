@@ -5,13 +5,29 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import shlex
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpokit.cli.held_out import HeldOut
 from grpokit.cli.train_args import TrainArgs
-from grpokit.cli.train_rm_command import resolve_trained_rm
+from grpokit.cli.train_rm_command import TRAINED_RM_PREFIX, resolve_trained_rm
 from grpokit.config import GRPOConfig, resolution
+from grpokit.data.integrity import InputError
+from grpokit.data.run_folder import claim_run_folder
+from grpokit.parallel.stopping import RunInterrupted, StopSignals
+from grpokit.train.preflight import (
+    check_output_folder,
+    check_policy_fits,
+    check_rows_per_step,
+    longest_prompt,
+    output_folder_reads,
+    read_model_config,
+    resumes_in,
+)
 
 
 def peft_config(args: TrainArgs) -> Any:
@@ -55,9 +71,20 @@ def task_splits(task_name: str, args: Any) -> tuple[list[dict], list[dict]]:
 
 
 def training_data(args: TrainArgs) -> tuple[Any, Any, list[Any], list[float] | None]:
-    """(train rows, held-out rows, reward functions, reward weights) for a recipe."""
-    train_rows: Any = args.dataset
-    eval_rows: Any = args.eval_dataset
+    """(train rows, held-out rows, reward functions, reward weights) for a recipe: ``dataset`` and
+    ``eval_dataset`` files are loaded here (checked before any model loads) and cut to
+    ``num_train_examples`` / ``num_eval_examples`` when those are set; ``train-rm:<kind>`` rewards stay names
+    (``resolve_trained_rm`` trains them when the run is built)."""
+    from grpokit.data.loading import load_dataset_rows
+
+    settings = args.config.data_settings()
+    train_rows: Any = None
+    if args.dataset is not None:
+        train_rows = load_dataset_rows(args.dataset, settings, name="dataset")[: args.num_train_examples]
+    eval_rows: Any = None
+    if args.eval_dataset is not None:
+        eval_rows = load_dataset_rows(args.eval_dataset, settings, name="eval_dataset")
+        eval_rows = eval_rows[: args.num_eval_examples]
     rewards: list[Any] | None = list(args.reward_funcs) if args.reward_funcs else None
     weights = args.config.reward_weights
     if args.task is not None:
@@ -73,11 +100,10 @@ def training_data(args: TrainArgs) -> tuple[Any, Any, list[Any], list[float] | N
                 weights = [task.default_reward_weights.get(name, 1.0) for name in task.reward_funcs]
         else:  # the task's own reward names (exact_answer, format, ...) resolve to its functions
             rewards = [task.reward_funcs.get(r, r) if isinstance(r, str) else r for r in rewards]
-    rewards = [resolve_trained_rm(r) for r in rewards] if rewards else rewards  # train-rm:<kind>: cached
     if train_rows is None:
-        raise SystemExit("grpokit: give a task or a dataset")
+        raise InputError("give a task or a dataset")
     if not rewards:
-        raise SystemExit("grpokit: give reward_funcs (or a task that has them)")
+        raise InputError("give reward_funcs (or a task that has them)")
     return train_rows, eval_rows, rewards, weights
 
 
@@ -191,85 +217,316 @@ def held_out_accuracy(trainer: Any, held_out: Any, args: TrainArgs, config: GRPO
     )  # fmt: skip
 
 
-def run_training(args: TrainArgs) -> dict[str, Any]:
-    """Train per the recipe; evaluate held-out greedy accuracy before and after; write eval_summary.json.
-    Every input is checked before the cold start: the data, the held-out rows' columns, a resume."""
-    from grpokit.cli.held_out import plan_held_out
-    from grpokit.train import GRPOTrainer
+@dataclass
+class CheckedRun:
+    """What ``grpokit train`` runs, resolved and checked before any model loads (``check_run``)."""
 
-    started = time.perf_counter()
-    print_memory_plan(args)
+    config: GRPOConfig
+    """The recipe's config with the task's environment and reward weights."""
+    train_rows: list[dict[str, Any]]
+    eval_rows: list[dict[str, Any]] | None
+    """Rows for an in-training evaluation schedule (None without one)."""
+    rewards: list[Any]
+    """Reward specifications (``train-rm:<kind>`` still names, trained when the run is built)."""
+    held_out: HeldOut
+
+
+def check_run(args: TrainArgs) -> CheckedRun:
+    """Every check of a ``grpokit train`` run that needs no model, in the order a user would fix them: the
+    data (files loaded, columns), the rewards (names, import paths, weights), the held-out evaluation, a
+    resume, the output folder, then what the model's config says (vocabulary, positions, LoRA targets) and
+    how many rows a step takes, read without weights (``tiny:<task>``: its blueprint, before any cold
+    start). An ``InputError`` naming the option otherwise."""
+    from grpokit.cli.held_out import plan_held_out
+    from grpokit.envs.sampler import refuse_unused_environment_kwargs
+
     train_rows, eval_rows, rewards, weights = training_data(args)
     config = with_task_environment(dataclasses.replace(args.config, reward_weights=weights), args.task)
     if args.dataset is not None and args.eval_dataset is None:
         eval_rows = None  # the task's held-out questions are not held out from the user's data
-    try:  # an eval_strategy without held-out rows: refused before the cold start
-        config.check_eval_dataset(eval_rows is not None, "give eval_dataset=FILE (held-out rows)")
-    except ValueError as err:
-        raise SystemExit(f"grpokit: {err}") from None
+    config.check_eval_dataset(eval_rows is not None, "give eval_dataset=FILE (held-out rows)")
+    if config.environment is None:
+        refuse_unused_environment_kwargs(config.environment_kwargs)
+    check_reward_names(args, config, rewards)
     held_out = plan_held_out(args, config, eval_rows, rewards)
-    in_training = resolution.eval_strategy(config) != "no" or config.eval_on_start  # eval_steps, ...
     check_resume(config)
-    model_path = resolve_model(args.model, seed=args.task_seed)
-    trainer = GRPOTrainer(
-        model=model_path,
-        reward_funcs=rewards,
-        args=config,
-        train_dataset=train_rows,
-        eval_dataset=eval_rows if in_training else None,
-        peft_config=peft_config(args),
-        **process_supervision(args),
-    )
-    config = trainer.args  # resolved: what the run uses, recorded in config.yaml
+    reads = output_folder_reads(args.model, args.dataset, args.eval_dataset)
+    check_output_folder(config, reads)
+    check_model_inputs(args, config, train_rows)
+    in_training = resolution.eval_strategy(config) != "no" or config.eval_on_start  # eval_steps, ...
+    return CheckedRun(config, train_rows, eval_rows if in_training else None, rewards, held_out)
+
+
+def check_reward_names(args: TrainArgs, config: GRPOConfig, rewards: list[Any]) -> None:
+    """The rewards resolve (``train-rm:<kind>`` by its kind; reward-model directories by their files) and
+    ``reward_weights`` has one weight per reward function, before anything is trained or loaded."""
+    from grpokit.rewards import check_reward_specs
+    from grpokit.rewards.process_rewards import check_process_reward_specs
+
+    named = [spec for spec in rewards if not _trained_rm_name(spec)]
+    check_reward_specs(named, "reward_funcs", config.max_completion_length)
+    if args.process_reward_funcs:
+        steps = _task_step_verifiers(args)
+        process = [steps.get(n, n) for n in args.process_reward_funcs if not _trained_rm_name(n)]
+        check_process_reward_specs(process)
+    count = len(rewards) + (1 if _iterative_kind(args) == "outcome" else 0)
+    weights = config.reward_weights
+    if weights is not None and len(weights) != count:
+        raise InputError(
+            f"GRPOConfig.reward_weights has {len(weights)} values but the run has {count} reward "
+            f"function(s) ({', '.join(_spec_name(s) for s in rewards)}"
+            f"{', the iterative reward model' if count > len(rewards) else ''}); give one weight each"
+        )
+
+
+def _trained_rm_name(spec: Any) -> bool:
+    """``train-rm:<kind>``, checked by its kind (trained when the run is built)."""
+    if not (isinstance(spec, str) and spec.startswith(TRAINED_RM_PREFIX)):
+        return False
+    if spec[len(TRAINED_RM_PREFIX) :] not in ("outcome", "process"):
+        raise InputError(f"{spec!r}: the kind after {TRAINED_RM_PREFIX!r} must be 'outcome' or 'process'")
+    return True
+
+
+def _task_step_verifiers(args: TrainArgs) -> dict[str, Any]:
+    if args.task is None:
+        return {}
+    from grpokit.tasks import get_task
+
+    return dict(get_task(args.task).process_reward_funcs)
+
+
+def _iterative_kind(args: TrainArgs) -> str | None:
+    """The kind of ``iterative_rm`` (outcome or process), read from its config without weights."""
+    spec = args.iterative_rm
+    if spec is None:
+        return None
+    if _trained_rm_name(spec):
+        return spec[len(TRAINED_RM_PREFIX) :]
+    if not Path(spec).is_dir():
+        raise InputError(f"iterative_rm: {spec!r} is not a reward-model directory (grpokit train-rm output)")
+    from grpokit.rm import reward_model_kind
+
+    return reward_model_kind(spec)
+
+
+def _spec_name(spec: Any) -> str:
+    return spec if isinstance(spec, str) else getattr(spec, "__name__", type(spec).__name__)
+
+
+def check_model_inputs(args: TrainArgs, config: GRPOConfig, rows: list[dict[str, Any]]) -> None:
+    """The model's config against the run (vocabulary, positions, LoRA targets) and the rows a step takes,
+    without weights: a ``tiny:<task>`` policy's blueprint (no cold start), else the config and tokenizer of
+    the model directory or hub id."""
+    import os
+
+    from grpokit.models.policy import tokenizer_of
+
+    if args.model.startswith("tiny:"):
+        from grpokit.tasks import TASKS, cold_start_blueprint
+
+        name = args.model.split(":", 1)[1]
+        if name not in TASKS:
+            raise InputError(f"model: {args.model!r}: no built-in task {name!r} (tiny:<task>, one of "
+                             f"{', '.join(sorted(TASKS))})")  # fmt: skip
+        skeleton, tokenizer = cold_start_blueprint(name, seed=args.task_seed)
+        model_config = skeleton.config
+    else:
+        model_config = read_model_config(args.model, config.trust_remote_code)
+        tokenizer, skeleton = tokenizer_of(args.model, config.trust_remote_code), None
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    what = "dataset" if args.dataset else f"the {args.task} task's training rows"
+    check_rows_per_step(len(rows), config.batch_plan(processes).prompts, what)
+    check_policy_fits(
+        model_config, tokenizer, config, prompt_tokens=longest_prompt(rows, tokenizer, config),
+        peft_config=peft_config(args), skeleton=skeleton,
+    )  # fmt: skip
+
+
+class Stage:
+    """Where a ``grpokit train`` run is, for the line it ends with when a signal stops it."""
+
+    def __init__(self) -> None:
+        self.now = "checking its inputs"
+        self.trained = False  # training ran to max_steps and saved the model
+
+    def __call__(self, now: str) -> None:
+        self.now = now
+
+
+def run_training(args: TrainArgs, command: list[str] | None = None) -> dict[str, Any]:
+    """Train per the recipe; evaluate held-out greedy accuracy before and after; write eval_summary.json.
+
+    Every input is checked before anything loads (``check_run``); then the run claims output_dir
+    (``grpokit.data.run_folder``: refused if another run's results or a live run are there, cleared
+    first with ``overwrite_output_dir``) and holds it to the end. SIGTERM/SIGINT stop it at any moment:
+    during a step at the step's end with a checkpoint, during a checkpoint or the final save once it is
+    written, elsewhere at once; the last line says what the folder holds and the command that continues it
+    (``command``: this run's arguments, to repeat them)."""
+    started = time.perf_counter()
+    checked = check_run(args)
+    print_memory_plan(args)
+    config = checked.config
     output_dir = Path(config.output_dir)
-    main = trainer.accelerator.is_main_process
-    if main:
-        print(f"grpokit: {trainer.plan.describe()}; {trainer.max_steps} steps; output in {output_dir}")
-        if trainer.bf16_by_default:
-            print(
-                "grpokit: bf16 autocast, this CPU's default (it has bf16 matrix units); bf16=false for fp32"
-            )
-        output_dir.mkdir(parents=True, exist_ok=True)  # what this run trains on, before it starts
-        dataclasses.replace(config, hub_token=None).to_yaml(output_dir / "config.yaml")  # no secrets on disk
+    main = int(os.environ.get("RANK", "0")) == 0
+    stage = Stage()
     summary: dict[str, Any] = {
         "model": args.model,
         "task": args.task if args.dataset is None else None,
         "train_dataset": args.dataset or (f"the built-in `{args.task}` task" if args.task else None),
-        "held_out": held_out.describe(trainer.reward_names),
+        "held_out": checked.held_out.describe(),
     }
+    trainer = None
+    with StopSignals.in_force() as signals, _claim(config, args, enabled=main) as claim:
+        if claim.removed and main:
+            print(f"grpokit: overwrite_output_dir: deleted {', '.join(claim.removed)} in {output_dir}")
+        try:
+            trainer = _build_trainer(args, checked, stage)
+            summary = _train_and_evaluate(args, trainer, checked, summary, stage, signals)
+        except RunInterrupted as stop:  # outside a step, a checkpoint or the final save: at once
+            summary["stopped_by"] = stop.signal
+        summary["wall_time_s"] = round(time.perf_counter() - started, 1)
+        if main and trainer is not None and (stage.trained or "stopped_by" not in summary):
+            _write_summary(output_dir, summary, trainer.args)
+            publish_model_card(args, trainer.args, trainer, summary)
+        state = "finished" if stage.trained else "interrupted"
+        claim.update(state=state, stopped_by=summary.get("stopped_by"), stage=stage.now)
+        if main:
+            if "stopped_by" in summary:
+                print(closing_line(summary["stopped_by"], stage, output_dir, command), flush=True)
+            else:
+                print(f"grpokit: done in {summary['wall_time_s']} s; {_holds(output_dir)} in {output_dir}")
+    _end(trainer)
+    return summary
+
+
+def _claim(config: GRPOConfig, args: TrainArgs, *, enabled: bool) -> Any:
+    """output_dir held by this run (the main process) from before the cold start to its last line."""
+    record = dataclasses.replace(config, hub_token=None).to_yaml()
+    return claim_run_folder(
+        config.output_dir, "train", config_text=record,
+        resume=resumes_in(config.resume_from_checkpoint, config.output_dir),
+        overwrite=config.overwrite_output_dir, reads=output_folder_reads(args.model, args.dataset),
+        details={"command": "grpokit train", "model": args.model}, enabled=enabled,
+    )  # fmt: skip
+
+
+def _build_trainer(args: TrainArgs, checked: CheckedRun, stage: Stage) -> Any:
+    """The cold start (``tiny:<task>``), the trained reward models (``train-rm:<kind>``), the trainer."""
+    from grpokit.train import GRPOTrainer
+
+    stage("building the cold-start policy" if args.model.startswith("tiny:") else "loading the model")
+    model_path = resolve_model(args.model, seed=args.task_seed)
+    rewards = [resolve_trained_rm(r) for r in checked.rewards]  # train-rm:<kind>: trained once, cached
+    stage("loading the model")
+    trainer = GRPOTrainer(
+        model=model_path,
+        reward_funcs=rewards,
+        args=checked.config,
+        train_dataset=checked.train_rows,
+        eval_dataset=checked.eval_rows,
+        peft_config=peft_config(args),
+        **process_supervision(args),
+    )
+    config = trainer.args  # resolved: what the run uses, recorded in config.yaml
+    if trainer.accelerator.is_main_process:
+        print(f"grpokit: {trainer.plan.describe()}; {trainer.max_steps} steps; output in {config.output_dir}")
+        if trainer.bf16_by_default:
+            print(
+                "grpokit: bf16 autocast, this CPU's default (it has bf16 matrix units); bf16=false for fp32"
+            )
+        dataclasses.replace(config, hub_token=None).to_yaml(Path(config.output_dir) / "config.yaml")
+    return trainer
+
+
+def _train_and_evaluate(
+    args: TrainArgs, trainer: Any, checked: CheckedRun, summary: dict[str, Any], stage: Stage, signals: Any
+) -> dict[str, Any]:
+    """The before evaluation, the training, the after evaluation (skipped after a stop signal)."""
+    config, held_out = trainer.args, checked.held_out
+    main = trainer.accelerator.is_main_process
+    summary["held_out"] = held_out.describe(trainer.reward_names)
     evaluating = held_out.skipped is None and main
     if held_out.skipped is not None and main and args.evaluate:
         print(f"grpokit: no before/after evaluation: {held_out.skipped}")
     if evaluating:
+        stage("evaluating before training")
         summary["before"] = held_out_accuracy(trainer, held_out, args, config)
         before = summary["before"]
         print(f"grpokit: held-out accuracy before GRPO: {before['accuracy']:.3f}{_env(before)}")
+    stage("training")
     history = trainer.train()
+    stage.trained = trainer.finished
     if trainer.stopped_by is not None:  # a checkpoint was saved; the run continues with resume
         summary["stopped_by"] = trainer.stopped_by
-        evaluating = False
+        stage(f"training (after step {trainer.step} of {trainer.max_steps})")
+        return summary
     if trainer.iterative is not None:
         from grpokit.train.iterative_grpo import rm_metric_summary
 
         summary["reward_model"] = rm_metric_summary(history)
+    if signals.received is not None:  # it came during the last step or the final save: both completed
+        summary["stopped_by"] = signals.received
+        stage("the last step or the final save")
+        return summary
     if evaluating:
+        stage("evaluating after training")
         summary["after"] = held_out_accuracy(trainer, held_out, args, config)
         after = summary["after"]
         print(f"grpokit: held-out accuracy after GRPO:  {after['accuracy']:.3f}{_env(after)}")
-    summary["wall_time_s"] = round(time.perf_counter() - started, 1)
-    if main:
-        (output_dir / "eval_summary.json").write_text(json.dumps(summary, indent=2))
-        dataclasses.replace(config, hub_token=None).to_yaml(output_dir / "config.yaml")
-        if trainer.stopped_by is None:
-            publish_model_card(args, config, trainer, summary)
-        print(
-            f"grpokit: done in {summary['wall_time_s']} s; model, metrics.jsonl, metrics.png and "
-            f"eval_summary.json in {output_dir}"
+    stage("done")
+    return summary
+
+
+def _write_summary(output_dir: Path, summary: dict[str, Any], config: GRPOConfig) -> None:
+    (output_dir / "eval_summary.json").write_text(json.dumps(summary, indent=2))
+    dataclasses.replace(config, hub_token=None).to_yaml(output_dir / "config.yaml")
+
+
+def _holds(output_dir: Path) -> str:
+    """What a finished run's folder holds, by name, only what exists."""
+    files = ("metrics.jsonl", "metrics.png", "eval_summary.json")
+    shown = [name for name in files if (output_dir / name).exists()]
+    if (output_dir / "config.json").exists():
+        shown.insert(0, "the model")
+    return ", ".join(shown) or "nothing"
+
+
+def closing_line(signal_name: str, stage: Stage, output_dir: Path, command: list[str] | None) -> str:
+    """The last line of a run a signal stopped: when, what ``output_dir`` holds now, what to run next."""
+    from grpokit.parallel.checkpoint import latest_checkpoint
+
+    again = _command(command)
+    if stage.trained:
+        skipped = "" if stage.now == "done" else (
+            f"; its evaluation after training was skipped (grpokit eval model={output_dir} ... measures it)"
         )
+        return (
+            f"grpokit: stopped by {signal_name} during {stage.now}; the run finished first: "
+            f"{_holds(output_dir)} in {output_dir}{skipped}"
+        )
+    found = latest_checkpoint(output_dir)
+    if found is not None:
+        return (
+            f"grpokit: stopped by {signal_name} during {stage.now}; {found.name} in {output_dir} (no final "
+            f"model yet); continue with: {again} resume_from_checkpoint=latest"
+        )
+    return (
+        f"grpokit: stopped by {signal_name} while {stage.now}; nothing was trained and {output_dir} holds no "
+        f"results; start again with: {again}"
+    )
+
+
+def _command(command: list[str] | None) -> str:
+    """This run's command line, without a resume_from_checkpoint (the closing line adds its own)."""
+    kept = [a for a in (command or []) if not a.lstrip("-").startswith("resume_from_checkpoint")]
+    return shlex.join(["grpokit", "train", *kept])
+
+
+def _end(trainer: Any) -> None:
     from grpokit.parallel.distributed import end_processes
 
-    close = getattr(trainer.backend, "close", None)
+    close = getattr(getattr(trainer, "backend", None), "close", None)
     if callable(close):  # a vLLM engine in this process: shut down before the process group is left
         close()
     end_processes()
-    return summary

@@ -9,12 +9,16 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
+from grpokit.data.integrity import InputError
 from grpokit.data.records import write_jsonl
+from grpokit.data.run_folder import claim_run_folder
 from grpokit.models.verifier import is_policy_verifier
+from grpokit.parallel.stopping import StopSignals
 from grpokit.rewards.process_rewards.steps import DEFAULT_STEP_DELIMITER
 from grpokit.rm import (
     REPLAY_FILE,
@@ -74,7 +78,11 @@ class TrainRMArgs:
     num_generations: int = 8
     """dataset "chain": sampled completions per question (temperature 1), as GRPO's groups."""
     output_dir: str = "runs/rm"
-    """Where the checkpoint (model + tokenizer) and metrics.json are written."""
+    """Where the checkpoint (model + tokenizer) and metrics.json are written. A folder holding another run's
+    results (a trained policy, another reward model) is refused before anything is trained."""
+    overwrite_output_dir: bool = False
+    """Delete the results of the run that output_dir holds before writing this one's (grpokit's own files
+    only: see docs/reliability.md)."""
     epochs: int | None = None
     """Passes over the training samples. None: 3 when the model has new parts to train (new layers, or a
     model "tiny"), 1 when it is a reward model already (fine-tuning, e.g. an outcome model from the process
@@ -147,8 +155,6 @@ def _chain_samples(args: TrainRMArgs) -> tuple[list[dict[str, Any]], list[dict[s
             make_chain_rm_samples(train_rows, kind=args.kind, seed=args.seed),
             make_chain_rm_samples(test_rows, kind=args.kind, seed=args.seed + 1),
         )
-    if args.num_generations < 1:
-        raise ValueError(f"num_generations must be >= 1, got {args.num_generations}")
     groups = -(-args.num_samples // args.num_generations), -(-args.num_eval_samples // args.num_generations)
     train_rows, test_rows = make_chain_splits(args.seed, *groups, num_ops=args.num_ops)
     model, tokenizer = _load_policy(args.sample_policy, args.seed)
@@ -197,9 +203,32 @@ def _check_layers(args: TrainRMArgs) -> None:
         )
 
 
-def _resolved(args: TrainRMArgs) -> TrainRMArgs:
+def _start_config(model: str, seed: int, *, before_training: bool = False) -> Any:
+    """The starting model's ``transformers`` config. ``before_training``: read without a cold start or a
+    reward-model training (``tiny:<task>``: its blueprint's; ``train-rm:<kind>`` not yet cached: what that
+    reward model is, a policy verifier of that kind), for the checks that come first."""
+    from transformers import AutoConfig
+
+    if before_training and model.startswith("tiny:"):
+        from grpokit.tasks import cold_start_blueprint
+
+        return cold_start_blueprint(model.split(":", 1)[1], seed=seed)[0].config
+    if before_training and model.startswith(TRAINED_RM_PREFIX):
+        kind = model[len(TRAINED_RM_PREFIX) :]
+        check_kind(kind)
+        return SimpleNamespace(
+            grpokit_reward_kind=kind, model_type="grpokit_policy_verifier", freeze_policy=True
+        )
+    path = _policy_path(model, seed)
+    if not Path(path).is_dir():
+        raise InputError(f"model: {model!r} is not a model directory, tiny:<task>, train-rm:<kind> or 'tiny'")
+    return AutoConfig.from_pretrained(path)
+
+
+def _resolved(args: TrainRMArgs, *, before_training: bool = False) -> TrainRMArgs:
     """``args`` with the None defaults of model, dense_labels, extra_layers, freeze_backbone,
-    policy_features, epochs and lr made concrete (what metrics.json records), after checking them."""
+    policy_features, epochs and lr made concrete (what metrics.json records), after checking them.
+    ``before_training``: the same checks, on the starting model's config read without training it."""
     _check_layers(args)
     model = _start_model(args)
     frozen = 0  # layers the starting model kept frozen (a reward model trained with freeze_backbone)
@@ -207,9 +236,7 @@ def _resolved(args: TrainRMArgs) -> TrainRMArgs:
     if model == "tiny":
         extra = 0
     else:
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(_policy_path(model, args.seed))
+        config = _start_config(model, args.seed, before_training=before_training)
         frozen = int(getattr(config, "grpokit_frozen_layers", 0) or 0)
         heads = ("ForSequenceClassification", "ForTokenClassification")
         is_rm = getattr(config, "grpokit_reward_kind", None) is not None or any(
@@ -243,14 +270,31 @@ def _resolved(args: TrainRMArgs) -> TrainRMArgs:
 
 
 def run_train_rm(args: TrainRMArgs, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Everything ``grpokit train-rm`` does; returns the metrics it writes to ``output_dir/metrics.json``."""
+    """Everything ``grpokit train-rm`` does; returns the metrics it writes to ``output_dir/metrics.json``.
+    Every option is checked, and output_dir claimed (``grpokit.data.run_folder``), before any sample is
+    generated or any model trained."""
     check_kind(args.kind)
     if "\\" in args.step_delimiter:
         args = replace(args, step_delimiter=args.step_delimiter.replace("\\n", "\n").replace("\\t", "\t"))
-    torch.manual_seed(args.seed)
+    args = replace(args, output_dir=os.path.expanduser(args.output_dir))
     if not (args.pairwise_weight >= 0 and args.pairwise_weight != float("inf")):
-        raise ValueError(f"pairwise_weight must be a finite number >= 0, got {args.pairwise_weight}")
-    _check_layers(args)
+        raise InputError(f"pairwise_weight must be a finite number >= 0, got {args.pairwise_weight}")
+    if args.dataset == "chain" and args.num_generations < 1:
+        raise InputError(f"num_generations must be >= 1, got {args.num_generations}")
+    _resolved(args, before_training=True)  # the starting model's options, before any work
+    reads = [args.model, args.dataset, args.eval_dataset, args.sample_policy]
+    record = json.dumps(asdict(args), sort_keys=True, default=str)
+    with StopSignals.in_force(), claim_run_folder(
+        args.output_dir, "train-rm", config_text=record, overwrite=args.overwrite_output_dir,
+        reads=[r for r in reads if r], details={"command": "grpokit train-rm", "reward_kind": args.kind},
+    ) as claim:  # fmt: skip
+        metrics = _train_and_save(args, log)
+        claim.update(state="finished")
+    return metrics
+
+
+def _train_and_save(args: TrainRMArgs, log: Callable[[str], None]) -> dict[str, Any]:
+    torch.manual_seed(args.seed)
     if args.dataset in ("chain", "chain-synthetic"):
         train_samples, eval_samples = _chain_samples(args)
         if args.step_delimiter != DEFAULT_STEP_DELIMITER and args.kind == "process":
@@ -339,7 +383,7 @@ def trained_reward_model(kind: str, cache_dir: str | os.PathLike[str] | None = N
         raise TypeError(f"trained_reward_model: unknown or fixed settings {sorted(unknown)}; see TrainRMArgs")
     args = TrainRMArgs(kind=kind, **settings)  # type: ignore[arg-type]
     record = {
-        **asdict(args),
+        **{k: v for k, v in asdict(args).items() if k != "overwrite_output_dir"},
         "output_dir": None,
         "model": _policy_path(_start_model(args), args.seed),
         "sample_policy": _policy_path(args.sample_policy, args.seed),

@@ -36,6 +36,7 @@ import dataclasses
 import inspect
 import logging
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,6 +68,7 @@ from grpokit.config.choices import (
 from grpokit.config.trl_fields import NO_EFFECT, REFUSED, split_trl_fields
 from grpokit.config.validation import check_eval_dataset, validate
 from grpokit.config.values import admits_none, field_types, load_yaml_file, typed
+from grpokit.data.integrity import InputError
 
 if TYPE_CHECKING:
     from grpokit.core.losses import PolicyLoss
@@ -682,6 +684,10 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
             setattr(self, spec.name, typed(annotation, value, f"GRPOConfig.{spec.name}"))
         names = [self.report_to] if isinstance(self.report_to, str) else list(self.report_to)
         self.report_to = [name.strip() for name in names if name.strip() not in ("none", "")]
+        for name in PATH_FIELDS:  # ~ and ~user as a shell expands them (never a folder named "~")
+            value = getattr(self, name)
+            if isinstance(value, str) and value.startswith("~"):
+                setattr(self, name, os.path.expanduser(value))
 
     # ---- what a run uses -----------------------------------------------------------------------------------
     def resolved(self, default_precision: str = "no") -> GRPOConfig:
@@ -801,7 +807,7 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
         known = {spec.name for spec in dataclasses.fields(cls)} | set(NO_EFFECT) | set(REFUSED)
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ValueError(f"unknown GRPOConfig field(s): {', '.join(unknown)}")
+            raise InputError(f"unknown GRPOConfig field(s): {', '.join(unknown)}")
         return cls(**values)
 
     @classmethod
@@ -809,8 +815,12 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
         """A config from a YAML file (read by YAML 1.2's rules: ``config.values.load_yaml``)."""
         values = load_yaml_file(path) or {}
         if not isinstance(values, dict):
-            raise ValueError(f"{path}: expected a mapping of GRPOConfig fields, got {type(values).__name__}")
+            raise InputError(f"{path}: expected a mapping of GRPOConfig fields, got {type(values).__name__}")
         return cls.from_dict(values)
+
+
+PATH_FIELDS = ("output_dir", "logging_dir", "resume_from_checkpoint")
+"""Fields holding a local path: ``~`` is expanded."""
 
 
 def _default(spec: dataclasses.Field) -> Any:

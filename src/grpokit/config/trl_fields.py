@@ -19,6 +19,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from grpokit.data.integrity import InputError
+
 __all__ = ["NO_EFFECT", "REFUSED", "refuse_trainer_arguments", "split_trl_fields"]
 
 logger = logging.getLogger("grpokit")
@@ -155,7 +157,7 @@ def split_trl_fields(values: Mapping[str, Any], own_fields: set[str]) -> dict[st
         elif name in REFUSED:
             allowed, why = REFUSED[name]
             if not any(_same(value, ok) for ok in allowed):
-                raise ValueError(f"GRPOConfig.{name}={value!r} is not supported: {why}")
+                raise InputError(f"GRPOConfig.{name}={value!r} is not supported: {why}")
         else:
             logger.info("GRPOConfig.%s=%r has no effect in grpokit: %s", name, value, NO_EFFECT[name])
     return kept
@@ -185,4 +187,4 @@ def refuse_trainer_arguments(**arguments: Any) -> None:
     with the reason."""
     for name, value in arguments.items():
         if value is not None:
-            raise ValueError(f"GRPOTrainer({name}=...) is not supported: {_TRAINER_ARGUMENTS[name]}")
+            raise InputError(f"GRPOTrainer({name}=...) is not supported: {_TRAINER_ARGUMENTS[name]}")

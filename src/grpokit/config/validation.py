@@ -20,8 +20,9 @@ from grpokit.config import resolution
 from grpokit.config.batch_plan import plan_batch
 from grpokit.config.choices import SINKS
 from grpokit.config.values import require
+from grpokit.data.integrity import InputError
 
-__all__ = ["check_eval_dataset", "require", "validate"]
+__all__ = ["check_eval_dataset", "check_sampling_values", "require", "validate"]
 
 logger = logging.getLogger("grpokit")
 
@@ -60,7 +61,7 @@ def check_eval_dataset(config: Any, has_eval_dataset: bool, what_to_do: str) -> 
             if config.eval_strategy is not None
             else f"eval_steps={config.eval_steps!r} (which sets eval_strategy='steps')"
         )
-        raise ValueError(
+        raise InputError(
             f"GRPOConfig.{given} needs an eval_dataset to evaluate: {what_to_do}, or set eval_strategy='no'"
         )
     require(
@@ -203,7 +204,7 @@ def _check_loss(c: Any) -> None:
     try:
         resolution.policy_loss(c)
     except LossConfigError as err:
-        raise ValueError(f"GRPOConfig.{err.field} {err.why}") from None
+        raise InputError(f"GRPOConfig.{err.field} {err.why}") from None
 
 
 def _check_reference(c: Any) -> None:
@@ -213,10 +214,29 @@ def _check_reference(c: Any) -> None:
         require(c.beta > 0, "sync_ref_model", "needs beta > 0: with beta 0 there is no reference")
 
 
+def check_sampling_values(
+    *, temperature: float, top_p: float, top_k: int, owner: str = "GRPOConfig.", greedy_allowed: bool = False
+) -> None:
+    """The sampling settings' ranges, one home for GRPOConfig's and ``grpokit eval``'s: temperature > 0
+    (>= 0 with ``greedy_allowed``: 0 is greedy decoding), top_p in (0, 1], top_k >= 0 (0: off). ``owner``
+    prefixes the field names in the message ("GRPOConfig.", or "" for a command's own options)."""
+
+    def need(condition: bool, name: str, why: str) -> None:
+        if not condition:
+            raise InputError(f"{owner}{name} {why}")
+
+    if greedy_allowed:
+        need(math.isfinite(temperature) and temperature >= 0, "temperature",
+             f"must be >= 0 (0: greedy decoding), got {temperature}")  # fmt: skip
+    else:
+        need(math.isfinite(temperature) and temperature > 0, "temperature",
+             f"must be > 0, got {temperature} (evaluation is greedy)")  # fmt: skip
+    need(0 < top_p <= 1, "top_p", f"must be in (0, 1], got {top_p!r} (1.0: off)")
+    need(top_k >= 0, "top_k", f"must be >= 0, got {top_k!r} (0: off)")
+
+
 def _check_generation(c: Any) -> None:
-    require(c.temperature > 0, "temperature", f"must be > 0, got {c.temperature} (evaluation is greedy)")
-    _in_range(c, "top_p", 0, 1, closed="(]")
-    _at_least(c, "top_k", 0)
+    check_sampling_values(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k)
     _in_range(c, "min_p", 0, 1)
     require(c.repetition_penalty > 0, "repetition_penalty", f"must be > 0, got {c.repetition_penalty}")
     _at_least(c, "max_completion_length", 1)
@@ -372,6 +392,37 @@ def _check_optimisation(c: Any) -> None:
     require(c.adam_epsilon > 0, "adam_epsilon", f"must be > 0, got {c.adam_epsilon}")
     _at_least(c, "max_grad_norm", 0)
     _at_least(c, "max_nonfinite_steps", 1)
+    _check_schedule_kwargs(c)
+
+
+_SET_BY_THE_RUN = ("optimizer", "num_warmup_steps", "num_training_steps", "last_epoch")
+"""Arguments of a schedule function that the run sets itself (not ``lr_scheduler_kwargs``)."""
+
+
+def _check_schedule_kwargs(c: Any) -> None:
+    """``lr_scheduler_kwargs`` must be arguments the ``lr_scheduler_type`` schedule takes: one it does not
+    take would be an error when the optimizer is built, or silently ignored (``constant`` takes none)."""
+    given = set(c.lr_scheduler_kwargs or {})
+    if not given:
+        return
+    import inspect
+
+    from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION, SchedulerType
+
+    function = TYPE_TO_SCHEDULER_FUNCTION[SchedulerType(c.lr_scheduler_type)]
+    parameters = inspect.signature(function).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return  # (reduce_lr_on_plateau: passed on to torch's scheduler)
+    taken = [name for name in parameters if name not in _SET_BY_THE_RUN]
+    if c.lr_scheduler_type == "constant":
+        taken = []  # transformers calls it with the optimizer alone
+    unknown = sorted(given - set(taken))
+    require(
+        not unknown,
+        "lr_scheduler_kwargs",
+        f"{unknown} are not arguments of the {c.lr_scheduler_type!r} schedule (it takes "
+        f"{', '.join(taken) if taken else 'none'}); remove them or choose another lr_scheduler_type",
+    )
 
 
 def _check_precision(c: Any) -> None:
@@ -475,12 +526,12 @@ def _check_unused(config: Any) -> None:
     """Options that were set but would do nothing: refused (or, for TRL's defaults that a ported config
     always carries, logged), never silently ignored."""
     if config.eval_steps is not None and config.eval_strategy in ("no", "epoch"):
-        raise ValueError(
+        raise InputError(
             f"GRPOConfig.eval_steps={config.eval_steps!r} has no effect with eval_strategy="
             f"{config.eval_strategy!r}; drop eval_steps, or set eval_strategy='steps'"
         )
     if config.max_num_generations is not None and not config.adaptive_num_generations:
-        raise ValueError(
+        raise InputError(
             f"GRPOConfig.max_num_generations={config.max_num_generations} has no effect without "
             "adaptive_num_generations=True; drop it, or turn adaptive group sizes on"
         )

@@ -29,6 +29,8 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from grpokit.data.integrity import InputError
+
 __all__ = [
     "YAMLError",
     "admits_none",
@@ -72,10 +74,10 @@ _Yaml12Loader.add_implicit_resolver(
 
 
 def require(condition: bool, name: str, why: str) -> None:
-    """Raise ``ValueError("GRPOConfig.<name> <why>")`` unless ``condition`` (``why`` may start with the
+    """Raise ``InputError("GRPOConfig.<name> <why>")`` unless ``condition`` (``why`` may start with the
     value: ``"=True needs ..."``)."""
     if not condition:
-        raise ValueError(f"GRPOConfig.{name}{'' if why.startswith('=') else ' '}{why}")
+        raise InputError(f"GRPOConfig.{name}{'' if why.startswith('=') else ' '}{why}")
 
 
 def load_yaml(text: str, source: str = "<string>") -> Any:
@@ -153,7 +155,7 @@ def typed(annotation: Any, value: Any, where: str) -> Any:
     if value is None:
         if admits_none(annotation) or annotation is Any:
             return None
-        raise ValueError(f"{where} must be {describe(annotation)}, got None")
+        raise InputError(f"{where} must be {describe(annotation)}, got None")
     options = _options(annotation)
     if options is not None:
         for option in options:
@@ -163,15 +165,15 @@ def typed(annotation: Any, value: Any, where: str) -> Any:
                 return typed(option, value, where)
             except ValueError:
                 continue
-        raise ValueError(f"{where} must be {describe(annotation)}, got {value!r}")
+        raise InputError(f"{where} must be {describe(annotation)}, got {value!r}")
     convert = _CONVERTERS.get(annotation) or _CONVERTERS.get(typing.get_origin(annotation))
     if convert is None:
         return value  # Any, or a type the config does not use: unchanged
     return convert(annotation, value, where)
 
 
-def _refuse(annotation: Any, value: Any, where: str) -> ValueError:
-    return ValueError(f"{where} must be {describe(annotation)}, got {value!r}")
+def _refuse(annotation: Any, value: Any, where: str) -> InputError:
+    return InputError(f"{where} must be {describe(annotation)}, got {value!r}")
 
 
 def _to_bool(annotation: Any, value: Any, where: str) -> bool:

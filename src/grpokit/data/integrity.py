@@ -18,6 +18,7 @@ from typing import Any
 __all__ = [
     "CorruptFileError",
     "InputError",
+    "MissingFileError",
     "check_model_dir",
     "check_safetensors_file",
     "check_torch_file",
@@ -29,6 +30,10 @@ __all__ = [
 class InputError(ValueError):
     """A bad input, refused in one sentence that names it and says what to do; ``grpokit``'s command line
     prints it without a traceback."""
+
+
+class MissingFileError(InputError, FileNotFoundError):
+    """A file or folder an option names that does not exist."""
 
 
 class CorruptFileError(InputError):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpokit.data.chat import message_content
+from grpokit.data.integrity import InputError
 from grpokit.data.sources import source_rows
 
 __all__ = [
@@ -62,7 +63,7 @@ def load_dataset_rows(
     split = settings.dataset_test_split if name == "eval_dataset" else settings.dataset_train_split
     rows = source_rows(source, split=split, dataset_config=settings.dataset_config, name=name)
     if len(rows) == 0:
-        raise ValueError(f"{name} is empty")
+        raise InputError(f"{name} is empty")
     rows = apply_columns(rows, settings.column_mapping, settings.prompt_column, name)
     if missing_prompt is not None:
         default = [dict(message) for message in missing_prompt]
@@ -95,12 +96,12 @@ def apply_columns(
     if prompt_column != "prompt":
         renamed = list(renames.values())
         if prompt_column not in renamed:
-            raise ValueError(
+            raise InputError(
                 f"prompt_column={prompt_column!r}: {name} has no such column (columns"
                 f"{' after column_mapping' if mapping else ''}: {renamed})"
             )
         if "prompt" in renamed:
-            raise ValueError(
+            raise InputError(
                 f"prompt_column={prompt_column!r}, but {name} also has a 'prompt' column; rename that one "
                 "with column_mapping, e.g. {'prompt': 'original_prompt'}"
             )
@@ -112,7 +113,7 @@ def apply_columns(
             continue
         new = {renames[key]: value for key, value in row.items()}
         if prompt_column != "prompt" and "prompt" not in new:
-            raise ValueError(
+            raise InputError(
                 f"{name} row {index}: missing the prompt column {prompt_column!r} (prompt_column; "
                 f"columns: {sorted(row)})"
             )
@@ -132,18 +133,18 @@ def _columns(rows: list[Any]) -> list[str]:
 def _check_mapping(mapping: dict[str, str], columns: list[str], name: str) -> None:
     for source, target in mapping.items():
         if source not in columns:
-            raise ValueError(
+            raise InputError(
                 f"column_mapping: {name} has no column {source!r} to rename (columns: {columns})"
             )
         if not isinstance(target, str) or not target:
-            raise ValueError(f"column_mapping: the new name of {source!r} must be a non-empty string")
+            raise InputError(f"column_mapping: the new name of {source!r} must be a non-empty string")
     targets: dict[str, str] = {}
     for source, target in mapping.items():
         if target in targets:
-            raise ValueError(f"column_mapping renames both {targets[target]!r} and {source!r} to {target!r}")
+            raise InputError(f"column_mapping renames both {targets[target]!r} and {source!r} to {target!r}")
         targets[target] = source
         if target in columns and target not in mapping:
-            raise ValueError(
+            raise InputError(
                 f"column_mapping renames {source!r} to {target!r}, but {name} already has a {target!r} "
                 f"column; rename that one too (columns: {columns})"
             )
@@ -153,43 +154,43 @@ def validate_rows(rows: list[Any], name: str, *, blank_prompts: bool = False) ->
     """Every row is a dict with a usable ``prompt``; errors name the row and the field. ``blank_prompts``:
     a list of messages whose contents are all empty passes (an environment's ``reset`` writes it)."""
     if len(rows) == 0:
-        raise ValueError(f"{name} is empty")
+        raise InputError(f"{name} is empty")
     for index, row in enumerate(rows):
         if not isinstance(row, dict):
-            raise ValueError(f"{name} row {index}: expected a dict, got {type(row).__name__}")
+            raise InputError(f"{name} row {index}: expected a dict, got {type(row).__name__}")
         if "prompt" not in row:
-            raise ValueError(f"{name} row {index}: missing the 'prompt' field (columns: {sorted(row)})")
+            raise InputError(f"{name} row {index}: missing the 'prompt' field (columns: {sorted(row)})")
         _validate_prompt(row["prompt"], f"{name} row {index} field 'prompt'", blank_prompts)
 
 
 def _validate_prompt(prompt: Any, where: str, blank: bool = False) -> None:
     """A non-blank string, or a non-empty list of messages with some text."""
     if prompt is None:
-        raise ValueError(f"{where}: empty (None)")
+        raise InputError(f"{where}: empty (None)")
     if isinstance(prompt, str):
         if not prompt.strip():
-            raise ValueError(f"{where}: {'empty string' if not prompt else 'whitespace-only string'}")
+            raise InputError(f"{where}: {'empty string' if not prompt else 'whitespace-only string'}")
         return
     if not isinstance(prompt, list):
-        raise ValueError(
+        raise InputError(
             f"{where}: expected a string or a list of {{'role', 'content'}} messages, got "
             f"{type(prompt).__name__}"
         )
     if not prompt:
-        raise ValueError(f"{where}: empty list of messages")
+        raise InputError(f"{where}: empty list of messages")
     for turn, message in enumerate(prompt):
         if not isinstance(message, dict) or "role" not in message or "content" not in message:
-            raise ValueError(f"{where}: message {turn} must be a dict with 'role' and 'content'")
+            raise InputError(f"{where}: message {turn} must be a dict with 'role' and 'content'")
         content = message["content"]
         if isinstance(content, list) and not content:
-            raise ValueError(f"{where}: message {turn} has an empty content list")
+            raise InputError(f"{where}: message {turn} has an empty content list")
         if not isinstance(content, (str, list)):
-            raise ValueError(
+            raise InputError(
                 f"{where}: message {turn} content must be a string or a list of parts, got "
                 f"{type(content).__name__}"
             )
     if not blank and not any(message_content(message).strip() for message in prompt):
-        raise ValueError(f"{where}: every message's content is empty")
+        raise InputError(f"{where}: every message's content is empty")
 
 
 def reward_columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:

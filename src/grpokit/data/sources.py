@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from grpokit.data.integrity import InputError
+from grpokit.data.integrity import InputError, MissingFileError
 from grpokit.data.records import check_utf8, read_jsonl
 
 __all__ = ["FILE_LOADERS", "source_rows", "split_field"]
@@ -37,7 +37,7 @@ def source_rows(source: Any, *, split: str, dataset_config: str | None, name: st
     """
     if source is None:
         owner = ", unless an `environment_factory` is provided" if name == "train_dataset" else ""
-        raise ValueError(
+        raise InputError(
             f"`{name}` is required{owner} (a datasets.Dataset, a list of dicts, a file, folder or hub name)"
         )
     if isinstance(source, (str, os.PathLike)):
@@ -65,10 +65,26 @@ def _path_or_name_rows(source: str | os.PathLike, split: str, dataset_config: st
     if path.is_file():
         return _file_rows(path, name)
     if path.is_dir():
+        _refuse_two_formats(path, name)
         return _load_dataset_rows(str(path), split, dataset_config, name, folder=True)
     if isinstance(source, os.PathLike) or _only_local(str(source)):
-        raise FileNotFoundError(f"{name}: no such file or folder {str(source)!r}")
+        raise MissingFileError(f"{name}: no such file or folder {str(source)!r}")
     return _load_dataset_rows(str(source), split, dataset_config, name, folder=False)
+
+
+def _refuse_two_formats(folder: Path, name: str) -> None:
+    """A folder holding one split in two formats (``train.jsonl`` and ``train.csv``) would be read as one
+    of them, silently: refused, naming both."""
+    by_split: dict[str, list[str]] = {}
+    for file in sorted(folder.iterdir()):
+        if file.is_file() and file.suffix.lower() in FILE_LOADERS:
+            by_split.setdefault(file.stem, []).append(file.name)
+    for split, names in by_split.items():
+        if len(names) > 1:
+            raise InputError(
+                f"{name}: the folder {folder} holds {' and '.join(names)}: two files for the split "
+                f"{split!r}, and only one would be read; keep one format"
+            )
 
 
 def _only_local(text: str) -> bool:
@@ -79,7 +95,7 @@ def _only_local(text: str) -> bool:
 def _file_rows(path: Path, name: str) -> list[Any]:
     kind = FILE_LOADERS.get(path.suffix.lower())
     if kind is None:
-        raise ValueError(
+        raise InputError(
             f"{name}: unsupported file type {path.suffix!r} ({path}); use one of {sorted(FILE_LOADERS)}, "
             "or a folder of such files"
         )
@@ -116,8 +132,8 @@ def _load_dataset_rows(
     except Exception as err:  # every failure of the lookup (no network, no such repo...) with its reason
         reason = f"{type(err).__name__}: {err}"
         if folder:
-            raise ValueError(f"{name}={target!r}: {call} could not read the folder: {reason}") from err
-        raise ValueError(
+            raise InputError(f"{name}={target!r}: {call} could not read the folder: {reason}") from err
+        raise InputError(
             f"{name}={target!r} is not a local file or folder and could not be loaded from the hub "
             f"with {call}: {reason}"
         ) from err
@@ -128,7 +144,7 @@ def _load_dataset_rows(
 
 def _split_rows(splits: Mapping[str, Any], split: str, name: str, what: str) -> list[dict[str, Any]]:
     if split not in splits:
-        raise ValueError(
+        raise InputError(
             f"{name}: {what} has no split {split!r} (splits: {sorted(splits)}); set GRPOConfig."
             f"{split_field(name)} to one of them"
         )

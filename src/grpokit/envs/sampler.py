@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpokit.data.integrity import InputError
 from grpokit.envs.episodes import Episode, EpisodeRunner, as_generation_output, with_episode_columns
 from grpokit.envs.factories import EnvironmentFactories
 from grpokit.envs.tools import ToolEnvironment
@@ -21,7 +22,14 @@ from grpokit.envs.turns import open_session
 from grpokit.rollout import RolloutBackend, SamplingParams, generate_groups
 from grpokit.rollout.base import GenerationOutput
 
-__all__ = ["EpisodeSampler", "EpisodeSettings", "sample_groups", "start_episodes", "template_kwargs"]
+__all__ = [
+    "EpisodeSampler",
+    "EpisodeSettings",
+    "refuse_unused_environment_kwargs",
+    "sample_groups",
+    "start_episodes",
+    "template_kwargs",
+]
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,15 @@ class EpisodeSettings:
     chat_template_kwargs: dict[str, Any] | None = None
     max_tool_calling_iterations: int | None = None
     """With TRL's ``tools``: tool-calling turns per episode at most (then ``max_turns`` is this + 1)."""
+
+
+def refuse_unused_environment_kwargs(kwargs: Any) -> None:
+    """``environment_kwargs`` in a run without an environment would configure nothing: refused."""
+    if kwargs:
+        raise InputError(
+            f"GRPOConfig.environment_kwargs={dict(kwargs)!r} given, but the run has no environment: set "
+            "environment (a built-in name such as maze, or an import path), or drop environment_kwargs"
+        )
 
 
 class EpisodeSampler:
@@ -84,6 +101,7 @@ class EpisodeSampler:
         if (factories is not None or tools) and settings.max_tool_calling_iterations is not None:
             max_turns = settings.max_tool_calling_iterations + 1
         if spec is None:
+            refuse_unused_environment_kwargs(settings.environment_kwargs)
             return None
         runner = EpisodeRunner.for_rows(
             spec,

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from grpokit.data.integrity import check_model_dir
+from grpokit.data.integrity import InputError, check_model_dir
 from grpokit.models.loading import load_tokenizer
 
 __all__ = [
@@ -46,7 +46,7 @@ def check_model_source(model: str | Path | torch.nn.Module) -> None:
     text = str(model)
     looks_like_path = isinstance(model, Path) or text.startswith(("/", ".", "~")) or text.count("/") > 1
     if looks_like_path and not Path(text).expanduser().exists():
-        raise ValueError(
+        raise InputError(
             f"model: {text!r} does not exist; give a model directory (config.json and weights) or a hub id "
             "such as 'Qwen/Qwen2.5-0.5B-Instruct'"
         )
@@ -57,7 +57,7 @@ def check_special_tokens(tokenizer: Any) -> None:
     """Generation must know where a completion ends and how to pad: a pad token, else the EOS token as
     padding (set here); neither is refused."""
     if tokenizer.pad_token_id is None and tokenizer.eos_token_id is None:
-        raise ValueError(
+        raise InputError(
             "processing_class: the tokenizer has neither a pad nor an EOS token; set tokenizer.eos_token "
             "(where a completion ends) before training"
         )
@@ -71,7 +71,7 @@ def tokenizer_of(model: str | Path | torch.nn.Module, trust_remote_code: bool = 
     check_model_source(model)
     source = model if isinstance(model, (str, Path)) else getattr(model, "name_or_path", None)
     if not source:
-        raise ValueError("processing_class is required when model is an in-memory module without a path")
+        raise InputError("processing_class is required when model is an in-memory module without a path")
     tokenizer = load_tokenizer(str(source), trust_remote_code=trust_remote_code)
     check_special_tokens(tokenizer)
     return tokenizer
@@ -90,7 +90,7 @@ def model_init_kwargs(args: PolicyOptions) -> dict[str, Any]:
     if isinstance(dtype, str) and dtype != "auto":
         resolved = getattr(torch, dtype.removeprefix("torch."), None)
         if not isinstance(resolved, torch.dtype):
-            raise ValueError(f"model_init_kwargs: dtype {dtype!r} is not a torch dtype ('bfloat16', 'auto')")
+            raise InputError(f"model_init_kwargs: dtype {dtype!r} is not a torch dtype ('bfloat16', 'auto')")
         dtype = resolved
     kwargs["dtype"] = dtype
     return kwargs
@@ -120,9 +120,9 @@ def cast_lm_head_to_fp32(model: torch.nn.Module) -> None:
     output is cast back to the model's dtype. A head carrying a PEFT adapter is refused (as TRL)."""
     head = model.get_output_embeddings()
     if head is None or not isinstance(getattr(head, "weight", None), torch.Tensor):
-        raise ValueError("GRPOConfig.cast_lm_head_to_fp32=True: the model has no LM head with a weight")
+        raise InputError("GRPOConfig.cast_lm_head_to_fp32=True: the model has no LM head with a weight")
     if hasattr(head, "base_layer"):  # a PEFT tuner layer
-        raise ValueError(
+        raise InputError(
             "GRPOConfig.cast_lm_head_to_fp32=True is not supported when the LM head carries a PEFT adapter: "
             "remove lm_head from the adapter's target_modules, or set cast_lm_head_to_fp32=False"
         )
@@ -157,7 +157,7 @@ def enable_gradient_checkpointing(model: torch.nn.Module, kwargs: dict[str, Any]
     """Checkpoint every decoder layer (non-reentrant, so the shared-prefix forward stays exact)."""
     kwargs = {**(kwargs or {}), "use_reentrant": False}
     if not getattr(model, "supports_gradient_checkpointing", False):
-        raise ValueError(f"gradient_checkpointing: {type(model).__name__} does not support it")
+        raise InputError(f"gradient_checkpointing: {type(model).__name__} does not support it")
     enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.x
     if enable is not None:
         enable(activation_checkpointing_kwargs=kwargs)
@@ -178,7 +178,7 @@ def check_target_modules(model: torch.nn.Module, peft_config: Any) -> None:
         linear = sorted(
             {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
         )
-        raise ValueError(
+        raise InputError(
             f"peft_config.target_modules: {', '.join(map(repr, sorted(missing)))} match no module of "
             f"{type(model).__name__}; its linear modules are: {', '.join(linear)}"
         )

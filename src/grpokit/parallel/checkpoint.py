@@ -11,9 +11,13 @@ receive their shards from the main one) reads none: ``load_checkpoint(read_full_
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
+import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +36,44 @@ def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
     return Path(output_dir) / f"checkpoint-{step}"
 
 
+_CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
+
+
+def complete_checkpoints(output_dir: str | Path) -> list[Path]:
+    """The ``checkpoint-<step>`` directories of ``output_dir`` holding a complete state, by step (one cut off
+    mid-write is still ``checkpoint-<step>.tmp``, never listed)."""
+    found = [
+        p for p in Path(output_dir).glob("checkpoint-*")
+        if _CHECKPOINT_NAME.match(p.name) and (p / STATE_FILE).exists()
+    ]  # fmt: skip
+    return sorted(found, key=lambda p: int(p.name.split("-")[-1]))
+
+
 def latest_checkpoint(output_dir: str | Path) -> Path | None:
     """The checkpoint-<step> directory with the highest step that holds a complete state, or None."""
-    candidates = [p for p in Path(output_dir).glob("checkpoint-*") if (p / STATE_FILE).exists()]
-    if not candidates:
-        return None
-    return max(candidates, key=lambda p: int(p.name.split("-")[-1]))
+    found = complete_checkpoints(output_dir)
+    return found[-1] if found else None
+
+
+@contextlib.contextmanager
+def written_aside(folder: str | Path) -> Iterator[Path]:
+    """A temporary directory inside ``folder`` to write into; when the block ends, its entries replace
+    ``folder``'s of the same names (each one renamed: a reader never sees a half-written file), and it is
+    removed. A block that raises leaves ``folder`` as it was (the temporary directory removed)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".model.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        for entry in sorted(tmp.iterdir()):
+            target = folder / entry.name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            os.replace(entry, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def rng_state(generator: torch.Generator | None = None) -> dict[str, Any]:
@@ -257,11 +293,9 @@ def _load_adapter_weights(model: torch.nn.Module, path: Path, device: torch.devi
 
 
 def prune_checkpoints(output_dir: str | Path, keep: int | None) -> None:
+    """Delete all but the newest ``keep`` complete checkpoints (None: keep all)."""
     if keep is None:
         return
-    done = sorted(
-        (p for p in Path(output_dir).glob("checkpoint-*") if (p / STATE_FILE).exists()),
-        key=lambda p: int(p.name.split("-")[-1]),
-    )
+    done = complete_checkpoints(output_dir)
     for old in done[: max(0, len(done) - keep)]:
         shutil.rmtree(old, ignore_errors=True)

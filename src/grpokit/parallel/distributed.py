@@ -24,6 +24,7 @@ from accelerate.utils import gather_object
 __all__ = [
     "PreparedPolicy",
     "any_process",
+    "decided_by_main",
     "end_processes",
     "gather_across_processes",
     "make_accelerator",
@@ -249,3 +250,27 @@ def merged_across_processes(accelerator: Accelerator, metrics: dict[str, float])
     if accelerator.num_processes == 1:
         return metrics
     return merge_process_metrics(gather_object([metrics]))
+
+
+def decided_by_main(accelerator: Accelerator, check: Callable[[], None]) -> None:
+    """Run ``check`` on the main process only (one that reads or takes what all processes share, such as the
+    output folder) and raise its ``InputError`` on every process, so that none waits at a collective for
+    a process that stopped."""
+    from grpokit.data.integrity import InputError
+
+    message: list[Any] = [None]
+    error: InputError | None = None
+    if accelerator.is_main_process:
+        try:
+            check()
+        except InputError as raised:
+            error, message[0] = raised, (type(raised), str(raised))
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        message = broadcast_object_list(message, from_process=0)
+    if error is not None:
+        raise error
+    if message[0] is not None:
+        kind, text = message[0]
+        raise kind(text)

@@ -52,9 +52,9 @@ class RunState:
         self.accelerator.wait_for_everyone()
         state = self._full_model_state()  # a collective
         if self.accelerator.is_main_process:
-            Path(path).mkdir(parents=True, exist_ok=True)
-            self.model.save_pretrained(path, state_dict=state)
-            self.tokenizer.save_pretrained(path)
+            with checkpoint.written_aside(path) as tmp:  # a kill mid-save leaves the folder's old files
+                self.model.save_pretrained(tmp, state_dict=state)
+                self.tokenizer.save_pretrained(tmp)
 
     def save(self, output_dir: str | Path, step: int, save_total_limit: int | None) -> Path:
         """Everything a resume needs, in ``<output_dir>/checkpoint-<step>``."""
@@ -113,20 +113,6 @@ class RunState:
         if self.zero is not None:
             return self.zero.full_state_dict()
         return None
-
-    @staticmethod
-    def refuse_to_overwrite(args: Any, resume: Any, step: int) -> None:
-        """A fresh run (step 0, no resume) in an output_dir holding checkpoints is refused unless
-        ``overwrite_output_dir``: its checkpoints and logs would mix with the other run's."""
-        if resume or step > 0 or args.overwrite_output_dir:
-            return
-        found = checkpoint.latest_checkpoint(args.output_dir)
-        if found is not None:
-            raise ValueError(
-                f"output_dir {args.output_dir} already holds another run's checkpoints ({found.name}): "
-                "resume it with resume_from_checkpoint=latest, start over with overwrite_output_dir=true, or "
-                "choose another output_dir"
-            )
 
     def check_resume(
         self, resume: str | bool | None, output_dir: str | Path, *, steps_left: bool = True

@@ -17,6 +17,8 @@ from huggingface_hub import HfApi, constants, get_token
 from huggingface_hub.errors import HFValidationError, LocalTokenNotFoundError, OfflineModeIsEnabled
 from huggingface_hub.utils import validate_repo_id
 
+from grpokit.data.run_folder import LOCK_FILE, MANIFEST
+
 __all__ = ["HUB_IGNORE_PATTERNS", "check_hub_access", "push_model", "resolve_repo_id"]
 
 HUB_IGNORE_PATTERNS = (
@@ -28,6 +30,9 @@ HUB_IGNORE_PATTERNS = (
     "reward_model/*",  # iterative GRPO's reward model: not the policy
     "wandb/*",  # W&B's local run files
     "config.yaml",  # grpokit train's config dump holds hub_token; the card has the config without it
+    MANIFEST,  # the run's record of itself on this machine (process, host): not the model
+    LOCK_FILE,  # the folder's lock while a run writes it
+    ".model.tmp-*",  # a final save cut off mid-write
 )
 """What ``push_model`` leaves out (``huggingface_hub`` glob patterns, matched on paths relative to the
 folder; ``*`` also crosses ``/``). Uploaded: the model and tokenizer files, ``README.md`` (the card),

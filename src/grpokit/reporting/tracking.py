@@ -31,6 +31,7 @@ __all__ = [
     "WandbSink",
     "installed_sinks",
     "open_sinks",
+    "require_sink_packages",
     "resolve_sinks",
 ]
 
@@ -115,14 +116,19 @@ def resolve_sinks(report_to: str | Sequence[str] | None) -> list[str]:
     return list(dict.fromkeys(chosen))
 
 
-def open_sinks(names: Sequence[str], run: RunInfo) -> list[Sink]:
-    """Open the named sinks for ``run``. Every package is checked first: a missing one is an ImportError
-    naming its pip extra. If opening one fails, those already open are closed before the error propagates."""
+def require_sink_packages(names: Sequence[str]) -> None:
+    """Every named sink's package is installed: a missing one is an ImportError naming its pip extra."""
     for name in names:
         if not _importable(_MODULES[name]):
             raise ImportError(
                 f"report_to={name!r} needs the {_MODULES[name]} package: pip install 'grpokit[{name}]'"
             )
+
+
+def open_sinks(names: Sequence[str], run: RunInfo) -> list[Sink]:
+    """Open the named sinks for ``run``. Every package is checked first (``require_sink_packages``). If
+    opening one fails, those already open are closed before the error propagates."""
+    require_sink_packages(names)
     sinks: list[Sink] = []
     try:
         for name in names:

@@ -25,7 +25,7 @@ from grpokit.rewards.format import (
 from grpokit.rewards.isolation.sandbox import SandboxError, SandboxLimits, SandboxResult, run_python_tests
 from grpokit.rewards.isolation.verifier import MathVerifier
 from grpokit.rewards.length import cosine_scaled_reward, repetition_penalty_reward, soft_overlong_punishment
-from grpokit.rewards.registry import BUILTIN_REWARDS, resolve_reward, resolve_rewards
+from grpokit.rewards.registry import BUILTIN_REWARDS, check_reward_specs, resolve_reward, resolve_rewards
 from grpokit.rewards.reward_model import RewardModel
 from grpokit.rewards.scoring import (
     RewardFunctionError,
@@ -51,6 +51,7 @@ __all__ = [
     "SandboxResult",
     "accuracy_reward",
     "answer_tag_format_reward",
+    "check_reward_specs",
     "code_execution_reward",
     "combine_rewards",
     "completion_text",

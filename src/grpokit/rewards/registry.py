@@ -9,6 +9,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from grpokit.data.integrity import InputError, check_model_dir
 from grpokit.rewards.accuracy import accuracy_reward, make_accuracy_reward
 from grpokit.rewards.base import RewardFunc
 from grpokit.rewards.code import code_execution_reward, make_code_execution_reward
@@ -60,7 +61,7 @@ _NEEDS_ARGUMENTS = {"soft_overlong_punishment", "format"}
 def _builtin(name: str, kwargs: dict[str, Any]) -> RewardFunc:
     instance, factory = BUILTIN_REWARDS[name]
     if not kwargs and name in _NEEDS_ARGUMENTS:
-        raise ValueError(f"built-in reward {name!r} needs arguments: resolve_reward({name!r}, **kwargs)")
+        raise InputError(f"built-in reward {name!r} needs arguments: resolve_reward({name!r}, **kwargs)")
     return factory(**kwargs) if kwargs or instance is None else instance
 
 
@@ -111,7 +112,7 @@ def _import(spec: str) -> Any:
     target = module
     for part in attr.split("."):
         if not hasattr(target, part):
-            raise ValueError(f"reward {spec!r}: module {module_name!r} has no attribute {attr!r}")
+            raise InputError(f"reward {spec!r}: module {module_name!r} has no attribute {attr!r}")
         target = getattr(target, part)
     return target
 
@@ -133,7 +134,7 @@ def resolve_reward(spec: Any, **kwargs: Any) -> Any:
     if isinstance(spec, Mapping):  # {"name": ..., **kwargs}: a YAML recipe's way to pass arguments
         options = dict(spec)
         if "name" not in options:
-            raise ValueError(f"a reward given as a mapping needs a 'name' key, got keys {sorted(options)}")
+            raise InputError(f"a reward given as a mapping needs a 'name' key, got keys {sorted(options)}")
         return resolve_reward(options.pop("name"), **options, **kwargs)
     if is_reward_model_spec(spec) and not isinstance(spec, (str, os.PathLike)):  # a loaded classifier
         from grpokit.rewards.reward_model import RewardModel
@@ -144,10 +145,10 @@ def resolve_reward(spec: Any, **kwargs: Any) -> Any:
         return RewardModel(spec, tokenizer, name=name, **kwargs)
     if callable(spec):
         if kwargs:
-            raise ValueError(f"resolve_reward: keyword arguments {sorted(kwargs)} given for a callable")
+            raise InputError(f"resolve_reward: keyword arguments {sorted(kwargs)} given for a callable")
         return spec
     if not isinstance(spec, (str, os.PathLike)):
-        raise ValueError(f"a reward must be a callable or a string, got {type(spec).__name__}")
+        raise InputError(f"a reward must be a callable or a string, got {type(spec).__name__}")
     text = os.fspath(spec)
     name = _ALIASES.get(text, text)
     if name in BUILTIN_REWARDS:
@@ -159,11 +160,37 @@ def resolve_reward(spec: Any, **kwargs: Any) -> Any:
     target = _import(text) if ("." in text or ":" in text) else None
     if target is not None:
         return target(**kwargs) if kwargs else target
-    raise ValueError(
+    raise InputError(
         f"unknown reward {text!r}: not a built-in ({', '.join(sorted(BUILTIN_REWARDS))}), "
         "not a directory holding a sequence-classification model, not a Hugging Face Hub model id "
         "(org/name) found in the local cache or on the Hub, and not an importable module:attr path"
     )
+
+
+def check_reward_specs(specs: Any, what: str = "reward_funcs", max_completion_length: int = 256) -> None:
+    """Every reward specification of ``specs`` (one or a list) resolves, checked without loading a model:
+    built-in names and import paths are resolved, a reward-model directory's files are checked
+    (``check_model_dir``), a Hub id (``org/name``) is left to loading. An InputError naming ``what``
+    otherwise. ``max_completion_length``: the run's (``soft_overlong_punishment``'s default lengths)."""
+    for spec in list(specs) if isinstance(specs, (list, tuple)) else [specs]:
+        spec = _with_run_lengths(spec, max_completion_length)
+        if spec is None:
+            continue
+        if isinstance(spec, Mapping) and isinstance(spec.get("name"), (str, os.PathLike)):
+            name = os.fspath(spec["name"])
+            if _is_model_dir(name) or _is_hub_model(name):
+                continue
+        elif isinstance(spec, (str, os.PathLike)):
+            text = os.fspath(spec)
+            if _is_model_dir(text):
+                check_model_dir(text, what)
+                continue
+            if _HUB_ID.match(text) and not os.path.exists(text):
+                continue  # a Hub id: found (or not) when the run loads it
+        try:
+            resolve_reward(spec)
+        except InputError as error:
+            raise InputError(f"{what}: {error}") from None
 
 
 def is_reward_model_spec(spec: Any) -> bool:
@@ -185,7 +212,7 @@ def _processing_classes(classes: Any, count: int) -> list[Any]:
     if not isinstance(classes, (list, tuple)):
         classes = [classes]
     if len(classes) != count:
-        raise ValueError(
+        raise InputError(
             f"reward_processing_classes: {len(classes)} given for {count} reward function(s); the "
             "numbers must match: give one per reward function (None where it is not a reward model)"
         )
@@ -210,7 +237,7 @@ def resolve_rewards(
     tokenizers = _processing_classes(processing_classes, len(specs))
     pairs = [(f, t) for f, t in zip(specs, tokenizers) if f is not None]
     if not pairs and not allow_empty:
-        raise ValueError(
+        raise InputError(
             "No reward source provided: reward_funcs needs at least one reward function (or pass "
             "process_reward_funcs, an environment whose own reward scores its episodes, or an "
             "environment_factory whose environment defines a get_reward method)"

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from grpokit.core import combine_rewards
+from grpokit.data.integrity import InputError
 from grpokit.rewards.bounded import BoundedCaller, CallTimeout
 from grpokit.rewards.reward_logs import RewardLogs
 
@@ -301,7 +302,7 @@ def reward_weights(weights: Sequence[float] | None, names: Sequence[str], field:
     if weights is None:
         return [1.0] * len(names)
     if len(weights) != len(names):
-        raise ValueError(
+        raise InputError(
             f"GRPOConfig.{field} has {len(weights)} values but there are {len(names)} "
             f"{'process reward' if 'process' in field else 'reward'} functions ({', '.join(names)})"
         )

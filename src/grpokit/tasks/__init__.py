@@ -18,6 +18,7 @@ in an environment (``grpokit.envs``): ``maze`` (text mazes, one move per turn, `
 from grpokit.tasks.cold_start import (
     COLD_START_THREADS,
     ColdStartSettings,
+    cold_start_blueprint,
     cold_start_policy,
     default_cache_root,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "TASKS",
     "ColdStartSettings",
     "Task",
+    "cold_start_blueprint",
     "cold_start_policy",
     "default_cache_root",
     "get_task",

@@ -42,6 +42,7 @@ __all__ = [
     "COLD_START_VERSION",
     "ColdStartSettings",
     "build_once",
+    "cold_start_blueprint",
     "cold_start_policy",
     "default_cache_root",
 ]
@@ -229,16 +230,15 @@ def cold_start_policy(
     return build_once(final, "cold_start.json", build, threads)
 
 
-def _run_cold_start(
-    task: Any, seed: int, s: ColdStartSettings, progress: bool
-) -> tuple[PreTrainedModel, PreTrainedTokenizerFast, dict[str, Any]]:
-    start = time.perf_counter()
-    task_kwargs = _task_kwargs(task, s)
-    rows, _ = task.make_splits(
-        seed=seed, num_train=s.num_sft_examples + s.probe_size, num_test=1, **task_kwargs
-    )
-    sft_rows, probe_rows = rows[: s.num_sft_examples], rows[s.num_sft_examples :]
+def cold_start_blueprint(task_name: str = "arithmetic", seed: int = 0, **sft: Any) -> tuple[Any, Any]:
+    """(model, tokenizer) of the tiny policy ``cold_start_policy`` would train, before any training: random
+    weights, nothing read or written. What a run's checks need before the cold start (the vocabulary, the
+    positions, the module names LoRA targets)."""
+    task = get_task(task_name)
+    return _untrained(task, seed, ColdStartSettings(**{**task.cold_start, **sft}))
 
+
+def _untrained(task: Any, seed: int, s: ColdStartSettings) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     tokenizer = build_char_tokenizer(tags=(*DEFAULT_TAGS, *task.tokenizer_tags))
     model = build_tiny_model(
         tokenizer,
@@ -249,6 +249,20 @@ def _run_cold_start(
         intermediate_size=s.intermediate_size,
         seed=seed,
     )
+    return model, tokenizer
+
+
+def _run_cold_start(
+    task: Any, seed: int, s: ColdStartSettings, progress: bool
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast, dict[str, Any]]:
+    start = time.perf_counter()
+    task_kwargs = _task_kwargs(task, s)
+    rows, _ = task.make_splits(
+        seed=seed, num_train=s.num_sft_examples + s.probe_size, num_test=1, **task_kwargs
+    )
+    sft_rows, probe_rows = rows[: s.num_sft_examples], rows[s.num_sft_examples :]
+
+    model, tokenizer = _untrained(task, seed, s)
 
     examples = [_example(task, row, tokenizer) for row in sft_rows]
     optimizer = torch.optim.AdamW(

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpokit.data.integrity import InputError
 from grpokit.envs.base import environment_reward
 from grpokit.tasks.arithmetic import (
     arithmetic_exact_answer_reward,
@@ -85,11 +86,20 @@ def register_task(task: Task) -> Task:
 
 
 def get_task(name: str) -> Task:
-    """The registered task called ``name``; raises KeyError listing the known names."""
+    """The registered task called ``name``; an ``UnknownTaskError`` (a KeyError and an InputError) lists
+    the known names."""
     try:
         return TASKS[name]
     except KeyError:
-        raise KeyError(f"unknown task {name!r}; known tasks: {sorted(TASKS)}") from None
+        known = ", ".join(sorted(TASKS))
+        raise UnknownTaskError(f"task: unknown task {name!r}; known tasks: {known}") from None
+
+
+class UnknownTaskError(KeyError, InputError):
+    """A task name no task is registered under."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
 
 
 register_task(

@@ -9,6 +9,7 @@ import torch
 
 from grpokit.config import GRPOConfig
 from grpokit.data.chat import render_prompt
+from grpokit.data.integrity import InputError
 
 if TYPE_CHECKING:
     from grpokit.sampling.prompt_stats import Curriculum
@@ -40,7 +41,7 @@ def check_prompt_lengths(rows: list[dict[str, Any]], tokenizer: Any, args: GRPOC
                     lengths[i] = len(ids)
         for i, length in enumerate(lengths):
             if length > limit:
-                raise ValueError(
+                raise InputError(
                     f"{name} row {start + i}: the prompt is {length} tokens, longer than "
                     f"max_prompt_length={limit} (prompt_truncation='error'; raise max_prompt_length, "
                     "shorten or drop the row, or set prompt_truncation='left' to keep its last tokens)"

@@ -11,6 +11,7 @@ step hooks (``grpokit.train.hooks``). Helpers get what they need as arguments; n
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -27,14 +28,18 @@ from grpokit.config.resolution import precision_unset
 from grpokit.config.trl_fields import refuse_trainer_arguments
 from grpokit.core import entropy_threshold, multi_reward_advantages, off_policy_sequence_mask
 from grpokit.data.chat import encode_prompt
+from grpokit.data.integrity import InputError
 from grpokit.data.loading import load_dataset_rows
+from grpokit.data.run_folder import claim_run_folder, expand_path, refuse_another_runs_folder
 from grpokit.envs.factories import EMPTY_PROMPT, EnvironmentFactories
 from grpokit.envs.sampler import EpisodeSampler, sample_groups, start_episodes, template_kwargs
 from grpokit.models.moe import router_loss_for
 from grpokit.models.policy import check_special_tokens, load_policy, tokenizer_of
+from grpokit.parallel.checkpoint import STATE_FILE, checkpoint_dir
 from grpokit.parallel.cpu_runtime import apply_cpu_runtime
 from grpokit.parallel.distributed import (
     any_process,
+    decided_by_main,
     gather_across_processes,
     make_accelerator,
     merged_across_processes,
@@ -42,6 +47,7 @@ from grpokit.parallel.distributed import (
     prepare_policy,
 )
 from grpokit.parallel.hardware import default_mixed_precision, log_bf16_support
+from grpokit.parallel.resume import plan_resume
 from grpokit.parallel.run_state import RunState
 from grpokit.parallel.stopping import NonfiniteGuard, StopSignals
 from grpokit.parallel.threads import ThreadPolicy
@@ -50,6 +56,7 @@ from grpokit.reporting.completion_log import CompletionLog
 from grpokit.reporting.metrics import PhaseTimer, progress_fields, reward_means, step_metrics
 from grpokit.reporting.metrics_log import MetricsLogger, plot_metrics
 from grpokit.reporting.publish import Publisher
+from grpokit.reporting.tracking import require_sink_packages, resolve_sinks
 from grpokit.rewards.base import refuse_missing_columns
 from grpokit.rewards.reward_logs import RewardLogs
 from grpokit.rollout import RolloutBackend, SamplingParams
@@ -63,6 +70,16 @@ from grpokit.train.entropy_control import EntropyControl
 from grpokit.train.evaluation import eval_advantages, eval_loss
 from grpokit.train.forward import PolicyLogprobs
 from grpokit.train.hooks import StepHooks, run_hooks
+from grpokit.train.preflight import (
+    as_config,
+    check_output_folder,
+    check_policy_fits,
+    check_rows_per_step,
+    longest_prompt,
+    output_folder_reads,
+    read_model_config,
+    resumes_in,
+)
 from grpokit.train.process_supervision import EpisodeSupervision
 from grpokit.train.prompts import PromptSampler, check_prompt_lengths
 from grpokit.train.reference import Reference, refuse_resets_of_adapter_reference
@@ -138,7 +155,7 @@ class GRPOTrainer:
         iterative_reward_model: Any = None,
         rm_label_func: Any = None,
     ) -> None:
-        args = args or GRPOConfig()
+        args = as_config(args)  # (a dict of fields is taken too)
         args.check_eval_dataset(eval_dataset is not None, "pass eval_dataset to GRPOTrainer")
         # every derived value written out, once; a config that chooses no precision gets the processor's
         self.args = args.resolved(default_mixed_precision(args.use_cpu))
@@ -152,6 +169,15 @@ class GRPOTrainer:
         self.threads = ThreadPolicy.for_run(self.args, cpu=cpu)
         apply_cpu_runtime(self.args, cpu=cpu)
         main = self.accelerator.is_main_process
+        # the output folder: another run's results, a live run, a file or no permission, refused before
+        # anything loads (the main process reads it; every process stops); train() claims it
+        if self.args.resume_from_checkpoint:  # the checkpoint and the config's changes, before anything loads
+            plan_resume(self.args.resume_from_checkpoint, self.args, self.args.output_dir,
+                        num_processes=self.accelerator.num_processes)  # fmt: skip
+        reads = output_folder_reads(model, train_dataset, eval_dataset)
+        decided_by_main(
+            self.accelerator, lambda: check_output_folder(self.args, reads, resume_may_follow=True)
+        )
         # the processor chose bf16 (the config chose no precision)
         self.bf16_by_default = precision_unset(args) and self.args.mixed_precision == "bf16"
         if main:  # bf16 matrix units (AMX, Arm BF16, tensor cores) and whether this run computes in bf16
@@ -175,9 +201,14 @@ class GRPOTrainer:
             environment, tools, self.train_rows, self.tokenizer, self.args.episode_settings(), self.factories
         )
         episode_hook = EpisodeSupervision.for_run(self.args, self.episodes is not None)  # env/*, turn rewards
-        self.model = load_policy(model, self.args, peft_config)
-        self.router_loss = router_loss_for(self.model, self.args.router_aux_loss_coef)  # MoE policies
+        # what the model's config says (vocabulary, positions, LoRA targets), read without its weights
+        check_policy_fits(
+            read_model_config(model, remote), self.tokenizer, self.args, peft_config=peft_config,
+            prompt_tokens=longest_prompt(self.train_rows, self.tokenizer, self.args),
+            skeleton=model if isinstance(model, torch.nn.Module) else None,
+        )  # fmt: skip
         self.gather = gather_across_processes(self.accelerator)  # lists from every process, or None
+        # the rewards (names, import paths, reward models) before the policy's weights
         rewards = run_rewards(
             self.args, reward_funcs, process_reward_funcs, iterative_reward_model, rm_label_func,
             self.tokenizer, self.accelerator.device,
@@ -191,6 +222,9 @@ class GRPOTrainer:
         self.gold = rewards.gold  # a watching gold reward (proxy_gold/* metrics), or None
         if self.episodes is None:  # (episodes add columns of their own)
             refuse_missing_columns(self.reward_names, self.reward_funcs, self.train_rows, "train_dataset")
+        check_rows_per_step(len(self.train_rows), self.plan.prompts)
+        self.model = load_policy(model, self.args, peft_config)
+        self.router_loss = router_loss_for(self.model, self.args.router_aux_loss_coef)  # MoE policies
         self.reference = Reference.for_run(self.model, self.args, adapter_disabled=peft_config is not None)
         self.schedule = RunSchedule.from_config(self.args, len(self.train_rows), self.plan)
         self.max_steps = self.schedule.max_steps
@@ -257,7 +291,10 @@ class GRPOTrainer:
         self.draws: GroupDrawer | AsyncDrawer = self.groups
         if ahead:
             self.draws = AsyncDrawer.from_config(self.args, self.groups.draw, self.generation_model)
-        self.logger = MetricsLogger.from_config(self.args, enabled=self.accelerator.is_main_process)
+        # metrics.jsonl (read here; written, and the trackers opened, once train() holds output_dir)
+        self.logger = MetricsLogger.from_config(self.args, enabled=False)
+        if self.accelerator.is_main_process:  # a tracker's missing package: refused now, not at train()
+            require_sink_packages(resolve_sinks(self.args.report_to))
         self.callbacks = Callbacks(
             callbacks, self.args, model=self.model, processing_class=self.tokenizer,
             optimizer=self.optimizer, lr_scheduler=self.scheduler,
@@ -266,6 +303,9 @@ class GRPOTrainer:
         self.step = 0
         self.guard = NonfiniteGuard(self.args.max_nonfinite_steps)  # NaN/inf steps in a row stop the run
         self.stopped_by: str | None = None  # the signal that ended train() early (SIGTERM, SIGINT)
+        self.finished = False  # train() ran to max_steps and saved the model
+        self._saved_step = -1  # the step of the last checkpoint this trainer saved
+        self._run_id: str | None = None  # the run (grpokit_run.json) this trainer's train() wrote
         self.run_state = RunState(
             self.accelerator, self.model, self.policy, self.tokenizer, self.optimizer, self.scheduler,
             self.reference, self.hooks, self.prompts, self.generator, self.strategy, self.zero,
@@ -391,11 +431,54 @@ class GRPOTrainer:
     def train(self, resume_from_checkpoint: str | bool | None = None) -> TrainHistory:
         """Run ``max_steps`` GRPO steps; returns the logged metrics (a list, with transformers'
         ``TrainOutput`` fields as attributes: ``global_step``, ``training_loss``, ``metrics``). Saves the
-        final model to output_dir. SIGTERM/SIGINT end it after the current step with a checkpoint
-        (``stopped_by`` names the signal). The run's summary (``train_loss``: the mean loss of the steps
-        trained, ``train_runtime``, ``train_steps_per_second``, ``epoch``) ends ``state.log_history``."""
-        resume = resume_from_checkpoint or self.args.resume_from_checkpoint
-        self.run_state.refuse_to_overwrite(self.args, resume, self.step)
+        final model to output_dir. The run owns output_dir while it trains (``parallel.run_folder``: a lock
+        and the manifest ``grpokit_run.json``; ``overwrite_output_dir`` deletes another run's results first).
+        SIGTERM/SIGINT end it after the current step with a checkpoint (``stopped_by`` names the signal); a
+        signal during a checkpoint or the final save lets it finish. The run's summary (``train_loss``: the
+        mean loss of the steps trained, ``train_runtime``, ``train_steps_per_second``, ``epoch``) ends
+        ``state.log_history``. A second call continues from where the first stopped (a signal, or
+        ``max_steps`` raised on the trainer); one with nothing left to train is refused."""
+        if self.step >= self.max_steps and self.step > 0:  # an earlier train() trained them all
+            raise InputError(
+                f"train() already ran to step {self.step} of max_steps={self.max_steps} on this trainer (the "
+                f"model is in {self.args.output_dir}); to train further, raise trainer.max_steps, or build a "
+                "new GRPOTrainer with a larger max_steps and resume_from_checkpoint"
+            )
+        continuing = self.step > 0  # an earlier train() stopped (a signal) or max_steps was raised: go on
+        resume = None if continuing else resume_from_checkpoint or self.args.resume_from_checkpoint
+        self.stopped_by = None
+        announce = self.accelerator.is_main_process and StopSignals.current() is None  # (else the caller's)
+        resumes_here = continuing or resumes_in(resume, self.args.output_dir)  # (its results are its own)
+        with self._claim_output_dir(resumes_here) as claim, StopSignals.in_force() as signals:
+            self._run_id = claim.run_id
+            with signals.deferred(any_process(self.accelerator)):  # a signal waits for the step boundary
+                history = self._train_steps(resume, signals, announce)
+                if self.stopped_by is None:  # the final save, not cut by a signal (noted for the caller)
+                    self._save_final()
+            self.finished = self.stopped_by is None
+            if self.finished and signals.received and announce:
+                print(
+                    f"grpokit: {signals.received} came during the last step or the final save, which "
+                    f"completed: the run is finished (model in {self.args.output_dir})", flush=True,
+                )  # fmt: skip
+            outcome = "finished" if self.finished else "interrupted"
+            claim.update(
+                training=outcome, step=self.step, max_steps=self.max_steps, model_saved=self.finished,
+                stopped_by=self.stopped_by, **({"state": outcome} if claim.depth == 1 else {}),
+            )  # fmt: skip (the state is the outermost claim's: grpokit train's evaluates after training)
+        return history
+
+    def _claim_output_dir(self, resume: bool) -> Any:
+        """output_dir held while the run writes it (the main process), joining ``grpokit train``'s claim."""
+        config = dataclasses.replace(self.args, hub_token=None)
+        return claim_run_folder(
+            self.args.output_dir, "train", config_text=config.to_yaml(), resume=resume,
+            overwrite=self.args.overwrite_output_dir and not resume, enabled=self.accelerator.is_main_process,
+            details={"command": "GRPOTrainer.train"},
+        )  # fmt: skip
+
+    def _train_steps(self, resume: str | bool | None, signals: StopSignals, announce: bool) -> TrainHistory:
+        """The loop of ``train``: a resume, then steps until ``max_steps`` or a stop signal."""
         if resume:
             self.step = self.run_state.resume(resume, self.args.output_dir)
             self.weight_sync.mark_changed()  # the restored weights reach vLLM before its next generation
@@ -410,12 +493,13 @@ class GRPOTrainer:
             max_steps=self.max_steps, step=self.step, epoch=schedule.epoch(self.step),
             logging_steps=schedule.logging_steps, is_main=main,
         )  # fmt: skip
-        if self.args.eval_on_start and self.eval_rows is not None and self.step == 0:
-            self._log(0, self._evaluate_with_callbacks(), history)
         # the trackers are finished when the loop ends (marked failed if it raised)
-        with self.logger, StopSignals(any_process(self.accelerator)) as signals:
+        self.logger = MetricsLogger.from_config(self.args, enabled=main)
+        with self.logger:
+            if self.args.eval_on_start and self.eval_rows is not None and self.step == 0:
+                self._log(0, self._evaluate_with_callbacks(), history)
             while self.step < self.max_steps:
-                self.stopped_by = signals.stop_here(self.step, self.save_checkpoint, announce=main)
+                self.stopped_by = signals.stop_here(self.step, self._checkpoint_for_stop, announce=announce)
                 if self.stopped_by is not None:
                     break
                 callbacks.step_begin()
@@ -442,13 +526,6 @@ class GRPOTrainer:
                     break
         bar.close()
         self.draws.close()  # no more draws ahead
-        if self.stopped_by is None:
-            self.save_model(self.args.output_dir)
-            if self.iterative is not None and main:
-                self.iterative.save(Path(self.args.output_dir) / "reward_model")
-            if main:
-                plot_metrics(self.logger.read(), Path(self.args.output_dir) / "metrics.png")
-            self.publisher.run_finished(self.reward_names, self.logger.read)
         summary = run_summary(losses, time.perf_counter() - started, self.step - first_step,
                               schedule.epoch(self.step))  # fmt: skip
         # the last entry of state.log_history, as transformers' Trainer writes it; like TRL's, it also carries
@@ -456,6 +533,24 @@ class GRPOTrainer:
         callbacks.log({**{k: v for k, v in last_metrics.items() if k != "loss"}, **summary})
         callbacks.event("on_train_end")
         return TrainHistory(history, self.step, summary)
+
+    def _save_final(self) -> None:
+        """The end of a run: the model (written aside, then moved into output_dir), the iterative reward
+        model, the metrics plot, the model card and its push."""
+        self.save_model(self.args.output_dir)
+        main = self.accelerator.is_main_process
+        if self.iterative is not None and main:
+            self.iterative.save(Path(self.args.output_dir) / "reward_model")
+        if main:
+            plot_metrics(self.logger.read(), Path(self.args.output_dir) / "metrics.png")
+        self.publisher.run_finished(self.reward_names, self.logger.read)
+
+    def _checkpoint_for_stop(self) -> Path:
+        """The checkpoint a stop signal leaves: this step's, saved now unless it was saved just before."""
+        path = checkpoint_dir(self.args.output_dir, self.step)
+        if self._saved_step == self.step and (path / STATE_FILE).exists():
+            return path
+        return self.save_checkpoint()
 
     def _log(self, step: int, metrics: dict[str, float], history: list[dict[str, float]]) -> None:
         """Write one step's metrics to every sink and tell the callbacks."""
@@ -679,14 +774,18 @@ class GRPOTrainer:
         }
 
     # ------------------------------------------------------------------------------------------------
-    def save_model(self, path: str | Path) -> None:
+    def save_model(self, path: str | Path | None = None) -> None:
         """Write a standard ``transformers`` checkpoint directory (model + tokenizer; a PEFT model writes
-        its adapters). Under FSDP the full weights are gathered first."""
-        self.run_state.save_model(path)
+        its adapters) to ``path``, default output_dir (TRL's); written aside, then moved into place. Under
+        FSDP the full weights are gathered first. A folder holding another grpokit run is refused."""
+        target = Path(expand_path(path)) if path is not None else Path(self.args.output_dir)
+        decided_by_main(self.accelerator, lambda: refuse_another_runs_folder(target, self._run_id))
+        self.run_state.save_model(target)
 
     def save_checkpoint(self) -> Path:
         """Everything a resume needs, in ``<output_dir>/checkpoint-<step>`` (``parallel.run_state``)."""
         path = self.run_state.save(self.args.output_dir, self.step, self.args.save_total_limit)
+        self._saved_step = self.step
         self.callbacks.event("on_save")
         return path
 

@@ -6,7 +6,12 @@ See docs/process-supervision.md. The trainer's path:
 """
 
 from grpokit.rewards.process_rewards.prm import ProcessRewardModel, encode_prompt_completion, scalar_logits
-from grpokit.rewards.process_rewards.scoring import ProcessScores, resolve_process_reward_funcs, score_process
+from grpokit.rewards.process_rewards.scoring import (
+    ProcessScores,
+    check_process_reward_specs,
+    resolve_process_reward_funcs,
+    score_process,
+)
 from grpokit.rewards.process_rewards.steps import (
     DEFAULT_STEP_DELIMITER,
     split_steps,
@@ -19,6 +24,7 @@ __all__ = [
     "DEFAULT_STEP_DELIMITER",
     "ProcessRewardModel",
     "ProcessScores",
+    "check_process_reward_specs",
     "encode_prompt_completion",
     "resolve_process_reward_funcs",
     "scalar_logits",

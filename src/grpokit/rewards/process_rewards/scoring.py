@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,23 @@ _BUILTIN = {
 }
 
 
+def check_process_reward_specs(specs: Sequence[Any]) -> None:
+    """Each name is a built-in verifier or an existing model directory (checked without loading it): an
+    InputError naming ``process_reward_funcs`` otherwise."""
+    from grpokit.data.integrity import InputError, check_model_dir
+
+    for spec in specs:
+        if not isinstance(spec, (str, os.PathLike)) or spec in _BUILTIN:
+            continue  # (anything else but a callable is refused by resolve_process_reward_funcs)
+        if isinstance(spec, (str, os.PathLike)) and os.path.isdir(os.fspath(spec)):
+            check_model_dir(os.fspath(spec), "process_reward_funcs")
+            continue
+        raise InputError(
+            f"process_reward_funcs: {spec!r} is not a built-in verifier "
+            f"({', '.join(sorted(_BUILTIN))}) or a process-reward-model directory"
+        )
+
+
 def resolve_process_reward_funcs(
     specs: Sequence[Any], *, delimiter: str = DEFAULT_STEP_DELIMITER, **prm_kwargs: Any
 ) -> list[ProcessRewardFunc]:
@@ -56,6 +74,7 @@ def resolve_process_reward_funcs(
     process reward model (a token-classification checkpoint, loaded as ``ProcessRewardModel``; extra keyword
     arguments such as ``batch_size`` or ``device`` go to it).
     """
+    check_process_reward_specs(specs)
     out: list[ProcessRewardFunc] = []
     for spec in specs:
         if callable(spec):
