@@ -1,8 +1,9 @@
 """SIGTERM at a random moment of a short ``grpokit train`` run, 20 times: each time the folder holds a
 finished run, a checkpoint that ``resume_from_checkpoint=latest`` continues, or nothing trained (the same
-command starts again), the closing line says which, and the run, completed that way, ends with the uninterrupted
-run's final weights bit for bit. The runs happen in one worker process (``_interrupt_worker.py``), each
-signalled by a timer at a delay drawn uniformly over an uninterrupted run's duration."""
+command starts again), the closing line says which, and the run, completed that way, ends with the
+uninterrupted run's final weights bit for bit. The runs happen in one worker process
+(``_interrupt_worker.py``), each signalled by a timer at a delay drawn uniformly over an uninterrupted run's
+duration."""
 
 from __future__ import annotations
 
