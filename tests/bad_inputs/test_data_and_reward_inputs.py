@@ -66,7 +66,7 @@ def test_a_malformed_json_file_names_the_file(tmp_path):
 
 # -- reward_timeout --
 def sleepy_reward(completions, **kwargs):
-    time.sleep(30)
+    time.sleep(600)
     return [1.0] * len(completions)
 
 
@@ -82,7 +82,7 @@ def test_a_reward_that_hangs_stops_the_run_naming_the_function_and_the_limit(tin
     with pytest.raises(RewardFunctionError, match=r"^reward function 'sleepy_reward': no answer within "
                        r"reward_timeout=0.5 s$"):  # fmt: skip
         trainer.train()
-    assert time.monotonic() - start < 20
+    assert time.monotonic() - start < 120  # the 0.5 s limit, not the 600 s call
 
 
 def test_with_reward_failure_none_a_hung_call_is_counted_and_the_run_goes_on(tiny_model_dir, tmp_path):
@@ -96,11 +96,11 @@ def test_with_reward_failure_none_a_hung_call_is_counted_and_the_run_goes_on(tin
 
 def test_an_async_reward_that_blocks_the_event_loop_is_bounded_too():
     async def blocking(completions, **kwargs):
-        time.sleep(30)  # blocks instead of awaiting
+        time.sleep(300)  # blocks instead of awaiting
         return [1.0] * len(completions)
 
     async def waiting(completions, **kwargs):
-        await asyncio.sleep(30)
+        await asyncio.sleep(300)
         return [1.0] * len(completions)
 
     start = time.monotonic()
@@ -110,7 +110,7 @@ def test_an_async_reward_that_blocks_the_event_loop_is_bounded_too():
         )
         assert failures == {reward.__name__: 2, "length_reward": 0}
         assert rewards[:, 1].tolist() == [1.0, 2.0] and rewards[:, 0].isnan().all()
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 120  # the 0.3 s limits, not the 300 s calls
 
 
 def test_a_hung_reward_does_not_keep_the_process_from_exiting():
@@ -123,9 +123,9 @@ def test_a_hung_reward_does_not_keep_the_process_from_exiting():
         "print(failures['hang'])\n"
     )
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and done.stdout.strip() == "1", done.stderr
-    assert time.monotonic() - start < 60  # the interpreter's start-up, not the hour
+    assert time.monotonic() - start < 300  # the interpreter's start-up, not the hour
 
 
 def test_a_reward_timeout_that_is_not_positive_is_refused():

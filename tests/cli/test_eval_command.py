@@ -189,7 +189,7 @@ def test_the_console_script_finds_a_reward_module_in_the_working_directory(tiny_
     done = subprocess.run(
         [script, "eval", f"model={tiny_model_dir}", "eval_dataset=rows.jsonl", "prompt_column=question",
          "reward_funcs=[my_rewards.nonempty]", "max_new_tokens=3", "output=out.json", "progress=false"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        cwd=tmp_path, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads((tmp_path / "out.json").read_text())

@@ -120,7 +120,7 @@ def test_hostile_answers_return_promptly(answer):
         start = time.monotonic()
         assert run(reward, [answer], ["3"]) == [0.0]
         # 1 s hard limit per check; a killed worker restarts lazily (on the next call, not this one)
-        assert time.monotonic() - start < 3.0
+        assert time.monotonic() - start < 30  # the 1 s limit, not the answer's hours
         assert run(reward, [r"\boxed{3}"], ["3"]) == [1.0]  # the pool still works afterwards
     finally:
         pool.close()
@@ -132,7 +132,7 @@ def test_hostile_gold_is_ungradable_not_a_hang():
         reward = make_accuracy_reward(timeout=1.0, verifier=pool)
         start = time.monotonic()
         assert run(reward, [r"\boxed{1}"], [r"\boxed{9^{9^{9^{9}}}}"]) in ([None], [0.0])
-        assert time.monotonic() - start < 4.0
+        assert time.monotonic() - start < 30
     finally:
         pool.close()
 
@@ -152,7 +152,7 @@ def test_hard_timeout_kills_the_stuck_worker():
         stuck = pool._workers[0].proc
         start = time.monotonic()
         assert pool.check("3", r"\boxed{9^{9^{9^{9}}}}", timeout=1.0) == 0.0
-        assert time.monotonic() - start < 2.0
+        assert time.monotonic() - start < 30
         assert stuck.poll() is not None  # killed and reaped
         assert pool.check("3", r"\frac{6}{2}", timeout=1.0) == 1.0  # a fresh worker took over
         assert pool._workers[0].proc.pid != stuck.pid

@@ -28,7 +28,7 @@ def test_extract_code_is_linear_on_many_unclosed_fences():
     text = "```python\n" * 100_000
     start = time.monotonic()
     extract_code(text)
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < 10  # linear: milliseconds; quadratic: minutes
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_hostile_batch_scores_low_and_returns(reward):
     ]
     start = time.monotonic()
     got = reward(["p"] * 5, [fenced(body) for body in bodies], [[1]] * 5, tests=[TESTS] * 5)
-    assert time.monotonic() - start < 10.0  # two 3 s timeouts per worker at most, plus start-up
+    assert time.monotonic() - start < 60  # two 3 s timeouts per worker at most, plus start-up
     assert got == [0.0, 0.0, 0.0, 0.0, 1.0]
 
 

@@ -72,7 +72,7 @@ def test_unknown_extractor_lists_choices():
 def test_extraction_is_linear_on_megabyte_input(text):
     start = time.monotonic()
     extract_auto(text)
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 20  # linear: well under a second; quadratic: hours
 
 
 def test_completion_text_accepts_strings_and_messages():

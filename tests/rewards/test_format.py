@@ -93,4 +93,4 @@ def test_format_rewards_are_fast_on_megabyte_input(text):
     start = time.monotonic()
     for reward in (think_format_reward, answer_tag_format_reward, tag_count_reward):
         score(reward, [text])
-    assert time.monotonic() - start < 5.0
+    assert time.monotonic() - start < 30  # linear: about a second; quadratic: hours

@@ -26,10 +26,13 @@ def start(policy_dir, out: Path, *extra: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK"))}
     env["OMP_NUM_THREADS"] = "1"
     command = [sys.executable, str(WORKER), str(policy_dir), str(out), str(STEPS), *extra]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(  # SIGINT restored: a suite started in the background (nohup) ignores it
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
 
 
-def wait_for_checkpoint(out: Path, step: int, process: subprocess.Popen, limit: float = 120.0) -> None:
+def wait_for_checkpoint(out: Path, step: int, process: subprocess.Popen, limit: float = 900.0) -> None:
     deadline = time.monotonic() + limit
     while not (checkpoint.checkpoint_dir(out, step) / checkpoint.STATE_FILE).exists():
         assert process.poll() is None, process.communicate()[1][-3000:]
@@ -45,7 +48,7 @@ def steps_logged(out: Path, name: str) -> list[int]:
 def uninterrupted(tiny_model_dir, tmp_path_factory) -> dict[str, torch.Tensor]:
     out = tmp_path_factory.mktemp("uninterrupted")
     process = start(tiny_model_dir, out)
-    assert process.wait(timeout=300) == 0, process.communicate()[1][-3000:]
+    assert process.wait(timeout=900) == 0, process.communicate()[1][-3000:]
     return torch.load(out / "weights.pt")
 
 
@@ -60,13 +63,13 @@ def test_a_signal_checkpoints_and_exits_cleanly(tiny_model_dir, tmp_path, uninte
     process = start(tiny_model_dir, tmp_path)
     wait_for_checkpoint(tmp_path, 2, process)
     process.send_signal(sig)
-    stdout, stderr = process.communicate(timeout=120)
+    stdout, stderr = process.communicate(timeout=900)
     assert process.returncode == 0, stderr[-3000:]
     assert f"stopped by {sig.name} after step" in stdout and "resume_from_checkpoint=latest" in stdout
     stopped = checkpoint.latest_checkpoint(tmp_path)
     assert stopped is not None and int(stopped.name.split("-")[1]) < STEPS
     resumed = start(tiny_model_dir, tmp_path, "resume")
-    assert resumed.wait(timeout=300) == 0, resumed.communicate()[1][-3000:]
+    assert resumed.wait(timeout=900) == 0, resumed.communicate()[1][-3000:]
     assert_same_weights(tmp_path, uninterrupted)
     assert steps_logged(tmp_path, "metrics.jsonl") == list(range(1, STEPS + 1))
 
@@ -78,7 +81,7 @@ def test_kill_9_then_resume_is_exact_and_logs_each_step_once(tiny_model_dir, tmp
     process.kill()
     process.wait(timeout=60)
     resumed = start(tiny_model_dir, tmp_path, "resume")
-    assert resumed.wait(timeout=300) == 0, resumed.communicate()[1][-3000:]
+    assert resumed.wait(timeout=900) == 0, resumed.communicate()[1][-3000:]
     assert_same_weights(tmp_path, uninterrupted)
     assert steps_logged(tmp_path, "metrics.jsonl") == list(range(1, STEPS + 1))
     completions = steps_logged(tmp_path, "completions.jsonl")

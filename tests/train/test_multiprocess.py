@@ -69,15 +69,16 @@ def test_a_later_trainer_may_change_precision_in_one_process():
     assert make_accelerator("no", use_cpu=False).mixed_precision == "no"
 
 
-def run_two_processes(worker: Path, *args: str, extra: tuple[str, ...] = ()) -> None:
-    """``torchrun --standalone --nproc_per_node 2 worker args`` on CPU processes (gloo over loopback)."""
+def run_two_processes(worker: Path, *args: str, extra: tuple[str, ...] = (), timeout: float = 900) -> None:
+    """``torchrun --standalone --nproc_per_node 2 worker args`` on CPU processes (gloo over loopback);
+    ``timeout``: many times a launch's duration on an idle machine (a loaded one is slower)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK"))}
     env["OMP_NUM_THREADS"] = "1"
     if sys.platform.startswith("linux"):  # loopback: no dependence on the host name resolving
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     command = [*launcher, *extra, str(worker), *args]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stderr[-4000:]
 
 

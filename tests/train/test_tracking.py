@@ -252,7 +252,7 @@ def run_child(tmp_path: Path, report_to: str | list[str], output_dir: Path) -> d
     argument = json.dumps([report_to, str(output_dir), STEPS])
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(CHILD), argument],
-        env=env, capture_output=True, text=True, timeout=300, check=False,
+        env=env, capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
