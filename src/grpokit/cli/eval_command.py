@@ -281,10 +281,13 @@ def check_options(args: EvalArgs) -> None:
         raise InputError(
             f"environment_timeout must be > 0 seconds (or None: unbounded), got {args.environment_timeout}"
         )
-    if args.environment_kwargs and args.environment is None and args.eval_dataset is not None:
+    if args.environment_kwargs and args.environment is None:
         from grpokit.envs.sampler import refuse_unused_environment_kwargs
+        from grpokit.tasks import TASKS
 
-        refuse_unused_environment_kwargs(args.environment_kwargs)
+        task = TASKS.get(args.task or (DEFAULT_TASK if args.eval_dataset is None else ""))
+        if task is None or task.environment is None:  # (a task's environment takes them)
+            refuse_unused_environment_kwargs(args.environment_kwargs)
 
 
 def check_output_file(output: str | None, overwrite: bool) -> None:

@@ -377,27 +377,44 @@ def run_training(args: TrainArgs, command: list[str] | None = None) -> dict[str,
         "held_out": checked.held_out.describe(),
     }
     trainer = None
-    with StopSignals.in_force() as signals, _claim(config, args, enabled=main) as claim:
-        if claim.removed and main:
-            print(f"grpokit: overwrite_output_dir: deleted {', '.join(claim.removed)} in {output_dir}")
-        try:
-            trainer = _build_trainer(args, checked, stage)
-            summary = _train_and_evaluate(args, trainer, checked, summary, stage, signals)
-        except RunInterrupted as stop:  # outside a step, a checkpoint or the final save: at once
-            summary["stopped_by"] = stop.signal
-        summary["wall_time_s"] = round(time.perf_counter() - started, 1)
-        if main and trainer is not None and (stage.trained or "stopped_by" not in summary):
-            _write_summary(output_dir, summary, trainer.args)
-            publish_model_card(args, trainer.args, trainer, summary)
-        state = "finished" if stage.trained else "interrupted"
-        claim.update(state=state, stopped_by=summary.get("stopped_by"), stage=stage.now)
+    stage("taking its output folder")
+    try:
+        with StopSignals.in_force() as signals, _claim(config, args, enabled=main) as claim:
+            if claim.removed and main:
+                print(f"grpokit: overwrite_output_dir: deleted {', '.join(claim.removed)} in {output_dir}")
+            try:
+                trainer = _build_trainer(args, checked, stage)
+                summary = _train_and_evaluate(args, trainer, checked, summary, stage, signals)
+            except RunInterrupted as stop:  # outside a step, a checkpoint or the final save: at once
+                summary["stopped_by"] = stop.signal
+            with signals.deferred():  # what the run ends with is written whole
+                summary["wall_time_s"] = round(time.perf_counter() - started, 1)
+                _close(args, trainer, claim, summary, stage, command, main)
+    except RunInterrupted as stop:  # while the folder was being taken: nothing was written
+        summary["stopped_by"] = stop.signal
         if main:
-            if "stopped_by" in summary:
-                print(closing_line(summary["stopped_by"], stage, output_dir, command), flush=True)
-            else:
-                print(f"grpokit: done in {summary['wall_time_s']} s; {_holds(output_dir)} in {output_dir}")
+            print(closing_line(stop.signal, stage, output_dir, command), flush=True)
     _end(trainer)
     return summary
+
+
+def _close(
+    args: TrainArgs, trainer: Any, claim: Any, summary: dict[str, Any], stage: Stage, command: Any, main: bool
+) -> None:
+    """The run's end: eval_summary.json and the card (when training finished, or nothing stopped it), the
+    manifest's state, and the closing line naming what exists."""
+    output_dir = Path(claim.path)
+    if main and trainer is not None and (stage.trained or "stopped_by" not in summary):
+        _write_summary(output_dir, summary, trainer.args)
+        publish_model_card(args, trainer.args, trainer, summary)
+    state = "finished" if stage.trained else "interrupted"
+    claim.update(state=state, stopped_by=summary.get("stopped_by"), stage=stage.now)
+    if not main:
+        return
+    if "stopped_by" in summary:
+        print(closing_line(summary["stopped_by"], stage, output_dir, command), flush=True)
+    else:
+        print(f"grpokit: done in {summary['wall_time_s']} s; {_holds(output_dir)} in {output_dir}")
 
 
 def _claim(config: GRPOConfig, args: TrainArgs, *, enabled: bool) -> Any:

@@ -114,8 +114,10 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     output_dir: str = "runs/grpo"
     """Directory for metrics.jsonl, checkpoints and the final model."""
     overwrite_output_dir: bool = False
-    """Start a new run in an output_dir that holds another run's checkpoints (TRL's name); without it such
-    a start is refused (resume it with ``resume_from_checkpoint``, or choose another output_dir)."""
+    """Start a new run in an output_dir that holds another run's results (checkpoints, metrics, a model,
+    ...): they are deleted first, before the new run writes anything (grpokit's own files only; TRL's
+    name). Without it such a start is refused (resume it with ``resume_from_checkpoint``, or choose another
+    output_dir)."""
     resume_from_checkpoint: str | None = None
     """Path of a checkpoint-<step> directory (or "latest" in output_dir) to continue a run from."""
     max_steps: int = -1
