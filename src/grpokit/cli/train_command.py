@@ -318,8 +318,6 @@ def check_model_inputs(args: TrainArgs, config: GRPOConfig, rows: list[dict[str,
     """The model's config against the run (vocabulary, positions, LoRA targets) and the rows a step takes,
     without weights: a ``tiny:<task>`` policy's blueprint (no cold start), else the config and tokenizer of
     the model directory or hub id."""
-    import os
-
     from grpokit.models.policy import tokenizer_of
 
     if args.model.startswith("tiny:"):

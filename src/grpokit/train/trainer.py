@@ -169,11 +169,11 @@ class GRPOTrainer:
         self.threads = ThreadPolicy.for_run(self.args, cpu=cpu)
         apply_cpu_runtime(self.args, cpu=cpu)
         main = self.accelerator.is_main_process
-        # the output folder: another run's results, a live run, a file or no permission, refused before
-        # anything loads (the main process reads it; every process stops); train() claims it
         if self.args.resume_from_checkpoint:  # the checkpoint and the config's changes, before anything loads
             plan_resume(self.args.resume_from_checkpoint, self.args, self.args.output_dir,
                         num_processes=self.accelerator.num_processes)  # fmt: skip
+        # the output folder: another run's results, a live run, a file or no permission, refused before
+        # anything loads (the main process reads it; every process stops); train() claims it
         reads = output_folder_reads(model, train_dataset, eval_dataset)
         decided_by_main(
             self.accelerator, lambda: check_output_folder(self.args, reads, resume_may_follow=True)
@@ -431,7 +431,7 @@ class GRPOTrainer:
     def train(self, resume_from_checkpoint: str | bool | None = None) -> TrainHistory:
         """Run ``max_steps`` GRPO steps; returns the logged metrics (a list, with transformers'
         ``TrainOutput`` fields as attributes: ``global_step``, ``training_loss``, ``metrics``). Saves the
-        final model to output_dir. The run owns output_dir while it trains (``parallel.run_folder``: a lock
+        final model to output_dir. The run owns output_dir while it trains (``data.run_folder``: a lock
         and the manifest ``grpokit_run.json``; ``overwrite_output_dir`` deletes another run's results first).
         SIGTERM/SIGINT end it after the current step with a checkpoint (``stopped_by`` names the signal); a
         signal during a checkpoint or the final save lets it finish. The run's summary (``train_loss``: the
@@ -451,6 +451,7 @@ class GRPOTrainer:
         resumes_here = continuing or resumes_in(resume, self.args.output_dir)  # (its results are its own)
         with self._claim_output_dir(resumes_here) as claim, StopSignals.in_force() as signals:
             self._run_id = claim.run_id
+            self.accelerator.wait_for_everyone()  # (an overwrite's deletions are done before any write)
             with signals.deferred(any_process(self.accelerator)):  # a signal waits for the step boundary
                 history = self._train_steps(resume, signals, announce)
                 if self.stopped_by is None:  # the final save, not cut by a signal (noted for the caller)
@@ -461,11 +462,12 @@ class GRPOTrainer:
                     f"grpokit: {signals.received} came during the last step or the final save, which "
                     f"completed: the run is finished (model in {self.args.output_dir})", flush=True,
                 )  # fmt: skip
+            # the run's state is the outermost claim's to say (grpokit train's evaluates after training)
             outcome = "finished" if self.finished else "interrupted"
             claim.update(
                 training=outcome, step=self.step, max_steps=self.max_steps, model_saved=self.finished,
                 stopped_by=self.stopped_by, **({"state": outcome} if claim.depth == 1 else {}),
-            )  # fmt: skip (the state is the outermost claim's: grpokit train's evaluates after training)
+            )  # fmt: skip
         return history
 
     def _claim_output_dir(self, resume: bool) -> Any:
