@@ -100,6 +100,12 @@ def test_an_option_the_parser_refuses_is_its_message_without_a_traceback(
     assert list(empty_cache.iterdir()) == []
 
 
+def test_a_folder_given_as_the_recipe_is_named(tmp_path, empty_cache):
+    with pytest.raises(SystemExit, match=rf"^grpokit: recipe '{tmp_path}' is a directory; give a recipe's"):
+        main(["train", str(tmp_path)])
+    assert list(empty_cache.iterdir()) == []
+
+
 def test_a_model_directory_is_refused_before_its_weights_load(tiny_model_dir, tmp_path, no_weights, files):
     base = ["train", f"model={tiny_model_dir}", f"output_dir={tmp_path / 'run'}", "max_steps=1"]
     for extra, message in [
