@@ -9,16 +9,22 @@ import logging
 import pytest
 
 from grpokit import GRPOConfig
-from grpokit.config.trl_fields import NO_EFFECT, REFUSED, refuse_trainer_arguments
+from grpokit.config.trl_fields import NO_EFFECT, REFUSED, TYPES, refuse_trainer_arguments
 from tests.trl_1_16_fields import TRL_1_16_DEFAULTS
 
 OWN = {f.name for f in dataclasses.fields(GRPOConfig)}
 
 
-def test_every_trl_field_has_exactly_one_treatment():
-    unhandled = [n for n in TRL_1_16_DEFAULTS if n not in OWN | set(NO_EFFECT) | set(REFUSED)]
-    assert unhandled == []
-    assert not (OWN & set(NO_EFFECT)) and not (OWN & set(REFUSED)) and not (set(NO_EFFECT) & set(REFUSED))
+def test_every_trl_field_is_a_field_with_one_treatment():
+    """Every TRL 1.16 field is a GRPOConfig field (so TRL's flags and YAML keys parse); those grpokit does not
+    use have TRL's default and exactly one treatment, no effect or refused."""
+    assert [n for n in TRL_1_16_DEFAULTS if n not in OWN] == []
+    assert set(TYPES) == set(NO_EFFECT) | set(REFUSED) and not set(NO_EFFECT) & set(REFUSED)
+    defaults = {f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+                for f in dataclasses.fields(GRPOConfig)}  # fmt: skip
+    for name in TYPES:
+        expected = TRL_1_16_DEFAULTS[name]
+        assert defaults[name] == (list(expected) if isinstance(expected, tuple) else expected), name
 
 
 def test_a_trl_config_with_every_default_constructs():
@@ -31,15 +37,17 @@ def test_a_trl_config_with_every_default_constructs():
     assert config.output_dir == "runs/grpo" and config.min_p == 0.0 and config.fsdp == "" and not config.bf16
 
 
-def _turned_on(allowed: tuple) -> object:
-    """A value outside ``allowed`` that turns the feature on."""
-    flags = [v for v in allowed if isinstance(v, bool)]
-    if flags:
-        return not flags[0]
-    numbers = [v for v in allowed if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    if numbers:
-        return numbers[0] + 1.5
-    return "something-else"
+def _value_of_its_type(name: str, avoid: tuple) -> object:
+    """A value of the field's declared type (as TRL types it) that is none of ``avoid``."""
+    kind = str(TYPES[name][0])
+    candidates = {"bool": [True, False], "int": [3, 7], "float": [1.5, 0.5], "list": [["x"]],
+                  "dict": [{"a": 1}], "str": ["something-else"]}  # fmt: skip
+    for word in ("bool", "list", "int", "float", "dict", "str"):
+        if word in kind:
+            for value in candidates[word]:
+                if not any(value == a and type(value) is type(a) for a in avoid):
+                    return value
+    raise AssertionError(name)
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
@@ -47,16 +55,19 @@ def test_refused_fields_accept_their_off_value_and_refuse_the_rest_with_a_reason
     allowed, why = REFUSED[name]
     for value in allowed:
         GRPOConfig(**{name: value})
+    turned_on = _value_of_its_type(name, allowed)
     with pytest.raises(ValueError, match=rf"GRPOConfig\.{name}=.* is not supported: ") as err:
-        GRPOConfig(**{name: _turned_on(allowed)})
+        GRPOConfig(**{name: turned_on})
     assert why in str(err.value)
 
 
 @pytest.mark.parametrize("name", sorted(NO_EFFECT))
 def test_no_effect_fields_are_accepted_and_logged(name, caplog):
+    value = _value_of_its_type(name, (TYPES[name][1],))
     with caplog.at_level(logging.INFO, logger="grpokit"):
-        GRPOConfig(**{name: 7})
-    assert f"GRPOConfig.{name}=7 has no effect in grpokit: {NO_EFFECT[name]}" in caplog.text
+        config = GRPOConfig(**{name: value})
+    assert getattr(config, name) == value
+    assert f"GRPOConfig.{name}={value!r} has no effect in grpokit: {NO_EFFECT[name]}" in caplog.text
 
 
 def test_trl_only_fields_go_through_yaml_and_dicts_too():
@@ -65,7 +76,8 @@ def test_trl_only_fields_go_through_yaml_and_dicts_too():
         GRPOConfig.from_dict({"torch_compile": True})
     with pytest.raises(ValueError, match="unknown GRPOConfig field"):
         GRPOConfig.from_dict({"not_a_field": 1})
-    assert "torch_compile" not in GRPOConfig(torch_compile=False).to_dict()  # nothing TRL-only is stored
+    assert "torch_compile: false" not in GRPOConfig(torch_compile=False).to_yaml()  # at its default: unsaid
+    assert "do_train: true" in GRPOConfig(do_train=True).to_yaml()
 
 
 def test_a_name_trl_does_not_have_is_still_a_type_error_from_the_dataclass():
@@ -100,12 +112,19 @@ def test_generation_kwargs_take_precedence_over_the_sampling_fields():
 
 @pytest.mark.parametrize(
     ("fields", "strategy", "steps"),
-    [({}, "no", None), ({"eval_steps": 5}, "steps", 5), ({"eval_strategy": "steps", "logging_steps": 3},
-     "steps", 3), ({"eval_strategy": "epoch"}, "epoch", None)],
+    [({}, "no", None), ({"eval_strategy": None, "eval_steps": 5}, "steps", 5),
+     ({"eval_strategy": "steps", "logging_steps": 3}, "steps", 3),
+     ({"eval_strategy": "epoch"}, "epoch", None)],
 )  # fmt: skip
 def test_eval_strategy_resolves_like_trl(fields, strategy, steps):
     config = GRPOConfig(**fields).resolved()
     assert (config.eval_strategy, config.eval_steps) == (strategy, steps)
+
+
+def test_eval_steps_alone_is_refused_as_trl_would_ignore_it():
+    """TRL's default eval_strategy is "no", under which eval_steps does nothing: said, not ignored."""
+    with pytest.raises(ValueError, match=r"eval_steps=5 has no effect with eval_strategy='no'"):
+        GRPOConfig(eval_steps=5)
 
 
 def test_save_strategy_resolves_like_trl():

@@ -91,8 +91,8 @@ def test_environment_settings_out_of_range():
     [
         ({}, {"save_steps": 4}, "save_strategy", "steps"),  # today: stays "no", no checkpoint
         ({"save_steps": 5}, {"save_steps": 0}, "save_strategy", "no"),  # today: "save_steps must be >= 1"
-        ({}, {"eval_steps": 2}, "eval_strategy", "steps"),  # today: stays "no"
-        ({"eval_steps": 5}, {"eval_steps": None}, "eval_strategy", "no"),  # today: evaluates every step
+        ({"eval_strategy": None}, {"eval_steps": 2}, "eval_strategy", "steps"),  # (None: derived)
+        ({"eval_strategy": None, "eval_steps": 5}, {"eval_steps": None}, "eval_strategy", "no"),
         ({"eval_strategy": "steps"}, {"logging_steps": 3}, "eval_steps", 3),  # today: stays 1
         ({"bf16": True}, {"bf16": False}, "mixed_precision", "no"),  # today: stays "bf16"
         ({"adaptive_num_generations": True, "num_generations": 4, "per_device_train_batch_size": 24},
@@ -265,7 +265,7 @@ STEPS = "a whole number of steps >= 1 or a ratio in (0, 1) of the run's steps"
         ({"save_total_limit": 0}, "save_total_limit must be >= 1 (or None: keep every checkpoint), got 0"),
         ({"logging_steps": 0}, f"logging_steps must be {STEPS}, got 0"),
         ({"logging_steps": 2.5}, f"logging_steps must be {STEPS}, got 2.5"),
-        ({"eval_steps": 0}, f"eval_steps must be {STEPS}, got 0"),
+        ({"eval_strategy": "steps", "eval_steps": 0}, f"eval_steps must be {STEPS}, got 0"),
         ({"save_steps": -2}, f"save_steps must be 0 (no periodic checkpoint), {STEPS}, got -2"),
         ({"save_steps": 1.5}, f"save_steps must be 0 (no periodic checkpoint), {STEPS}, got 1.5"),
         ({"per_device_eval_batch_size": 0}, "per_device_eval_batch_size must be >= 1, got 0"),
@@ -309,7 +309,10 @@ def test_a_length_or_count_out_of_range_is_refused(values, message):
 )
 def test_interval_ratios_are_trls_ceil_of_the_run(interval, max_steps, acting_steps):
     """TRL: a ratio in (0, 1) of the run acts every ceil(ratio x max_steps) steps (0.3 x 4 = 1.2 -> 2)."""
-    run = schedule(GRPOConfig(logging_steps=interval, eval_steps=interval, save_steps=interval), max_steps)
+    config = GRPOConfig(
+        logging_steps=interval, eval_strategy="steps", eval_steps=interval, save_steps=interval
+    )
+    run = schedule(config, max_steps)
     steps = range(1, max_steps + 1)
     assert [s for s in steps if s % run.logging_steps == 0] == acting_steps
     assert [s for s in steps if run.evaluates(s)] == acting_steps
@@ -376,8 +379,8 @@ def test_an_option_that_would_do_nothing_is_refused(values, message):
     [
         ({"eval_strategy": "steps"}, "GRPOConfig.eval_strategy='steps' needs an eval_dataset to evaluate: "
          "pass eval_dataset to GRPOTrainer, or set eval_strategy='no'"),
-        ({"eval_steps": 2}, "GRPOConfig.eval_steps=2 (which sets eval_strategy='steps') needs an "
-         "eval_dataset to evaluate: pass eval_dataset to GRPOTrainer, or set eval_strategy='no'"),
+        ({"eval_strategy": None, "eval_steps": 2}, "GRPOConfig.eval_steps=2 (which sets eval_strategy='steps')"
+         " needs an eval_dataset to evaluate: pass eval_dataset to GRPOTrainer, or set eval_strategy='no'"),
         ({"eval_strategy": "epoch"}, "GRPOConfig.eval_strategy='epoch' needs an eval_dataset to evaluate: "
          "pass eval_dataset to GRPOTrainer, or set eval_strategy='no'"),
         ({"eval_on_start": True}, "GRPOConfig.eval_on_start=True needs an eval_dataset to evaluate: pass "
@@ -406,8 +409,8 @@ def test_the_cli_refuses_an_evaluation_schedule_without_held_out_rows_before_the
     with pytest.raises(SystemExit) as err:
         main(["train", "task=null", f"dataset={rows}", "reward_funcs=[accuracy]", "eval_steps=2"])
     assert str(err.value) == (
-        "grpokit: GRPOConfig.eval_steps=2 (which sets eval_strategy='steps') needs an eval_dataset to "
-        "evaluate: give eval_dataset=FILE (held-out rows), or set eval_strategy='no'"
+        "grpokit: GRPOConfig.eval_strategy='steps' needs an eval_dataset to evaluate: give "
+        "eval_dataset=FILE (held-out rows), or set eval_strategy='no'"
     )
 
 

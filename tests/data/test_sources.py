@@ -9,8 +9,7 @@ import json
 import datasets
 import pytest
 
-from grpokit import GRPOConfig
-from grpokit.data.loading import load_dataset_rows, load_rows
+from grpokit.data.loading import DataSettings, load_dataset_rows, load_rows
 
 ROWS = [
     {"prompt": "1+1=", "solution": "2"},
@@ -40,7 +39,7 @@ def test_local_files(tmp_path, suffix):
         path.write_text("prompt,solution\n1+1=,2\n2+3=,5\n4+4=,8\n")
     else:
         datasets.Dataset.from_list(ROWS).to_parquet(str(path))
-    rows = load_dataset_rows(str(path), GRPOConfig())
+    rows = load_dataset_rows(str(path), DataSettings())
     # csv has no types: "2" is read back as the integer 2.
     expected = [{**row, "solution": int(row["solution"])} for row in ROWS] if suffix == ".csv" else ROWS
     assert rows == expected
@@ -56,7 +55,7 @@ def test_folder_with_train_and_test_jsonl_splits(tmp_path):
     folder = tmp_path / "arith"
     write_jsonl(folder / "train.jsonl", ROWS)
     write_jsonl(folder / "test.jsonl", ROWS[:1])
-    args = GRPOConfig()
+    args = DataSettings()
     assert load_dataset_rows(str(folder), args, name="train_dataset") == ROWS
     assert load_dataset_rows(str(folder), args, name="eval_dataset") == ROWS[:1]
 
@@ -66,7 +65,7 @@ def test_folder_of_parquet_shards_with_conversational_prompts_and_chosen_splits(
     (folder / "data").mkdir(parents=True)
     datasets.Dataset.from_list(CHAT_ROWS).to_parquet(str(folder / "data" / "train-00000-of-00001.parquet"))
     datasets.Dataset.from_list(CHAT_ROWS[1:]).to_parquet(str(folder / "data" / "dev-00000-of-00001.parquet"))
-    args = GRPOConfig(dataset_train_split="dev", dataset_test_split="train")
+    args = DataSettings(dataset_train_split="dev", dataset_test_split="train")
     assert load_dataset_rows(str(folder), args, name="train_dataset") == CHAT_ROWS[1:]
     assert load_dataset_rows(str(folder), args, name="eval_dataset") == CHAT_ROWS
 
@@ -77,36 +76,36 @@ def test_folder_without_the_configured_split_lists_its_splits(tmp_path):
     with pytest.raises(
         ValueError,
         match=r"eval_dataset: '.*only-train' has no split 'test' \(splits: \['train'\]\); "
-        r"set GRPOConfig.dataset_test_split",
+        r"set dataset_test_split",
     ):
-        load_dataset_rows(str(folder), GRPOConfig(), name="eval_dataset")
+        load_dataset_rows(str(folder), DataSettings(), name="eval_dataset")
 
 
 def test_folder_with_an_unknown_dataset_config(tmp_path):
     folder = tmp_path / "arith"
     write_jsonl(folder / "train.jsonl", ROWS)
     with pytest.raises(ValueError, match=r"could not read the folder: .*'main' not found"):
-        load_dataset_rows(str(folder), GRPOConfig(dataset_config="main"))
+        load_dataset_rows(str(folder), DataSettings(dataset_config="main"))
 
 
 def test_in_memory_dataset_and_dataset_dict():
     train, test = datasets.Dataset.from_list(ROWS), datasets.Dataset.from_list(ROWS[2:])
-    assert load_dataset_rows(train, GRPOConfig()) == ROWS
+    assert load_dataset_rows(train, DataSettings()) == ROWS
     splits = datasets.DatasetDict({"train": train, "validation": test})
-    args = GRPOConfig(dataset_test_split="validation")
+    args = DataSettings(dataset_test_split="validation")
     assert load_dataset_rows(splits, args, name="train_dataset") == ROWS
     assert load_dataset_rows(splits, args, name="eval_dataset") == ROWS[2:]
     with pytest.raises(
         ValueError,
         match=r"train_dataset: the DatasetDict has no split 'train' \(splits: \['validation'\]\); "
-        r"set GRPOConfig.dataset_train_split",
+        r"set dataset_train_split",
     ):
         load_dataset_rows(datasets.DatasetDict({"validation": test}), args)
 
 
 def test_iterable_dataset_and_list_of_dicts():
-    assert load_dataset_rows(datasets.Dataset.from_list(ROWS).to_iterable_dataset(), GRPOConfig()) == ROWS
-    rows = load_dataset_rows(CHAT_ROWS, GRPOConfig())
+    assert load_dataset_rows(datasets.Dataset.from_list(ROWS).to_iterable_dataset(), DataSettings()) == ROWS
+    rows = load_dataset_rows(CHAT_ROWS, DataSettings())
     assert rows == CHAT_ROWS and rows[0] is not CHAT_ROWS[0]  # copied: renames never touch the caller's data
 
 
@@ -117,32 +116,32 @@ def test_a_name_that_is_neither_local_nor_on_the_hub():
         match=r"train_dataset='someone/no-such-set' is not a local file or folder and could not be loaded "
         r"from the hub with datasets.load_dataset\('someone/no-such-set', 'main'\): ConnectionError: ",
     ):
-        load_dataset_rows("someone/no-such-set", GRPOConfig(dataset_config="main"))
+        load_dataset_rows("someone/no-such-set", DataSettings(dataset_config="main"))
     with pytest.raises(
         ValueError, match=r"eval_dataset='bad name!' is not a local file or folder and could not"
     ):
-        load_dataset_rows("bad name!", GRPOConfig(), name="eval_dataset")
+        load_dataset_rows("bad name!", DataSettings(), name="eval_dataset")
 
 
 def test_missing_local_paths_unsupported_files_and_other_objects(tmp_path):
     for missing in (str(tmp_path / "nothing.jsonl"), "./no-such-folder", "data/train.parquet"):
         with pytest.raises(FileNotFoundError, match=r"train_dataset: no such file or folder"):
-            load_dataset_rows(missing, GRPOConfig())
+            load_dataset_rows(missing, DataSettings())
     text = tmp_path / "train.txt"
     text.write_text("1+1=\n")
     with pytest.raises(ValueError, match=r"train_dataset: unsupported file type '.txt'"):
-        load_dataset_rows(str(text), GRPOConfig())
+        load_dataset_rows(str(text), DataSettings())
     with pytest.raises(TypeError, match=r"eval_dataset: expected a datasets.Dataset.*got int"):
-        load_dataset_rows(3, GRPOConfig(), name="eval_dataset")
+        load_dataset_rows(3, DataSettings(), name="eval_dataset")
     with pytest.raises(ValueError, match=r"`train_dataset` is required"):
-        load_dataset_rows(None, GRPOConfig())
+        load_dataset_rows(None, DataSettings())
 
 
 def test_malformed_jsonl_line_and_empty_sources(tmp_path):
     path = tmp_path / "train.jsonl"
     path.write_text('{"prompt": "1+1="}\n{"prompt": \n')
     with pytest.raises(ValueError, match=r"train_dataset: .*train.jsonl line 2 is not valid JSON"):
-        load_dataset_rows(str(path), GRPOConfig())
+        load_dataset_rows(str(path), DataSettings())
     for empty in ([], datasets.Dataset.from_dict({"prompt": []})):
         with pytest.raises(ValueError, match=r"eval_dataset is empty"):
-            load_dataset_rows(empty, GRPOConfig(), name="eval_dataset")
+            load_dataset_rows(empty, DataSettings(), name="eval_dataset")

@@ -27,11 +27,8 @@ def write_split(folder, split, pairs):
 def test_a_folder_with_splits_and_renamed_columns_trains_and_evaluates(tiny_model_dir, tmp_path):
     data = tmp_path / "my-dataset"
     write_split(data, "train", [("1+1=", "2"), ("2+3=", "5")])
-    write_split(data, "validation", [("4+4=", "8")])
-    config = small_config(
-        tmp_path, beta=0.0, prompt_column="question", column_mapping={"gold": "answer"},
-        dataset_test_split="validation",
-    )  # fmt: skip
+    write_split(data, "test", [("4+4=", "8")])  # (grpokit train's dataset_test_split chooses another)
+    config = small_config(tmp_path, beta=0.0, prompt_column="question", column_mapping={"gold": "answer"})
     trainer = GRPOTrainer(
         str(tiny_model_dir), [seen_solutions], config, train_dataset=str(data), eval_dataset=str(data)
     )

@@ -33,6 +33,7 @@ def main(policy_dir: str, out: str) -> None:
         learning_rate=1e-2,
         disable_tqdm=True,
         log_completions=True,
+        eval_strategy="steps",
         eval_steps=1,
         seed=0,
     )

@@ -254,7 +254,7 @@ def test_eval_dataset_is_scored_greedily_every_eval_steps(tiny_model_dir, rows, 
     def has_seven(prompts, completions, completion_ids, **kwargs):
         return [float("7" in c) for c in completions]
 
-    config = make_config(tmp_path, max_steps=2, eval_steps=2, beta=0.0)
+    config = make_config(tmp_path, max_steps=2, eval_strategy="steps", eval_steps=2, beta=0.0)
     trainer = GRPOTrainer(str(tiny_model_dir), [has_seven], config, train_dataset=rows, eval_dataset=rows[:2])
     # greedy completions: "7" for the first eval prompt, "1" for the second -> mean reward 0.5
     trainer.backend = ScriptedBackend(trainer.tokenizer, lambda prompt, i: "7" if prompt == "1+1=" else "1")

@@ -20,7 +20,7 @@ import tyro
 
 from grpokit.cli.train_args import TrainArgs
 from grpokit.config import GRPOConfig
-from grpokit.config.trl_fields import NO_EFFECT, REFUSED, split_trl_fields
+from grpokit.config.trl_fields import TYPES, check_trl_fields
 from grpokit.config.values import YAMLError, admits_none, field_types, load_yaml, load_yaml_file, typed
 
 __all__ = [
@@ -38,7 +38,7 @@ __all__ = [
 RECIPES_DIR = Path(__file__).parent.parent / "recipes"
 DEFAULT_RECIPE = "arithmetic-tiny"
 TYRO_MARKERS = (tyro.conf.FlagConversionOff,)
-_TRL_ONLY = set(NO_EFFECT) | set(REFUSED)
+_TRL_ONLY = set(TYPES)
 _BOOL_WORDS = {
     **dict.fromkeys(("true", "yes", "on", "y", "t", "1"), "True"),
     **dict.fromkeys(("false", "no", "off", "n", "f", "0"), "False"),
@@ -102,8 +102,8 @@ def parse_train_args(argv: list[str]) -> TrainArgs:
     overrides = argv[1:] if recipe_arg is not None else argv
     path = find_recipe(recipe_arg or DEFAULT_RECIPE)
     values = recipe_values(path)
-    overrides, trl_only = _split_trl_only(overrides)
-    _check_trl_only(trl_only, "the command line")
+    _check_trl_only(_trl_only(overrides), "the command line")
+    overrides = _with_eval_strategy(values, overrides)
     defaults = _recipe_defaults(values, path)
     try:
         return tyro.cli(
@@ -179,27 +179,48 @@ def _scalar_text(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def _split_trl_only(overrides: list[str]) -> tuple[list[str], dict[str, Any]]:
-    """TRL's fields that grpokit does not have, given as ``key=value``, apart from the other arguments (they
-    are checked with the recipe's: refused when turned on, logged when without effect)."""
-    kept, trl_only = [], {}
+def _with_eval_strategy(values: Mapping[str, Any], overrides: list[str]) -> list[str]:
+    """``eval_steps`` given (in the recipe or on the command line, and not null in the end) without
+    ``eval_strategy`` evaluates every ``eval_steps`` steps: ``eval_strategy=steps`` is added. (GRPOConfig
+    keeps TRL's rule, where eval_strategy "no" is the default and eval_steps alone does nothing: there it
+    is refused.)"""
+    given = {**values, **_given_on_the_command_line(overrides)}
+    if given.get("eval_steps") is None or "eval_strategy" in given:
+        return overrides
+    return [*overrides, "eval_strategy=steps"]
+
+
+def _given_on_the_command_line(overrides: list[str]) -> dict[str, Any]:
+    """``{option: value}`` of the ``key=value`` and ``--key value`` arguments (YAML-typed)."""
+    given: dict[str, Any] = {}
+    for index, item in enumerate(overrides):
+        name, equals, raw = item.removeprefix("--").partition("=")
+        if equals:
+            given[name.strip()] = _parsed(raw)
+        elif item.startswith("--") and index + 1 < len(overrides) and overrides[index + 1][:1] != "-":
+            given[name.strip()] = _parsed(overrides[index + 1])
+    return given
+
+
+def _trl_only(overrides: list[str]) -> dict[str, Any]:
+    """TRL's fields that grpokit does not use, given as ``key=value``: checked before parsing, so that a
+    refusal names the command line (they are parsed as the other fields then)."""
+    found = {}
     for item in overrides:
         name, equals, raw = item.removeprefix("--").partition("=")
         if equals and name.strip() in _TRL_ONLY and not item.startswith("-"):
-            trl_only[name.strip()] = _parsed(raw)
-        else:
-            kept.append(item)
-    return kept, trl_only
+            found[name.strip()] = _parsed(raw)
+    return found
 
 
 def _recipe_defaults(values: Mapping[str, Any], path: Path) -> TrainArgs:
     """TrainArgs carrying the recipe's ``values`` (typed by their options' types) as tyro's defaults, not
     constructed: nothing is validated or derived before the command line is merged in. TRL's fields that
-    grpokit does not have are checked here (``config.trl_fields``). Unknown options and values that do not
-    convert stop with a message naming ``path``."""
+    grpokit does not use are checked here too (``config.trl_fields``). Unknown options and values that do
+    not convert stop with a message naming ``path``."""
     top_types = {name: kind for name, kind in field_types(TrainArgs).items() if name != "config"}
     config_types = field_types(GRPOConfig)
-    unknown = sorted(set(values) - set(top_types) - set(config_types) - _TRL_ONLY)
+    unknown = sorted(set(values) - set(top_types) - set(config_types))
     if unknown:
         names = ", ".join(unknown)
         raise SystemExit(f"grpokit: {path}: unknown option(s) {names}; see `grpokit train --help`")
@@ -212,10 +233,10 @@ def _recipe_defaults(values: Mapping[str, Any], path: Path) -> TrainArgs:
 
 
 def _check_trl_only(values: Mapping[str, Any], source: str) -> None:
-    """TRL's fields that grpokit does not have: refused (naming ``source``) when they turn a feature on,
+    """TRL's fields that grpokit does not use: refused (naming ``source``) when they turn a feature on,
     logged when without effect (``config.trl_fields``)."""
     try:
-        split_trl_fields(values, set())
+        check_trl_fields(values)
     except ValueError as err:
         raise SystemExit(f"grpokit: {source}: {err}") from None
 

@@ -7,13 +7,17 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from grpokit.config import GRPOConfig
 from grpokit.config.values import field_types, typed
 from grpokit.data.integrity import InputError
 from grpokit.tasks import get_task
 
-__all__ = ["TrainArgs"]
+if TYPE_CHECKING:
+    from grpokit.data.loading import DataSettings
+
+__all__ = ["TrainArgs", "data_settings"]
 
 
 @dataclass
@@ -29,6 +33,14 @@ class TrainArgs:
     """Training prompts from a local json/jsonl/csv/parquet file (overrides the task's train split)."""
     eval_dataset: str | None = None
     """Held-out prompts from a local file (overrides the task's held-out split)."""
+    dataset_config: str | None = None
+    """Configuration (subset) name when ``dataset`` / ``eval_dataset`` is a data set name that
+    ``datasets.load_dataset`` resolves (a hub id, or a local folder of data files; configs from its
+    README.md). TRL ScriptArguments' name."""
+    dataset_train_split: str = "train"
+    """Split of a named (or folder) ``dataset`` to train on (TRL ScriptArguments' name)."""
+    dataset_test_split: str = "test"
+    """Split of a named (or folder) ``eval_dataset`` to evaluate on (TRL ScriptArguments' name)."""
     reward_funcs: list[str] | None = None
     """Reward functions: built-in names, ``module:function`` import paths, or reward-model directories.
     None: the task's rewards."""
@@ -84,6 +96,9 @@ class TrainArgs:
                 setattr(self, name, os.path.expanduser(value))
         if self.task is not None:
             get_task(self.task)  # an unknown name: the known ones listed
+        for name in ("dataset_train_split", "dataset_test_split"):
+            if not getattr(self, name):
+                raise InputError(f"{name} must name a split, got ''")
         for name, none_means in _COUNTS.items():
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -103,3 +118,18 @@ _COUNTS = {
     "eval_max_new_tokens": "max_completion_length",
 }
 """TrainArgs' counts -> what None means for each."""
+
+
+def data_settings(args: TrainArgs) -> DataSettings:
+    """How ``dataset`` / ``eval_dataset`` are read: the splits and configuration given here, the columns as
+    the config maps them."""
+    from grpokit.data.loading import DataSettings
+
+    config = args.config
+    return DataSettings(
+        dataset_config=args.dataset_config,
+        dataset_train_split=args.dataset_train_split,
+        dataset_test_split=args.dataset_test_split,
+        prompt_column=config.prompt_column,
+        column_mapping=config.column_mapping,
+    )

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from grpokit.cli.held_out import HeldOut
-from grpokit.cli.train_args import TrainArgs
+from grpokit.cli.train_args import TrainArgs, data_settings
 from grpokit.cli.train_rm_command import TRAINED_RM_PREFIX, resolve_trained_rm
 from grpokit.config import GRPOConfig, resolution
 from grpokit.data.integrity import InputError
@@ -75,16 +75,12 @@ def training_data(args: TrainArgs) -> tuple[Any, Any, list[Any], list[float] | N
     ``eval_dataset`` files are loaded here (checked before any model loads) and cut to
     ``num_train_examples`` / ``num_eval_examples`` when those are set; ``train-rm:<kind>`` rewards stay names
     (``resolve_trained_rm`` trains them when the run is built)."""
-    from grpokit.data.loading import load_dataset_rows
-
-    settings = args.config.data_settings()
     train_rows: Any = None
     if args.dataset is not None:
-        train_rows = load_dataset_rows(args.dataset, settings, name="dataset")[: args.num_train_examples]
+        train_rows = _rows_as_read(args, args.dataset, "dataset", args.num_train_examples)
     eval_rows: Any = None
     if args.eval_dataset is not None:
-        eval_rows = load_dataset_rows(args.eval_dataset, settings, name="eval_dataset")
-        eval_rows = eval_rows[: args.num_eval_examples]
+        eval_rows = _rows_as_read(args, args.eval_dataset, "eval_dataset", args.num_eval_examples)
     rewards: list[Any] | None = list(args.reward_funcs) if args.reward_funcs else None
     weights = args.config.reward_weights
     if args.task is not None:
@@ -105,6 +101,19 @@ def training_data(args: TrainArgs) -> tuple[Any, Any, list[Any], list[float] | N
     if not rewards:
         raise InputError("give reward_funcs (or a task that has them)")
     return train_rows, eval_rows, rewards, weights
+
+
+def _rows_as_read(args: TrainArgs, source: str, name: str, count: int | None) -> list[Any]:
+    """The first ``count`` rows of a data file, folder or data set name, as read (the trainer renames their
+    columns itself), checked now as the run will use them: columns mapped, every row with a prompt."""
+    from grpokit.data.loading import load_dataset_rows
+    from grpokit.data.sources import source_rows
+
+    settings = data_settings(args)
+    split = settings.dataset_test_split if name == "eval_dataset" else settings.dataset_train_split
+    rows = source_rows(source, split=split, dataset_config=settings.dataset_config, name=name)[:count]
+    load_dataset_rows(rows, settings, name=name)  # a missing column or prompt: refused naming the row
+    return rows
 
 
 def process_supervision(args: TrainArgs) -> dict[str, Any]:
@@ -238,6 +247,7 @@ def check_run(args: TrainArgs) -> CheckedRun:
     how many rows a step takes, read without weights (``tiny:<task>``: its blueprint, before any cold
     start). An ``InputError`` naming the option otherwise."""
     from grpokit.cli.held_out import plan_held_out
+    from grpokit.data.loading import load_dataset_rows
     from grpokit.envs.sampler import refuse_unused_environment_kwargs
 
     train_rows, eval_rows, rewards, weights = training_data(args)
@@ -252,7 +262,7 @@ def check_run(args: TrainArgs) -> CheckedRun:
     check_resume(config)
     reads = output_folder_reads(args.model, args.dataset, args.eval_dataset)
     check_output_folder(config, reads)
-    check_model_inputs(args, config, train_rows)
+    check_model_inputs(args, config, load_dataset_rows(train_rows, config.data_settings(), name="dataset"))
     in_training = resolution.eval_strategy(config) != "no" or config.eval_on_start  # eval_steps, ...
     return CheckedRun(config, train_rows, eval_rows if in_training else None, rewards, held_out)
 

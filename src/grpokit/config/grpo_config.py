@@ -10,13 +10,12 @@ another. Derived values (``save_strategy`` from ``save_steps``, ``mixed_precisio
 sampling fields from ``generation_kwargs``, ...) are computed where they are needed (``config.resolution``),
 and written out once by ``resolved()`` when a run starts.
 
-TRL's other fields (``config.trl_fields``) are accepted by the constructor, checked and not stored: a feature
-grpokit does not implement is refused with the reason when turned on, a field without effect is logged. The
-class says so in its statement: its metaclass, ``AcceptsTRLFields``, takes those keywords out (checking
-them) before the dataclass's own ``__init__`` sees the rest, so the constructor keeps the dataclass's full
-signature (every field by name, for ``help()`` and editors) and an unknown name is still a TypeError.
-Declaring the ~80 unused TRL names as fields instead would put them in every ``to_dict``, ``--help`` and
-``config.yaml``.
+TRL's other fields (``config.trl_fields``) are fields too, after grpokit's: every TRL 1.16 field is then a
+flag of ``HfArgumentParser`` / ``TrlParser`` and a key of their YAML, so TRL's scripts and configs parse
+(types are the forms those parsers read: a number for step intervals, a mapping or its JSON text). A value of
+one that would turn on a feature grpokit lacks is refused with the reason, one without effect is logged;
+``config.yaml`` lists them only away from their defaults. Three data set options moved to ``grpokit train``
+(``MOVED``: they would clash with TRL's ScriptArguments in one parser); the metaclass refuses them by name.
 
 Batch sizing, in one place (see ``GRPOConfig.batch_plan``). One *step* (the unit of ``max_steps``,
 ``logging_steps`` and ``save_steps``) is one round of: sample ``generation_batch_size / num_generations``
@@ -34,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import logging
 import math
 import os
@@ -65,7 +65,7 @@ from grpokit.config.choices import (
     VLLMMode,
     VLLMModelImpl,
 )
-from grpokit.config.trl_fields import NO_EFFECT, REFUSED, split_trl_fields
+from grpokit.config.trl_fields import TYPES, trl_only_fields
 from grpokit.config.validation import check_eval_dataset, validate
 from grpokit.config.values import admits_none, field_types, load_yaml_file, typed
 from grpokit.data.integrity import InputError
@@ -85,14 +85,24 @@ ScalarMapping = dict[str, str | int | float | bool]
 """A ``*_kwargs`` mapping: text, number or boolean values (text typed as YAML reads it, ``config.values``)."""
 
 
-class AcceptsTRLFields(type):
-    """The metaclass of ``GRPOConfig``: a call checks and drops TRL's other fields (``split_trl_fields``:
-    refused with the reason when they turn on a feature grpokit lacks, logged when they have no effect),
-    then builds the dataclass from the remaining keywords."""
+MOVED: dict[str, str] = dict.fromkeys(
+    ("dataset_config", "dataset_train_split", "dataset_test_split"),
+    "is an option of `grpokit train` (and of TRL's ScriptArguments), not of GRPOConfig: in Python, pass the "
+    "split itself, train_dataset=datasets.load_dataset(name, config)[split]",
+)
+"""Names GRPOConfig no longer has, and where they went: a call with one is refused with that, never a
+TypeError. (They would clash with TRL's ScriptArguments in one ``TrlParser``.)"""
+
+
+class RefusesMovedFields(type):
+    """The metaclass of ``GRPOConfig``: a call naming a field that moved elsewhere (``MOVED``) is refused
+    saying where; every other call builds the dataclass as it is."""
 
     def __call__(cls, *args: Any, **kwargs: Any):  # unannotated: type checkers read the dataclass
-        own = {spec.name for spec in dataclasses.fields(cls)}
-        return super().__call__(*args, **split_trl_fields(kwargs, own))
+        for name in kwargs.keys() & MOVED.keys():
+            if name not in cls.__dataclass_fields__:  # (a subclass may declare it again)
+                raise InputError(f"GRPOConfig.{name} {MOVED[name]}")
+        return super().__call__(*args, **kwargs)
 
     @property
     def __signature__(cls) -> inspect.Signature:
@@ -103,12 +113,9 @@ class AcceptsTRLFields(type):
 
 
 @dataclass
-class GRPOConfig(metaclass=AcceptsTRLFields):
-    """Configuration of a GRPO run, by keyword (``GRPOConfig(beta=0.0, loss_type="dapo")``). Invalid values
-    and combinations raise ``ValueError`` naming the field, the value and what to do.
-
-    Also accepts every other field of TRL's ``GRPOConfig``: one grpokit does not implement is refused with
-    the reason when set to turn its feature on, never with a TypeError (``config.trl_fields``)."""
+class GRPOConfigBase(metaclass=RefusesMovedFields):
+    """grpokit's fields of ``GRPOConfig`` and its methods; ``GRPOConfig`` (below) adds TRL's other fields
+    after them. Use ``GRPOConfig``."""
 
     # ---- output and run length -----------------------------------------------------------------------------
     output_dir: str = "runs/grpo"
@@ -135,9 +142,10 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     """Seed of the training prompts' order (None: ``seed``)."""
 
     # ---- logging -------------------------------------------------------------------------------------------
-    logging_steps: int | float = 1
+    logging_steps: float = 1
     """Write metrics every this many steps (and at the last step): a whole number >= 1, or a ratio in (0, 1)
-    of the run's steps (TRL's form: every ceil(ratio x steps) steps)."""
+    of the run's steps (TRL's form: every ceil(ratio x steps) steps). (Typed as TRL types it, a number: a
+    whole one is kept as an integer.)"""
     logging_first_step: bool = False
     """Also log the first step when ``logging_steps`` would skip it."""
     disable_tqdm: bool = False
@@ -150,14 +158,14 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     none)."""
 
     # ---- evaluation and checkpoints ------------------------------------------------------------------------
-    eval_strategy: Strategy | None = None
-    """When to evaluate on the eval set: "no", every ``eval_steps`` steps ("steps"), or at the end of each
-    pass over the training prompts ("epoch"). None: "steps" if ``eval_steps`` is set, else "no". "steps" and
-    "epoch" need an eval set (refused at the start without one)."""
-    eval_steps: int | float | None = None
+    eval_strategy: Strategy | None = "no"
+    """When to evaluate on the eval set: "no" (TRL's default), every ``eval_steps`` steps ("steps"), or at the
+    end of each pass over the training prompts ("epoch"). None: "steps" if ``eval_steps`` is set, else "no".
+    "steps" and "epoch" need an eval set (refused at the start without one)."""
+    eval_steps: float | None = None
     """Steps between evaluations with ``eval_strategy="steps"`` (the same forms as ``logging_steps``);
-    None: ``logging_steps`` (as in TRL). Setting it alone turns evaluation on; with eval_strategy "no" or
-    "epoch" it is refused (it would do nothing)."""
+    None: ``logging_steps`` (as in TRL). With eval_strategy "no" or "epoch" it is refused (it would do
+    nothing): set eval_strategy="steps" with it."""
     eval_on_start: bool = False
     """Evaluate once before the first step (a baseline); needs an eval set."""
     per_device_eval_batch_size: int = 64
@@ -170,7 +178,7 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     save_strategy: Strategy | None = None
     """When to save a resumable checkpoint: "no", every ``save_steps`` steps, or each epoch. None: "steps"
     if ``save_steps`` > 0, else "no". The final model is saved either way."""
-    save_steps: int | float = 0
+    save_steps: float = 0
     """Save a resumable checkpoint every this many steps (the same forms as ``logging_steps``); 0: no
     periodic checkpoint, under ``save_strategy="steps"`` too (the final model is saved either way)."""
     save_total_limit: int | None = None
@@ -193,17 +201,9 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     """Shuffle the training prompts each epoch."""
 
     # ---- data sets (docs/data.md) --------------------------------------------------------------------------
-    dataset_config: str | None = None
-    """Configuration (subset) name when ``train_dataset`` / ``eval_dataset`` is a data set name that
-    ``datasets.load_dataset`` resolves (a hub id, or a local folder of data files; configs from its
-    README.md)."""
-    dataset_train_split: str = "train"
-    """Split of a named (or folder) ``train_dataset`` to train on (TRL ScriptArguments' name)."""
-    dataset_test_split: str = "test"
-    """Split of a named (or folder) ``eval_dataset`` to evaluate on (TRL ScriptArguments' name)."""
     prompt_column: str = "prompt"
     """The column that holds the prompt (a string, or a list of chat messages)."""
-    column_mapping: dict[str, str] | None = None
+    column_mapping: dict[str, str] | str | None = None
     """Rename columns before use, ``{source: target}``, e.g. ``{question: prompt, answer: solution}``;
     the renamed columns reach the reward functions under their new names."""
     max_prompt_length: int | None = 512
@@ -217,7 +217,7 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     """A prompt longer than ``max_prompt_length`` tokens: cut from the left (keeps the end of the prompt,
     where the question and the generation prompt are; TRL's behaviour) or refuse it with an error naming the
     row."""
-    chat_template_kwargs: ScalarMapping | None = None
+    chat_template_kwargs: ScalarMapping | str | None = None
     """Extra variables for the chat template of conversational prompts (TRL's name), e.g.
     ``{"enable_thinking": False}`` for Qwen3."""
 
@@ -331,7 +331,7 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     """Min-p filter; 0 disables."""
     repetition_penalty: float = 1.0
     """Repetition penalty (1.0 disables)."""
-    generation_kwargs: ScalarMapping | None = None
+    generation_kwargs: ScalarMapping | str | None = None
     """Sampling settings that take precedence over the fields of the same meaning (TRL's name):
     ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty``, ``max_new_tokens`` (=
     max_completion_length). Other keys are refused: the fast sampler has no other knobs."""
@@ -476,13 +476,14 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     """AdamW peak learning rate (DeepSeekMath-RL: 1e-6; R1-Zero: 3e-6)."""
     lr_scheduler_type: LRSchedulerType = "constant"
     """Learning-rate schedule over the optimizer steps of the run."""
-    lr_scheduler_kwargs: ScalarMapping | None = None
+    lr_scheduler_kwargs: ScalarMapping | str | None = None
     """Extra arguments of the learning-rate schedule (``transformers.get_scheduler``'s
     ``scheduler_specific_kwargs``), e.g. ``{num_cycles: 0.5}`` for cosine."""
     warmup_ratio: float = 0.0
     """Fraction of optimizer steps spent warming up linearly from 0."""
-    warmup_steps: int = 0
-    """Optimizer steps of linear warm-up (instead of ``warmup_ratio``: setting both is refused)."""
+    warmup_steps: float = 0
+    """Optimizer steps of linear warm-up (instead of ``warmup_ratio``: setting both is refused); a number in
+    (0, 1) is a fraction of the optimizer steps, as in transformers 5 and TRL."""
     optim: Optimizer = "adamw_torch_fused"
     """Optimizer: AdamW's fused kernel (the default, as TRL's: one pass per parameter, no temporaries; CUDA
     and CPU, the plain kernel elsewhere) or the plain ``adamw_torch`` (same update up to float rounding)."""
@@ -511,7 +512,7 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     the run starts (``resolved(default_precision)``)."""
     fp16: bool = False
     """TRL/transformers name for ``mixed_precision="fp16"``."""
-    model_init_kwargs: ScalarMapping | None = None
+    model_init_kwargs: ScalarMapping | str | None = None
     """Keyword arguments of ``from_pretrained`` when the policy is given as a path or hub id (TRL's name),
     e.g. ``{"dtype": "bfloat16", "attn_implementation": "sdpa"}``. Without ``dtype`` the weights load in
     float32. Strings ``"true"``/``"false"`` become booleans. Command line:
@@ -534,7 +535,7 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     gradient_checkpointing: bool = False
     """Trade compute for memory in the policy's backward: each decoder layer keeps only its input and is run
     again in the backward. Exact on every forward path (the shared-prefix one included)."""
-    gradient_checkpointing_kwargs: ScalarMapping | None = None
+    gradient_checkpointing_kwargs: ScalarMapping | str | None = None
     """Keyword arguments of ``torch.utils.checkpoint.checkpoint`` (TRL's name). ``use_reentrant`` must stay
     False (the default): reentrant checkpointing gives no gradient to the prompt keys/values that the
     shared-prefix forward passes from the prompt to the completions."""
@@ -543,7 +544,7 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     and optimizer state of the policy (and the reference) over the processes with PyTorch FSDP2
     (``fully_shard`` per decoder layer); "" replicates them (DDP). ``accelerate launch`` with an FSDP config
     (``recipes/accelerate/fsdp.yaml``) turns it on too. See docs/scaling.md."""
-    deepspeed: str | ScalarMapping | None = None
+    deepspeed: ScalarMapping | str | None = None
     """DeepSpeed ZeRO (TRL/transformers name): ``"zero1"`` / ``"zero2"`` / ``"zero3"``, or a DeepSpeed JSON
     file (from Python also a dict) whose ``zero_optimization`` stage partitions AdamW's state (1), the
     gradients (2) and the weights (3) over the processes; grpokit sets the batch sizes, clipping and
@@ -568,7 +569,7 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
     import path (``my_envs.Grid``: a class with ``reset(row)``/``step(action)``, or a function
     ``step(row, actions)``). None: single-turn completions (``GRPOTrainer(environment=...)`` also takes a
     class, factory or function)."""
-    environment_kwargs: ScalarMapping = field(default_factory=dict)
+    environment_kwargs: ScalarMapping | str | None = field(default_factory=dict)
     """Keyword arguments the environment class is built with (one instance per episode)."""
     max_turns: int = 8
     """Policy turns per episode at most; an episode still running after them is truncated."""
@@ -680,10 +681,13 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
             if isinstance(value, bool) and spec.name in LEGACY_BOOLEANS:  # TRL's older values
                 value = LEGACY_BOOLEANS[spec.name][value]
             annotation = field_types(type(self))[spec.name]
-            if value is None and not admits_none(annotation):
+            if value is None and (not admits_none(annotation) or spec.name in NONE_IS_DEFAULT):
                 setattr(self, spec.name, _default(spec))
                 continue
-            setattr(self, spec.name, typed(annotation, value, f"GRPOConfig.{spec.name}"))
+            value = typed(annotation, value, f"GRPOConfig.{spec.name}")
+            if spec.name in WHOLE_NUMBERS and isinstance(value, float) and value.is_integer():
+                value = int(value)  # (TRL types them as numbers: 10.0 steps are 10 steps)
+            setattr(self, spec.name, value)
         names = [self.report_to] if isinstance(self.report_to, str) else list(self.report_to)
         self.report_to = [name.strip() for name in names if name.strip() not in ("none", "")]
         for name in PATH_FIELDS:  # ~ and ~user as a shell expands them (never a folder named "~")
@@ -692,7 +696,7 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
                 setattr(self, name, os.path.expanduser(value))
 
     # ---- what a run uses -----------------------------------------------------------------------------------
-    def resolved(self, default_precision: str = "no") -> GRPOConfig:
+    def resolved(self, default_precision: str = "no") -> GRPOConfigBase:
         """This config with every derived field written out (``config.resolution.derived_values``): the
         strategies, ``eval_steps``, ``mixed_precision``, ``max_num_generations``, the importance-sampling
         bound and the sampling fields under ``generation_kwargs``. What a run uses (``GRPOTrainer`` resolves
@@ -713,21 +717,20 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
         return plan_batch(self, num_processes)
 
     def num_warmup_steps(self, total_optimizer_steps: int) -> int:
-        """Warm-up length in optimizer steps: warmup_steps if > 0, else ceil(warmup_ratio * total)."""
-        return self.warmup_steps or math.ceil(self.warmup_ratio * total_optimizer_steps)
+        """Warm-up length in optimizer steps: warmup_steps if >= 1, a fraction of the total if in (0, 1),
+        else ceil(warmup_ratio * total)."""
+        if self.warmup_steps >= 1:
+            return int(self.warmup_steps)
+        return math.ceil((self.warmup_steps or self.warmup_ratio) * total_optimizer_steps)
 
     # ---- the settings lower layers take (never the whole config) -------------------------------------------
     def data_settings(self) -> DataSettings:
-        """The data set fields, for ``grpokit.data.load_dataset_rows``."""
+        """The data set fields, for ``grpokit.data.load_dataset_rows`` (a ``DatasetDict``, folder or data set
+        name is read at its "train" split, "test" for an eval set: ``grpokit train``'s ``dataset_config``,
+        ``dataset_train_split`` and ``dataset_test_split`` choose others)."""
         from grpokit.data.loading import DataSettings
 
-        return DataSettings(
-            dataset_config=self.dataset_config,
-            dataset_train_split=self.dataset_train_split,
-            dataset_test_split=self.dataset_test_split,
-            prompt_column=self.prompt_column,
-            column_mapping=self.column_mapping,
-        )
+        return DataSettings(prompt_column=self.prompt_column, column_mapping=self.column_mapping)
 
     def sampling_params(self, tokenizer: Any, *, greedy: bool = False) -> SamplingParams:
         """How the samplers sample (``generation_kwargs`` taking precedence over the fields), with the
@@ -793,27 +796,35 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
 
     # ---- YAML ----------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """Every field, in declaration order."""
+        """Every field (TRL's form: ``TrainingArguments.to_dict``)."""
         return dataclasses.asdict(self)
 
+    def to_json_string(self) -> str:
+        """The fields as JSON (TRL's ``to_json_string``)."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str)
+
     def to_yaml(self, path: str | Path | None = None) -> str:
-        text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        """grpokit's fields, then TRL's other fields away from their defaults (the rest would say nothing),
+        as YAML (what ``config.yaml`` holds)."""
+        values = self.to_dict()
+        own = {k: v for k, v in values.items() if k not in TYPES}
+        trl = {k: v for k, v in values.items() if k in TYPES and v != _default(self.__dataclass_fields__[k])}
+        text = yaml.safe_dump({**own, **trl}, sort_keys=False)
         if path is not None:
             Path(path).write_text(text)
         return text
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> GRPOConfig:
-        """A config from a mapping of fields (and TRL's other fields); unknown names are a ValueError naming
-        them."""
-        known = {spec.name for spec in dataclasses.fields(cls)} | set(NO_EFFECT) | set(REFUSED)
+    def from_dict(cls, values: dict[str, Any]) -> GRPOConfigBase:
+        """A config from a mapping of fields; unknown names are a ValueError naming them."""
+        known = {spec.name for spec in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
             raise InputError(f"unknown GRPOConfig field(s): {', '.join(unknown)}")
         return cls(**values)
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> GRPOConfig:
+    def from_yaml(cls, path: str | Path) -> GRPOConfigBase:
         """A config from a YAML file (read by YAML 1.2's rules: ``config.values.load_yaml``)."""
         values = load_yaml_file(path) or {}
         if not isinstance(values, dict):
@@ -821,8 +832,31 @@ class GRPOConfig(metaclass=AcceptsTRLFields):
         return cls.from_dict(values)
 
 
+GRPOConfig = dataclasses.make_dataclass(
+    "GRPOConfig",
+    trl_only_fields(),
+    bases=(GRPOConfigBase,),
+    namespace={
+        "__module__": __name__,
+        "__doc__": """Configuration of a GRPO run, by keyword (``GRPOConfig(beta=0.0, loss_type="dapo")``), or
+    parsed by ``transformers.HfArgumentParser`` / TRL's ``TrlParser`` from flags and YAML (every field a flag,
+    typed as those parsers read them: a mapping also as its JSON text). Invalid values and combinations raise
+    ``ValueError`` naming the field, the value and what to do.
+
+    grpokit's fields come first (``GRPOConfigBase``), then every other field of TRL 1.16's ``GRPOConfig``
+    (``config.trl_fields``) at TRL's default: one that would turn on a feature grpokit does not implement is
+    refused with the reason, one without effect is logged. A subclass may add fields of its own (open-r1's
+    pattern): they are typed and carried, and grpokit ignores them.""",
+    },
+)
+
+
 PATH_FIELDS = ("output_dir", "logging_dir", "resume_from_checkpoint")
 """Fields holding a local path: ``~`` is expanded."""
+WHOLE_NUMBERS = ("logging_steps", "eval_steps", "save_steps", "warmup_steps")
+"""Fields TRL types as numbers that count steps when whole: kept as integers then."""
+NONE_IS_DEFAULT = ("environment_kwargs",)
+"""Fields whose None means their default."""
 
 
 def _default(spec: dataclasses.Field) -> Any:

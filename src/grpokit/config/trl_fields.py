@@ -15,13 +15,15 @@ setting its own fields. The list follows TRL 1.16 (``tests/test_trl_parity.py`` 
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 from collections.abc import Mapping
 from typing import Any
 
 from grpokit.data.integrity import InputError
 
-__all__ = ["NO_EFFECT", "REFUSED", "refuse_trainer_arguments", "split_trl_fields"]
+__all__ = ["NO_EFFECT", "REFUSED", "TYPES", "check_trl_fields", "refuse_trainer_arguments", "trl_only_fields"]
 
 logger = logging.getLogger("grpokit")
 
@@ -143,24 +145,135 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
 }
 
 
+_MAPPING = dict | str | None
+"""A TRL mapping field: a dict, or its JSON text (as ``HfArgumentParser`` gives it from the command line)."""
+
+TYPES: dict[str, tuple[Any, Any]] = {
+    # name: (type, TRL 1.16's default), types as HfArgumentParser reads them
+    "optim_args": (str | None, None),
+    "optim_target_modules": (None | str | list[str], None),
+    "average_tokens_across_devices": (bool, True),
+    "label_smoothing_factor": (float, 0.0),
+    "bf16_full_eval": (bool, False),
+    "fp16_full_eval": (bool, False),
+    "tf32": (bool | None, None),
+    "activation_checkpointing": (bool | None, None),
+    "activation_checkpointing_kwargs": (_MAPPING, None),
+    "torch_compile": (bool, False),
+    "torch_compile_backend": (str | None, None),
+    "torch_compile_mode": (str | None, None),
+    "use_liger_kernel": (bool, False),
+    "liger_kernel_config": (_MAPPING, None),
+    "use_cache": (bool, False),
+    "neftune_noise_alpha": (float | None, None),
+    "torch_empty_cache_steps": (int | None, None),
+    "auto_find_batch_size": (bool, False),
+    "logging_strategy": (str, "steps"),
+    "log_on_each_node": (bool, True),
+    "logging_nan_inf_filter": (bool, True),
+    "include_num_input_tokens_seen": (str | bool, "no"),
+    "log_level": (str, "passive"),
+    "log_level_replica": (str, "warning"),
+    "trackio_space_id": (str | None, None),
+    "trackio_bucket_id": (str | None, None),
+    "trackio_static_space_id": (str | None, None),
+    "eval_delay": (float, 0.0),
+    "prediction_loss_only": (bool, False),
+    "eval_do_concat_batches": (bool, True),
+    "eval_use_gather_object": (bool, False),
+    "eval_accumulation_steps": (int | None, None),
+    "include_for_metrics": (list[str], ()),
+    "batch_eval_metrics": (bool, False),
+    "save_only_model": (bool, False),
+    "save_on_each_node": (bool, False),
+    "enable_jit_checkpoint": (bool, False),
+    "hub_always_push": (bool, False),
+    "load_best_model_at_end": (bool, False),
+    "metric_for_best_model": (str | None, None),
+    "greater_is_better": (bool | None, None),
+    "ignore_data_skip": (bool, False),
+    "restore_callback_states_from_checkpoint": (bool, False),
+    "full_determinism": (bool, False),
+    "accelerator_config": (_MAPPING, None),
+    "parallelism_config": (str | None, None),
+    "dataloader_drop_last": (bool, False),
+    "dataloader_num_workers": (int, 0),
+    "dataloader_pin_memory": (bool, True),
+    "dataloader_persistent_workers": (bool, False),
+    "dataloader_prefetch_factor": (int | None, None),
+    "dataloader_multiprocessing_context": (str | None, None),
+    "dataloader_in_order": (bool, True),
+    "remove_unused_columns": (bool | None, False),
+    "label_names": (list[str] | None, None),
+    "train_sampling_strategy": (str, "random"),
+    "length_column_name": (str, "length"),
+    "ddp_find_unused_parameters": (bool | None, None),
+    "ddp_bucket_cap_mb": (int | None, None),
+    "ddp_broadcast_buffers": (bool | None, None),
+    "ddp_static_graph": (bool | None, None),
+    "ddp_backend": (str | None, None),
+    "ddp_timeout": (int, 1800),
+    "fsdp_config": (_MAPPING, None),
+    "debug": (str | list[str], ""),
+    "skip_memory_metrics": (bool, True),
+    "do_train": (bool, False),
+    "do_eval": (bool, False),
+    "do_predict": (bool, False),
+    "local_rank": (int, -1),
+    "ds3_gather_for_generation": (bool, True),
+    "cache_implementation": (str | None, None),
+    "vllm_structured_outputs_regex": (str | None, None),
+    "log_multimodal": (bool, True),
+    "log_unique_prompts": (bool, False),
+    "log_completions_hub_repo": (str | None, None),
+    "use_transformers_continuous_batching": (bool, False),
+    "transformers_continuous_batching_config": (_MAPPING, None),
+    "use_transformers_paged": (bool, False),
+}
+"""Every TRL 1.16 ``GRPOConfig`` field grpokit does not use, as a field of ``GRPOConfig`` (so that TRL's
+command-line flags and YAML keys exist), with TRL's default; ``NO_EFFECT`` or ``REFUSED`` says what a value
+does. ``tests/test_trl_parity.py`` checks the names and defaults against TRL's dataclass."""
+
+
+def trl_only_fields() -> list[tuple[str, Any, dataclasses.Field]]:
+    """``(name, type, field)`` of each TRL-only field, for ``dataclasses.make_dataclass``: TRL's default,
+    and what the field does here as its help text (``--help``)."""
+    out = []
+    for name, (kind, default) in TYPES.items():
+        why = NO_EFFECT.get(name) or REFUSED[name][1]
+        help_text = f"TRL's; {'no effect here' if name in NO_EFFECT else 'only its default here'}: {why}"
+        if isinstance(default, tuple):  # a list default
+            spec = dataclasses.field(default_factory=list, metadata={"help": help_text})
+        else:
+            spec = dataclasses.field(default=default, metadata={"help": help_text})
+        out.append((name, kind, spec))
+    return out
+
+
 _BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
 
 
-def split_trl_fields(values: Mapping[str, Any], own_fields: set[str]) -> dict[str, Any]:
-    """``values`` without the TRL-only fields, after checking them: a refused feature that is turned on
-    raises ``ValueError``; a no-effect field set away from TRL's default is logged. Unknown names stay in the
-    result (the dataclass then refuses them)."""
-    kept: dict[str, Any] = {}
+def check_trl_fields(values: Mapping[str, Any], owner: str = "GRPOConfig") -> None:
+    """TRL's fields grpokit does not use, among ``values``: a refused feature that is turned on raises an
+    InputError with the reason; a no-effect field set away from TRL's default is logged. Other names are
+    left alone."""
     for name, value in values.items():
-        if name in own_fields or (name not in NO_EFFECT and name not in REFUSED):
-            kept[name] = value
-        elif name in REFUSED:
+        if name in REFUSED:
             allowed, why = REFUSED[name]
-            if not any(_same(value, ok) for ok in allowed):
-                raise InputError(f"GRPOConfig.{name}={value!r} is not supported: {why}")
-        else:
-            logger.info("GRPOConfig.%s=%r has no effect in grpokit: %s", name, value, NO_EFFECT[name])
-    return kept
+            if not any(_same(_parsed(value), ok) for ok in allowed):
+                raise InputError(f"{owner}.{name}={value!r} is not supported: {why}")
+        elif name in NO_EFFECT and not _same(_parsed(value), TYPES[name][1]):
+            logger.info("%s.%s=%r has no effect in grpokit: %s", owner, name, value, NO_EFFECT[name])
+
+
+def _parsed(value: Any) -> Any:
+    """A mapping given as its JSON text (the command line's form), read; anything else as given."""
+    if isinstance(value, str) and value.strip().startswith("{"):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
 
 
 def _same(value: Any, allowed: Any) -> bool:
@@ -170,6 +283,8 @@ def _same(value: Any, allowed: Any) -> bool:
         return _BOOL_WORDS[value.strip().lower()] is allowed
     if isinstance(allowed, (list, tuple)):
         return isinstance(value, (list, tuple)) and list(value) == list(allowed)
+    if isinstance(allowed, str) and isinstance(value, bool):
+        return allowed.strip().lower() in _BOOL_WORDS and _BOOL_WORDS[allowed.strip().lower()] is value
     if isinstance(allowed, bool) or isinstance(value, bool) or allowed is None:
         return value is allowed
     return value == allowed

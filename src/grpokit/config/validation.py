@@ -19,6 +19,7 @@ from typing import Any
 from grpokit.config import resolution
 from grpokit.config.batch_plan import plan_batch
 from grpokit.config.choices import SINKS
+from grpokit.config.trl_fields import TYPES, check_trl_fields
 from grpokit.config.values import require
 from grpokit.data.integrity import InputError
 
@@ -43,6 +44,7 @@ def validate(config: Any) -> None:
     ):  # fmt: skip
         check(view)
     _check_precision_flags(config)
+    check_trl_fields({name: getattr(config, name) for name in TYPES})  # TRL's fields grpokit does not use
     _check_unused(config)
     _check_loss(view)
     plan_batch(view, num_processes=1)  # the batch sizes fit together
@@ -498,8 +500,7 @@ def _check_gold(c: Any) -> None:
 
 
 def _check_data(c: Any) -> None:
-    for name in ("prompt_column", "dataset_train_split", "dataset_test_split"):
-        require(getattr(c, name) != "", name, "must name a column or split, got ''")
+    require(c.prompt_column != "", "prompt_column", "must name a column, got ''")
 
 
 def _check_tracking(c: Any) -> None:

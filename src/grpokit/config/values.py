@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import os
 import re
@@ -241,12 +242,24 @@ def _to_list(annotation: Any, value: Any, where: str) -> list[Any]:
 
 
 def _to_dict(annotation: Any, value: Any, where: str) -> dict[str, Any]:
+    if isinstance(value, str) and value.strip().startswith("{"):  # its JSON (or YAML flow) text, as the
+        try:  # command line gives it (HfArgumentParser: --model_init_kwargs '{"dtype": "bfloat16"}')
+            value = json.loads(value)
+        except ValueError:
+            value = _parsed_mapping(value)
     if not isinstance(value, Mapping):
         raise _refuse(annotation, value, where)
     _, item = typing.get_args(annotation) or (str, Any)
     if item is str:
         return {str(k): typed(str, v, f"{where}[{k!r}]") for k, v in value.items()}
     return {str(k): typed_value(v) for k, v in value.items()}
+
+
+def _parsed_mapping(text: str) -> Any:
+    try:
+        return load_yaml(text)
+    except YAMLError:
+        return text
 
 
 _CONVERTERS = {

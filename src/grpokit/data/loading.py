@@ -30,7 +30,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class DataSettings:
-    """The data set fields of ``GRPOConfig`` (same names, same defaults) that shape the loaded rows
+    """What shapes the loaded rows: which configuration and split of a data set name, folder or
+    ``DatasetDict`` (``grpokit train``'s options, TRL ScriptArguments' names), and the columns
     (``GRPOConfig.data_settings()`` gives a run's)."""
 
     dataset_config: str | None = None

@@ -25,7 +25,8 @@ FILE_LOADERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "p
 
 
 def split_field(name: str) -> str:
-    """The GRPOConfig field that chooses the split of ``name``: the test split for ``eval_dataset``."""
+    """The option that chooses the split of ``name`` (``grpokit train``'s, TRL ScriptArguments'): the test
+    split for ``eval_dataset``."""
     return "dataset_test_split" if name == "eval_dataset" else "dataset_train_split"
 
 
@@ -145,8 +146,8 @@ def _load_dataset_rows(
 def _split_rows(splits: Mapping[str, Any], split: str, name: str, what: str) -> list[dict[str, Any]]:
     if split not in splits:
         raise InputError(
-            f"{name}: {what} has no split {split!r} (splits: {sorted(splits)}); set GRPOConfig."
-            f"{split_field(name)} to one of them"
+            f"{name}: {what} has no split {split!r} (splits: {sorted(splits)}); set "
+            f"{split_field(name)} to one of them (grpokit train), or pass that split itself"
         )
     chosen = splits[split]
     return chosen.to_list() if hasattr(chosen, "to_list") else [dict(row) for row in chosen]

@@ -10,6 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from grpokit.config import GRPOConfig
+from grpokit.config.trl_fields import TYPES
+
 __all__ = ["FIELDS", "ResumeRule", "rule_for"]
 
 HONOURED, REFUSED, NOT_COMPARED = "honoured", "refused", "not compared"
@@ -175,7 +178,7 @@ EVERY_STEP_FIELDS: dict[str, str] = {
         "turn_advantages"
     ),
     # the training rows they select are compared themselves: a resume on other rows is refused
-    "data settings": "dataset_config dataset_train_split dataset_test_split prompt_column column_mapping",
+    "data settings": "prompt_column column_mapping",
     "precision, devices, memory": (
         "mixed_precision bf16 fp16 use_cpu torch_num_threads cpu_memory_reuse gradient_checkpointing "
         "gradient_checkpointing_kwargs disable_dropout cast_lm_head_to_fp32 trust_remote_code"
@@ -190,8 +193,12 @@ EVERY_STEP_FIELDS: dict[str, str] = {
 what they are about (names separated by spaces)."""
 
 
+TRL_ONLY = ResumeRule(NOT_COMPARED, "TRL's fields grpokit does not use (config.trl_fields): nothing changes")
+SUBCLASS_FIELD = ResumeRule(NOT_COMPARED, "a field a subclass of GRPOConfig adds: grpokit does not read it")
+
 FIELDS: dict[str, ResumeRule] = {
     **{name: rule for names, rule in _GROUPS for name in names},
+    **dict.fromkeys(TYPES, TRL_ONLY),
     **{
         name: ResumeRule(HONOURED, EVERY_STEP)
         for names in EVERY_STEP_FIELDS.values()
@@ -206,5 +213,8 @@ UNLISTED = ResumeRule(
 
 
 def rule_for(field: str) -> ResumeRule:
-    """The rule of ``field``; a field missing from the table is refused (the safe side)."""
+    """The rule of ``field``; one a subclass of GRPOConfig adds is not compared; any other missing from the
+    table is refused (the safe side)."""
+    if field not in FIELDS and field not in GRPOConfig.__dataclass_fields__:
+        return SUBCLASS_FIELD
     return FIELDS.get(field, UNLISTED)

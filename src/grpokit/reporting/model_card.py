@@ -192,10 +192,6 @@ def _data(args: Any, dataset_name: str | None) -> str:
         return ""
     if _hub_id(dataset_name):
         where = f"[{dataset_name}](https://huggingface.co/datasets/{dataset_name})"
-        details = [f"split `{args.dataset_train_split}`"]
-        if args.dataset_config:
-            details.insert(0, f"configuration `{args.dataset_config}`")
-        where += f" ({', '.join(details)})"
     elif _is_local(dataset_name):
         where = f"the local file `{Path(dataset_name).name}`"
     else:
