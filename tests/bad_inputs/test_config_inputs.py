@@ -379,8 +379,9 @@ def test_an_option_that_would_do_nothing_is_refused(values, message):
     [
         ({"eval_strategy": "steps"}, "GRPOConfig.eval_strategy='steps' needs an eval_dataset to evaluate: "
          "pass eval_dataset to GRPOTrainer, or set eval_strategy='no'"),
-        ({"eval_strategy": None, "eval_steps": 2}, "GRPOConfig.eval_steps=2 (which sets eval_strategy='steps')"
-         " needs an eval_dataset to evaluate: pass eval_dataset to GRPOTrainer, or set eval_strategy='no'"),
+        ({"eval_strategy": None, "eval_steps": 2}, "GRPOConfig.eval_steps=2 (which sets eval_strategy="
+         "'steps') needs an eval_dataset to evaluate: pass eval_dataset to GRPOTrainer, or set "
+         "eval_strategy='no'"),
         ({"eval_strategy": "epoch"}, "GRPOConfig.eval_strategy='epoch' needs an eval_dataset to evaluate: "
          "pass eval_dataset to GRPOTrainer, or set eval_strategy='no'"),
         ({"eval_on_start": True}, "GRPOConfig.eval_on_start=True needs an eval_dataset to evaluate: pass "

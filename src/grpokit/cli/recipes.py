@@ -12,6 +12,7 @@ strategy "no", ``learning_rate: 1e-5`` a number.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,9 +20,11 @@ from typing import Annotated, Any
 import tyro
 
 from grpokit.cli.train_args import TrainArgs
+from grpokit.cli.trl_options import TRL_SCRIPT_OPTIONS, from_trl_script_options
 from grpokit.config import GRPOConfig
 from grpokit.config.trl_fields import TYPES, check_trl_fields
 from grpokit.config.values import YAMLError, admits_none, field_types, load_yaml, load_yaml_file, typed
+from grpokit.data.integrity import InputError
 
 __all__ = [
     "DEFAULT_RECIPE",
@@ -100,8 +103,19 @@ def parse_train_args(argv: list[str]) -> TrainArgs:
     by each option's declared type; the GRPOConfig built once from the merged values (by tyro)."""
     recipe_arg = argv[0] if argv and not argv[0].startswith("-") and "=" not in argv[0] else None
     overrides = argv[1:] if recipe_arg is not None else argv
-    path = find_recipe(recipe_arg or DEFAULT_RECIPE)
-    values = recipe_values(path)
+    overrides, config_file = _config_option(overrides)  # TRL's --config FILE: the recipe
+    if config_file is not None and recipe_arg is not None:
+        raise SystemExit(f"grpokit: give the recipe once: {recipe_arg} and --config {config_file}")
+    path = find_recipe(config_file or recipe_arg or DEFAULT_RECIPE)
+    values = _set_environment(recipe_values(path), path)
+    if config_file is not None:  # a TRL config: no built-in task unless it names one
+        values.setdefault("task", None)
+    overrides, script_options = _trl_script_options(overrides)
+    try:  # TRL's script options (model_name_or_path, dataset_name, dtype, ...), from both sources
+        values = from_trl_script_options(values, str(path))
+        values = {**values, **from_trl_script_options(script_options, "the command line")}
+    except InputError as err:
+        raise SystemExit(f"grpokit: {err}") from None
     _check_trl_only(_trl_only(overrides), "the command line")
     overrides = _with_eval_strategy(values, overrides)
     defaults = _recipe_defaults(values, path)
@@ -127,17 +141,24 @@ def to_flag_arguments(overrides: list[str], types: Mapping[str, Any] | None = No
     types = option_types() if types is None else types
     arguments: list[str] = []
     key: str | None = None  # the option whose values follow (``--key v1 v2``)
+    bare = False  # ``--key`` not followed by a value yet
     for item in overrides:
         name, equals, raw = item.removeprefix("--").partition("=")
         if item.startswith("--") or (equals and not item.startswith("-")):
+            if bare and _is_bool(types.get(key)):
+                arguments.append("True")  # TRL's form: a bare --flag is true
             arguments.append(f"--{name.strip()}")
             key = None if equals else name.strip()
+            bare = not equals
             if equals:
                 arguments.extend(_flag_values(types.get(name.strip()), raw))
         elif key is not None and not item.startswith("-"):
             arguments.append(_scalar_flag(types.get(key), item, _parsed(item)))
+            bare = False
         else:
             arguments.append(item)
+    if bare and _is_bool(types.get(key)):
+        arguments.append("True")
     return arguments
 
 
@@ -177,6 +198,57 @@ def _scalar_text(value: Any) -> str:
     if value is None:
         return "None"
     return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _config_option(overrides: list[str]) -> tuple[list[str], str | None]:
+    """``--config FILE`` (TRL's ``TrlParser`` form, ``--config=FILE`` too) taken out of the arguments."""
+    kept, found = [], None
+    items = iter(overrides)
+    for item in items:
+        if item == "--config":
+            found = next(items, None)
+            if found is None:
+                raise SystemExit("grpokit: --config needs a file")
+        elif item.startswith("--config="):
+            found = item.split("=", 1)[1]
+        else:
+            kept.append(item)
+    return kept, found
+
+
+def _set_environment(values: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A TRL config's ``env:`` mapping sets those environment variables (as ``TrlParser`` does)."""
+    env = values.pop("env", None)
+    if env is None:
+        return values
+    if not isinstance(env, dict):
+        raise SystemExit(f"grpokit: {path}: env must be a mapping of environment variables, got {env!r}")
+    os.environ.update({str(k): str(v) for k, v in env.items()})
+    return values
+
+
+def _trl_script_options(overrides: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """TRL's script options (``trl_options``) on the command line, taken out of the arguments with their
+    values: ``key=value``, ``--key value`` or a bare ``--key`` (true)."""
+    kept: list[str] = []
+    found: dict[str, Any] = {}
+    index = 0
+    while index < len(overrides):
+        item = overrides[index]
+        name, equals, raw = item.removeprefix("--").partition("=")
+        name = name.strip()
+        if name in TRL_SCRIPT_OPTIONS and (item.startswith("--") or equals):
+            if equals:
+                found[name] = _parsed(raw)
+            elif index + 1 < len(overrides) and not overrides[index + 1].startswith("--"):
+                index += 1
+                found[name] = _parsed(overrides[index])
+            else:
+                found[name] = True
+        else:
+            kept.append(item)
+        index += 1
+    return kept, found
 
 
 def _with_eval_strategy(values: Mapping[str, Any], overrides: list[str]) -> list[str]:

@@ -512,7 +512,7 @@ def _holds(output_dir: Path) -> str:
     """What a finished run's folder holds, by name, only what exists."""
     files = ("metrics.jsonl", "metrics.png", "eval_summary.json")
     shown = [name for name in files if (output_dir / name).exists()]
-    if (output_dir / "config.json").exists():
+    if (output_dir / "config.json").exists() or (output_dir / "adapter_config.json").exists():
         shown.insert(0, "the model")
     return ", ".join(shown) or "nothing"
 
@@ -549,9 +549,10 @@ def _command(command: list[str] | None) -> str:
 
 
 def _end(trainer: Any) -> None:
+    """The processes' group left (``GRPOTrainer.end``; without a trainer, only that)."""
+    if trainer is not None:
+        trainer.end()
+        return
     from grpokit.parallel.distributed import end_processes
 
-    close = getattr(getattr(trainer, "backend", None), "close", None)
-    if callable(close):  # a vLLM engine in this process: shut down before the process group is left
-        close()
     end_processes()

@@ -135,7 +135,7 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "ddp_backend": ((None,), "accelerate picks nccl on GPUs and gloo on CPUs"),
     "ddp_timeout": ((1800,), "the process-group timeout is accelerate's default (1800 s)"),
     "fsdp_config": ((None,), "fsdp='full_shard' shards per decoder layer with the policy's mixed_precision"),
-    "debug": (("", None), "not supported"),
+    "debug": (("", None, [], [""]), "not supported"),
     "cache_implementation": ((None,), "generation uses the backend's own KV cache"),
     "log_unique_prompts": ((False,), "completions.jsonl (log_completions) holds every prompt"),
     "log_completions_hub_repo": ((None,), "completions go to <output_dir>/completions.jsonl"),

@@ -17,9 +17,15 @@ from huggingface_hub import HfApi, constants, get_token
 from huggingface_hub.errors import HFValidationError, LocalTokenNotFoundError, OfflineModeIsEnabled
 from huggingface_hub.utils import validate_repo_id
 
+from grpokit.data.integrity import InputError
 from grpokit.data.run_folder import LOCK_FILE, MANIFEST
 
-__all__ = ["HUB_IGNORE_PATTERNS", "check_hub_access", "push_model", "resolve_repo_id"]
+__all__ = ["HUB_IGNORE_PATTERNS", "HubError", "check_hub_access", "push_model", "resolve_repo_id"]
+
+class HubError(InputError, RuntimeError):
+    """The Hub refused or could not be reached (no token, a read-only one, offline, ...): said in one
+    sentence with what to do, never a traceback on the command line."""
+
 
 HUB_IGNORE_PATTERNS = (
     "checkpoint-*",  # resumable checkpoints (optimizer state included) and their .tmp staging folders
@@ -48,7 +54,7 @@ def check_hub_access(args: Any, api: Any = None) -> str:
     ``hub_token``)."""
     if api is None:
         if constants.is_offline_mode():
-            raise RuntimeError(
+            raise HubError(
                 "push_to_hub: HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) is set, so nothing can be uploaded; "
                 "unset it, or set push_to_hub=false"
             )
@@ -57,7 +63,7 @@ def check_hub_access(args: Any, api: Any = None) -> str:
         except Exception as err:  # HF_OIDC_RESOURCE is set and its token exchange failed
             raise _hub_error("get a token for", "the Hugging Face Hub", err) from err
         if not token:
-            raise RuntimeError(
+            raise HubError(
                 f"push_to_hub: no Hugging Face token was found; {LOGIN_ADVICE} (a token with write access), "
                 "or set push_to_hub=false"
             )
@@ -65,7 +71,7 @@ def check_hub_access(args: Any, api: Any = None) -> str:
     user = _whoami(api, "check the token with")
     role = ((user.get("auth") or {}).get("accessToken") or {}).get("role")
     if role == "read":
-        raise RuntimeError(
+        raise HubError(
             "push_to_hub: the Hugging Face token is read-only; use a token with write access "
             f"({LOGIN_ADVICE}), or set push_to_hub=false"
         )
@@ -84,7 +90,7 @@ def resolve_repo_id(args: Any, api: Any = None, *, user: dict | None = None) -> 
     try:
         validate_repo_id(name)
     except HFValidationError as err:
-        raise RuntimeError(
+        raise HubError(
             f"push_to_hub: {name!r} is not a valid repository id ({err}); set hub_model_id=<user>/<name>"
         ) from err
     return name
@@ -135,8 +141,8 @@ def _network_error(err: Exception) -> bool:
     return any(word in cls.__name__ for cls in type(err).__mro__ for word in words)
 
 
-def _hub_error(action: str, target: str, err: Exception, folder: Path | None = None) -> RuntimeError:
-    """A hub failure as a RuntimeError that names push_to_hub, the cause and what to do."""
+def _hub_error(action: str, target: str, err: Exception, folder: Path | None = None) -> HubError:
+    """A hub failure as a HubError that names push_to_hub, the cause and what to do."""
     status = getattr(getattr(err, "response", None), "status_code", None)
     if isinstance(err, LocalTokenNotFoundError) or status == 401:
         advice = f"the Hugging Face token is missing or invalid: {LOGIN_ADVICE}"
@@ -155,7 +161,7 @@ def _hub_error(action: str, target: str, err: Exception, folder: Path | None = N
             f"; the model is saved in {folder}: upload it later with grpokit.reporting.hub.push_model (which "
             "leaves out checkpoints, optimizer state and config.yaml)"
         )
-    return RuntimeError(
+    return HubError(
         f"push_to_hub: could not {action} {target} ({type(err).__name__}: {err}); {advice}{saved}, "
         "or set push_to_hub=false"
     )

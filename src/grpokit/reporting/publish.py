@@ -69,7 +69,8 @@ class Publisher:
         self.write_card(self.args.output_dir, reward_names, read_metrics)
         self.push(self.args.output_dir, "End of training")
 
-    def push(self, path: str | Path, message: str) -> None:
-        """With ``push_to_hub`` (main process): upload ``path`` to the run's repository."""
+    def push(self, path: str | Path, message: str) -> str | None:
+        """With ``push_to_hub`` (main process): upload ``path`` to the run's repository; its URL."""
         if self.pushing:
-            push_model(path, self.args, commit_message=message)
+            return push_model(path, self.args, commit_message=message)
+        return None

@@ -40,6 +40,7 @@ from grpokit.parallel.cpu_runtime import apply_cpu_runtime
 from grpokit.parallel.distributed import (
     any_process,
     decided_by_main,
+    end_processes,
     gather_across_processes,
     make_accelerator,
     merged_across_processes,
@@ -783,6 +784,39 @@ class GRPOTrainer:
         target = Path(expand_path(path)) if path is not None else Path(self.args.output_dir)
         decided_by_main(self.accelerator, lambda: refuse_another_runs_folder(target, self._run_id))
         self.run_state.save_model(target)
+
+    @property
+    def hub_model_id(self) -> str | None:
+        """TRL's: the Hub repository pushes go to (``hub_model_id``, or ``<account>/<output_dir's name>`` once
+        resolved by a push); None before that without ``hub_model_id``."""
+        return self.publisher.repo_id or self.args.hub_model_id
+
+    def push_to_hub(
+        self, commit_message: str = "End of training", blocking: bool = True, token: str | None = None,
+        revision: str | None = None, **kwargs: Any,
+    ) -> str | None:  # fmt: skip
+        """TRL's (transformers' ``Trainer.push_to_hub``): the model card (``dataset_name`` from ``kwargs``)
+        and the saved model in output_dir uploaded to ``hub_model_id``; the repository's URL (None on the
+        other processes). Whether or not the config has ``push_to_hub``. The Hub's access is checked first:
+        no token, a read-only one or no network is refused with the reason. (Always blocking.)"""
+        args = dataclasses.replace(
+            self.args, push_to_hub=True, hub_token=token or self.args.hub_token,
+            hub_revision=revision or self.args.hub_revision,
+        )  # fmt: skip
+        publisher = Publisher(args, self.model, self.train_dataset, is_main=self.accelerator.is_main_process)
+        publisher.write_card(args.output_dir, self.reward_names, self.logger.read,
+                             dataset_name=kwargs.get("dataset_name"))  # fmt: skip
+        self.publisher.repo_id = self.publisher.repo_id or publisher.repo_id
+        return publisher.push(args.output_dir, commit_message)
+
+    def end(self) -> None:
+        """TRL's (transformers >= 5.18): the run's end: the trackers closed (train() has closed them), a vLLM
+        engine in this process shut down, the processes' group left together."""
+        self.logger.close()
+        close = getattr(self.backend, "close", None)
+        if callable(close):  # a vLLM engine in this process: shut down before the process group is left
+            close()
+        end_processes()
 
     def save_checkpoint(self) -> Path:
         """Everything a resume needs, in ``<output_dir>/checkpoint-<step>`` (``parallel.run_state``)."""
