@@ -46,7 +46,7 @@ def test_a_data_file_that_is_not_utf8_is_named_with_its_line(tmp_path, suffix):
         rf"train_dataset: {path} line 3 is not UTF-8 text \(byte 0xe9 at column \d+\); save the file as UTF-8"
     )
     with pytest.raises(ValueError, match=message):
-        load_dataset_rows(str(path), GRPOConfig(), name="train_dataset")
+        load_dataset_rows(str(path), GRPOConfig().data_settings(), name="train_dataset")
 
 
 def test_the_command_line_names_a_non_utf8_data_file_without_a_traceback(tiny_model_dir, tmp_path):
