@@ -52,3 +52,15 @@ def test_import_grpokit_stays_light():
     code = "import sys, grpokit; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("module", ["grpokit", "grpokit.cli"])
+def test_python_dash_m_runs_the_command_line(module):
+    """``python -m grpokit train`` (what the accelerate configs' comments and docs/scaling.md launch) and
+    ``python -m grpokit.cli train`` both reach the command line."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", module, "train", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "output_dir" in out.stdout
