@@ -56,7 +56,7 @@ NO_EFFECT: dict[str, str] = {
     "use_cache": "grpokit's generation always uses a KV cache and its training passes never do",
     "eval_do_concat_batches": "grpokit's evaluation reports reward means, not predictions",
     "eval_use_gather_object": "grpokit's evaluation gathers rewards with gather_object already",
-    "log_multimodal": "grpokit trains text models",
+    "log_multimodal": "the completion log of a vision-language run holds the prompts' text, not their images",
     "logging_nan_inf_filter": "grpokit logs a NaN/inf metric as null and skips (and counts) NaN/inf steps",
 }
 

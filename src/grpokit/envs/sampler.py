@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpokit.data.integrity import InputError
 from grpokit.envs.episodes import Episode, EpisodeRunner, as_generation_output, with_episode_columns
@@ -21,6 +21,9 @@ from grpokit.envs.tools import ToolEnvironment
 from grpokit.envs.turns import open_session
 from grpokit.rollout import RolloutBackend, SamplingParams, generate_groups
 from grpokit.rollout.base import GenerationOutput
+
+if TYPE_CHECKING:
+    from grpokit.models.vision import PromptImages
 
 __all__ = [
     "EpisodeSampler",
@@ -143,11 +146,13 @@ def sample_groups(
     prompt_ids: list[list[int]],
     sizes: list[int],
     params: SamplingParams,
+    images: PromptImages | None = None,
 ) -> tuple[GenerationOutput, list[dict[str, Any]], list[Episode] | None]:
-    """``sizes[k]`` completions of prompt k (``generate_groups``), or with an environment ``sizes[k]``
-    episodes: (the completions, one row per completion, the episodes or None)."""
+    """``sizes[k]`` completions of prompt k (``generate_groups``; ``images``: the prompts' image inputs), or
+    with an environment ``sizes[k]`` episodes: (the completions, one row per completion, the episodes or
+    None)."""
     if episodes is None:
-        generated = generate_groups(backend, prompt_ids, sizes, params)
+        generated = generate_groups(backend, prompt_ids, sizes, params, images)
         return generated, [row for row, size in zip(rows, sizes) for _ in range(size)], None
     return episodes.generate(backend, rows, prompt_ids, sizes, params)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-__all__ = ["load_tokenizer", "pad_token_id"]
+__all__ = ["load_processor", "load_tokenizer", "pad_token_id"]
 
 
 def load_tokenizer(path: str, *, trust_remote_code: bool = False) -> Any:
@@ -28,6 +28,19 @@ def load_tokenizer(path: str, *, trust_remote_code: bool = False) -> Any:
     if trust_remote_code:
         return AutoTokenizer.from_pretrained(path, trust_remote_code=True)
     return AutoTokenizer.from_pretrained(path)
+
+
+def load_processor(path: str, *, trust_remote_code: bool = False) -> Any:
+    """A vision-language model's processor saved in ``path`` (``AutoProcessor``), its tokenizer loaded as
+    :func:`load_tokenizer` loads it (a generic tokenizer kept exactly as saved)."""
+    from transformers import AutoProcessor
+
+    remote = {"trust_remote_code": True} if trust_remote_code else {}
+    processor = AutoProcessor.from_pretrained(path, **remote)
+    tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
+    if type(tokenizer) is not type(processor.tokenizer):  # AutoProcessor chose the architecture's pipeline
+        processor.tokenizer = tokenizer
+    return processor
 
 
 def pad_token_id(tokenizer: Any, model: Any | None = None) -> int:

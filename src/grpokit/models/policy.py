@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, PreTrainedModel
 
 from grpokit.data.integrity import InputError, check_model_dir
-from grpokit.models.loading import load_tokenizer
+from grpokit.models.loading import load_processor, load_tokenizer
+from grpokit.models.vision import VISION_MODULE_NAMES, is_vision_language, vision_modules
 
 __all__ = [
     "FP32_HEAD",
@@ -21,8 +22,10 @@ __all__ = [
     "check_target_modules",
     "disable_dropout",
     "enable_gradient_checkpointing",
+    "exclude_vision_modules",
     "load_policy",
     "model_init_kwargs",
+    "processing_class_of",
     "tokenizer_of",
 ]
 
@@ -36,6 +39,7 @@ class PolicyOptions(Protocol):
     gradient_checkpointing_kwargs: dict[str, Any] | None
     disable_dropout: bool
     cast_lm_head_to_fp32: bool
+    freeze_vision_tower: bool
 
 
 def check_model_source(model: str | Path | torch.nn.Module) -> None:
@@ -63,6 +67,24 @@ def check_special_tokens(tokenizer: Any) -> None:
         )
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+
+
+def processing_class_of(model: str | Path | torch.nn.Module, trust_remote_code: bool = False) -> Any:
+    """What prepares the policy's inputs, saved with ``model``: a vision-language model's processor
+    (``AutoProcessor``: its tokenizer, image processor and chat template; the tokenizer with a pad token),
+    else :func:`tokenizer_of`."""
+    check_model_source(model)
+    source = model if isinstance(model, (str, Path)) else getattr(model, "name_or_path", None)
+    config = getattr(model, "config", None)
+    if config is None and source:
+        config = AutoConfig.from_pretrained(str(source), trust_remote_code=trust_remote_code)
+    if config is None or not is_vision_language(config):
+        return tokenizer_of(model, trust_remote_code)
+    if not source:
+        raise InputError("processing_class is required when model is an in-memory module without a path")
+    processor = load_processor(str(source), trust_remote_code=trust_remote_code)
+    check_special_tokens(processor.tokenizer)
+    return processor
 
 
 def tokenizer_of(model: str | Path | torch.nn.Module, trust_remote_code: bool = False) -> Any:
@@ -184,6 +206,27 @@ def check_target_modules(model: torch.nn.Module, peft_config: Any) -> None:
         )
 
 
+def exclude_vision_modules(peft_config: Any) -> Any:
+    """A copy of ``peft_config`` whose ``exclude_modules`` also covers the vision encoder (a module path
+    through one of ``VISION_MODULE_NAMES``)."""
+    import copy
+
+    if not hasattr(peft_config, "exclude_modules"):
+        raise InputError("freeze_vision_tower needs a peft config with exclude_modules (peft >= 0.14)")
+    vision = rf".*\.({'|'.join(VISION_MODULE_NAMES)})\..*"
+    excluded = peft_config.exclude_modules
+    if isinstance(excluded, str):
+        pattern = f"(?:{excluded})|(?:{vision})"
+    elif excluded:  # names: matched as suffixes by peft; kept as alternatives of one expression
+        names = "|".join(rf"(?:.*\.)?{name}" for name in excluded)
+        pattern = f"(?:{names})|(?:{vision})"
+    else:
+        pattern = vision
+    updated = copy.copy(peft_config)
+    updated.exclude_modules = pattern
+    return updated
+
+
 def load_policy(
     model: str | Path | torch.nn.Module, args: PolicyOptions, peft_config: Any = None
 ) -> torch.nn.Module:
@@ -191,11 +234,18 @@ def load_policy(
     unless they name a ``dtype``; accelerate handles mixed precision) or the module as given."""
     if isinstance(model, (str, Path)):
         check_model_source(model)
-        policy = AutoModelForCausalLM.from_pretrained(str(model), **model_init_kwargs(args))
+        remote = {"trust_remote_code": True} if args.trust_remote_code else {}
+        vision = is_vision_language(AutoConfig.from_pretrained(str(model), **remote))
+        auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+        policy = auto.from_pretrained(str(model), **model_init_kwargs(args))
     elif isinstance(model, (PreTrainedModel, torch.nn.Module)):
         policy = model
     else:
         raise TypeError(f"model: expected a path, a hub id or a PreTrainedModel, got {type(model).__name__}")
+    frozen_vision = is_vision_language(policy) and getattr(args, "freeze_vision_tower", True)
+    if frozen_vision:
+        for module in vision_modules(policy):
+            module.requires_grad_(False)
     if args.gradient_checkpointing:
         enable_gradient_checkpointing(policy, args.gradient_checkpointing_kwargs)
     if peft_config is not None:
@@ -204,6 +254,8 @@ def load_policy(
         except ImportError as err:
             raise ImportError("peft_config needs `pip install grpokit[peft]`") from err
         check_target_modules(policy, peft_config)
+        if frozen_vision:  # no adapter inside the vision encoder
+            peft_config = exclude_vision_modules(peft_config)
         policy = get_peft_model(policy, peft_config)
     if args.disable_dropout:  # after PEFT, so adapter dropout (lora_dropout) goes too
         disable_dropout(policy)

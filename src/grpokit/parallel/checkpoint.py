@@ -256,6 +256,20 @@ def read_model_weights(path: Path, device: torch.device | str = "cpu") -> dict[s
     return state
 
 
+def in_model_names(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` as ``save_pretrained`` wrote it, under the model's own parameter names: transformers 5
+    writes some architectures (LLaVA, Gemma 3, ...) under their original checkpoints' names
+    (``language_model.model.*`` for ``model.language_model.*``); its renamings are applied back."""
+    names = set(model.state_dict())
+    if set(state) <= names:
+        return state
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightRenaming, rename_source_key
+
+    renamings = [c for c in get_model_conversion_mapping(model) if isinstance(c, WeightRenaming)]
+    return {rename_source_key(key, renamings, [])[0]: value for key, value in state.items()}
+
+
 def load_model_weights(model: torch.nn.Module, path: Path, device: torch.device | str = "cpu") -> None:
     """Load the safetensors weights saved by ``save_pretrained`` into an existing model (strict), read
     onto ``device`` (the model's own, so no other device is touched).
@@ -265,7 +279,7 @@ def load_model_weights(model: torch.nn.Module, path: Path, device: torch.device 
     if hasattr(model, "peft_config"):
         _load_adapter_weights(model, path, device)
         return
-    state = read_model_weights(path, device)
+    state = in_model_names(model, read_model_weights(path, device))
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {name for name in missing if "lm_head" in name}
     if set(missing) - tied or unexpected:

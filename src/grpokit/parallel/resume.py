@@ -183,13 +183,23 @@ def run_identity(rows: Sequence[Any] | None, model: Any) -> dict[str, Any]:
     if rows is not None:
         digest = hashlib.sha256()
         for row in rows:
-            digest.update(json.dumps(row, sort_keys=True, default=str).encode())
+            digest.update(json.dumps(row, sort_keys=True, default=_content).encode())
             digest.update(b"\n")
         identity["train_rows"] = len(rows)
         identity["train_fingerprint"] = digest.hexdigest()[:16]
     if model is not None:
         identity["model"] = _model_shape(model)
     return identity
+
+
+def _content(value: Any) -> str:
+    """A value JSON cannot write, by its content: an image (PIL) by its mode, size and pixels, bytes by
+    their hash, anything else as ``str`` (an image's ``str`` holds its memory address, not its pixels)."""
+    if hasattr(value, "tobytes") and hasattr(value, "mode") and hasattr(value, "size"):
+        return f"image {value.mode} {value.size} {hashlib.sha256(value.tobytes()).hexdigest()}"
+    if isinstance(value, (bytes, bytearray)):
+        return f"bytes {hashlib.sha256(value).hexdigest()}"
+    return str(value)
 
 
 def _model_shape(model: Any) -> dict[str, Any]:

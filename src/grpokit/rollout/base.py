@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from grpokit.models.loading import pad_token_id as tokenizer_pad_id
+
+if TYPE_CHECKING:
+    from grpokit.models.vision import PromptImages
 
 __all__ = ["GenerationOutput", "RolloutBackend", "SamplingParams"]
 
@@ -38,6 +41,9 @@ class SamplingParams:
     """Token ids that end a completion. The EOS token is kept as the last completion token."""
     pad_token_id: int = 0
     """Id used to pad prompts on the left for batched generation."""
+    suppress_token_ids: tuple[int, ...] = ()
+    """Token ids never drawn (their probability set to 0 before sampling): a vision-language policy's image
+    and video placeholder tokens, which only the processor places."""
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Any, *, greedy: bool = False, **sampling: Any) -> SamplingParams:
@@ -86,6 +92,7 @@ def generate_groups(
     prompt_ids: Sequence[Sequence[int]],
     group_sizes: Sequence[int],
     params: SamplingParams,
+    images: PromptImages | None = None,
 ) -> GenerationOutput:
     """``group_sizes[k]`` completions for prompt k through any backend, groups contiguous in prompt order.
 
@@ -94,12 +101,22 @@ def generate_groups(
     the largest size, and each group keeps its first ``size`` completions. The completions of a prompt are
     independent draws, so the kept ones are exact samples; the rest (few: the threshold minimises them) are
     discarded. One call per distinct size would generate nothing extra, but a decode loop per size costs
-    far more than the extra rows where per-step overhead dominates (small models, CPUs)."""
+    far more than the extra rows where per-step overhead dominates (small models, CPUs).
+    ``images``: the prompts' image inputs (one row per prompt), for a backend that ``accepts_images``."""
     if len(prompt_ids) != len(group_sizes):
         raise ValueError(f"{len(prompt_ids)} prompts but {len(group_sizes)} group sizes")
+
+    def generate(indices: list[int], size: int) -> GenerationOutput:
+        chosen = [prompt_ids[k] for k in indices]
+        if images is None:
+            return backend.generate(chosen, size, params)
+        import torch
+
+        return backend.generate(chosen, size, params, images=images[torch.tensor(indices)])
+
     largest = max(group_sizes)
     if min(group_sizes) == largest:
-        return backend.generate(prompt_ids, largest, params)
+        return generate(list(range(len(prompt_ids))), largest)
     threshold = min(
         sorted(set(group_sizes))[:-1],
         key=lambda t: sum(t if g <= t else largest for g in group_sizes),
@@ -108,7 +125,7 @@ def generate_groups(
                (largest, [k for k, g in enumerate(group_sizes) if g > threshold])]  # fmt: skip
     groups: dict[int, tuple[list[list[int]], list[list[float]] | None, list[bool]]] = {}
     for size, members in buckets:
-        out = backend.generate([prompt_ids[k] for k in members], size, params)
+        out = generate(members, size)
         flags = out.truncated or [False] * len(out.completion_ids)
         for j, k in enumerate(members):
             keep = slice(j * size, j * size + group_sizes[k])  # the first group_sizes[k] of its samples

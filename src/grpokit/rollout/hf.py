@@ -10,6 +10,7 @@ import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from grpokit.core import pad_left, trim_at_eos
+from grpokit.models.vision import PromptImages, token_types
 from grpokit.rollout.base import GenerationOutput, SamplingParams
 from grpokit.rollout.logits import process_logits
 
@@ -28,6 +29,7 @@ def generation_config(params: SamplingParams) -> GenerationConfig:
         do_sample=params.do_sample,
         repetition_penalty=params.repetition_penalty,
         eos_token_id=list(params.eos_token_ids) or None,
+        suppress_tokens=list(params.suppress_token_ids) or None,
         pad_token_id=params.pad_token_id,
         output_scores=True,  # the processed scores, read per step by _ChosenTokenLogprobs
         return_dict_in_generate=True,
@@ -68,7 +70,13 @@ class TransformersBackend:
     scores; the same log-probs then come from one forward pass over prompt + completion, each step's logits
     processed as ``generate`` processes them (``rollout.logits.process_logits``: repetition penalty over the
     prompt and the tokens drawn before, temperature, top-k, top-p, min-p).
+
+    A vision-language model gets each row's image inputs (``images``: ``grpokit.models.vision``) with its
+    prompt, and the per-token modality ids its architecture reads.
     """
+
+    accepts_images = True
+    """``generate`` takes ``images`` (the prompts' image inputs)."""
 
     def __init__(self, model: torch.nn.Module, *, micro_batch_size: int | None = None) -> None:
         self.model = model
@@ -76,25 +84,39 @@ class TransformersBackend:
 
     @torch.inference_mode()
     def generate(
-        self, prompt_ids: Sequence[Sequence[int]], num_generations: int, params: SamplingParams
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        num_generations: int,
+        params: SamplingParams,
+        images: PromptImages | None = None,
     ) -> GenerationOutput:
+        """``images``: the prompts' image inputs, one row per prompt of ``prompt_ids`` (or None)."""
         repeated = [list(ids) for ids in prompt_ids for _ in range(num_generations)]
+        rows_images = None
+        if images is not None:  # each prompt's images for its G rows
+            rows_images = images[torch.arange(len(prompt_ids)).repeat_interleave(num_generations)]
         step = (self.micro_batch_size or len(prompt_ids)) * num_generations
         completions: list[list[int]] = []
         logprobs: list[list[float]] = []
         truncated: list[bool] = []
         for start in range(0, len(repeated), step):
-            rows, row_logprobs, flags = self._generate_rows(repeated[start : start + step], params)
+            chunk = None if rows_images is None else rows_images[start : start + step]
+            rows, row_logprobs, flags = self._generate_rows(repeated[start : start + step], params, chunk)
             completions += rows
             logprobs += row_logprobs
             truncated += flags
         return GenerationOutput(completion_ids=completions, logprobs=logprobs, truncated=truncated)
 
     def _generate_rows(
-        self, rows: list[list[int]], params: SamplingParams
+        self, rows: list[list[int]], params: SamplingParams, images: PromptImages | None = None
     ) -> tuple[list[list[int]], list[list[float]], list[bool]]:
         device = next(self.model.parameters()).device
         ids, mask = pad_left(rows, params.pad_token_id, device)  # [B, P]
+        vision = {}
+        if images is not None:  # pixel values and the architecture's extra tensors, per row
+            vision = images.row_inputs(device)
+            if images.token_type_key is not None:
+                vision[images.token_type_key] = token_types(ids, self.model.config)
         recorder = _ChosenTokenLogprobs()
         was_training = self.model.training
         self.model.eval()
@@ -104,10 +126,13 @@ class TransformersBackend:
                 attention_mask=mask,
                 generation_config=generation_config(params),
                 stopping_criteria=StoppingCriteriaList([recorder]),
+                **vision,
             )
         finally:
             self.model.train(was_training)
         if isinstance(out, torch.Tensor):  # the ids alone: no scores were recorded
+            if vision:
+                raise TypeError("a generate that returns the ids alone is not supported with images")
             steps = _forward_logprobs(self.model, ids, mask, out, params).tolist()  # [B, steps]
             generated = out[:, ids.shape[1] :].tolist()  # [B, steps]
         else:

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from grpokit.models.vision import PromptImages
 from grpokit.rollout.base import GenerationOutput
 
 __all__ = ["RolloutBatch", "Samples", "Scores"]
@@ -39,6 +40,8 @@ class Samples:
     """[n] multi-turn episodes (``grpokit.envs.episodes.Episode``) when the run has an environment."""
     extra: dict[str, list[Any]] | None = None
     """Columns the reward functions logged with ``log_extra``: [n] values each (None: none)."""
+    images: PromptImages | None = None
+    """[n] rows: the image inputs of each row's prompt (a vision-language policy), or None."""
 
     def sizes(self) -> list[int]:
         """The size of every group, in order."""
@@ -88,6 +91,8 @@ class RolloutBatch:
     # (sampling.off_policy), 0 on padding; None when the sampler is pi_old
     context_mask: torch.Tensor | None = None  # [N, C] long, episodes: 1 on every real completion token
     # (policy and environment's); completion_mask is 1 on the policy's only. None: equal to completion_mask
+    images: PromptImages | None = None  # [N] rows: each row's prompt's image inputs (vision-language
+    # policies, grpokit.models.vision); every forward over the batch gets them. None: text only
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]

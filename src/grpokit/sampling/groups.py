@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import torch
 
 from grpokit.core import allocate_group_sizes, combine_rewards, multi_reward_advantages
+from grpokit.models.vision import PromptImages
 from grpokit.reporting.metrics import PhaseTimer
 from grpokit.rollout.base import GenerationOutput, RolloutBackend
 from grpokit.rollout.records import Samples, Scores
@@ -376,7 +377,17 @@ def concat_samples(parts: list[Samples]) -> Samples:
         group_sizes=[g for p in parts for g in p.sizes()],
         episodes=_joined([p.episodes for p in parts]),
         extra=_joined_columns([p.extra for p in parts], [len(p.texts) for p in parts]),
+        images=_joined_images([p.images for p in parts], [p.sizes() for p in parts]),
     )
+
+
+def _joined_images(parts: list[PromptImages | None], sizes: list[list[int]]) -> PromptImages | None:
+    """The image inputs of several parts' prompts, one after another (None: no part has images)."""
+    if all(p is None for p in parts):
+        return None
+    tensors = [t for p, s in zip(parts, sizes) for t in (p.tensors if p is not None else [None] * len(s))]
+    key = next(p.token_type_key for p in parts if p is not None)
+    return PromptImages.of_prompts(tensors, [g for s in sizes for g in s], key)
 
 
 def _joined(lists: list[list[Any] | None]) -> list[Any] | None:
@@ -418,6 +429,8 @@ def _group_payloads(samples: Samples) -> list[dict[str, Any]]:
             "episodes": None if samples.episodes is None else samples.episodes[rows],
             "texts": samples.texts[rows],
             "extra": None if samples.extra is None else {k: v[rows] for k, v in samples.extra.items()},
+            "images": None if samples.images is None else (samples.images.tensors[k],
+                                                           samples.images.token_type_key),
         })  # fmt: skip
         start += size
     return out
@@ -441,7 +454,17 @@ def _samples_from_payloads(groups: list[dict[str, Any]]) -> Samples:
         group_sizes=[len(g["texts"]) for g in groups],
         episodes=_joined([g["episodes"] for g in groups]) if groups else None,
         extra=_joined_columns([g["extra"] for g in groups], [len(g["texts"]) for g in groups]),
+        images=_images_of_payloads(groups),
     )
+
+
+def _images_of_payloads(groups: list[dict[str, Any]]) -> PromptImages | None:
+    """The image inputs of the groups' prompts (None when no group's prompt has images)."""
+    with_images = [g["images"] for g in groups if g["images"] is not None]
+    if not with_images:
+        return None
+    tensors = [None if g["images"] is None else g["images"][0] for g in groups]
+    return PromptImages.of_prompts(tensors, [len(g["texts"]) for g in groups], with_images[0][1])
 
 
 def prompt_statistics(args: Any, num_rows: int) -> tuple[PromptStats | None, Curriculum | None]:

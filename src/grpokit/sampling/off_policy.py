@@ -93,10 +93,10 @@ class CopiedWeightsBackend:
         self.source, self.copied, self.inner = source, copied, inner
 
     def generate(
-        self, prompt_ids: Sequence[Sequence[int]], num_generations: int, params: SamplingParams
+        self, prompt_ids: Sequence[Sequence[int]], num_generations: int, params: SamplingParams, **images: Any
     ) -> GenerationOutput:
         refresh_copy(self.copied, self.source)
-        return self.inner.generate(prompt_ids, num_generations, params)
+        return self.inner.generate(prompt_ids, num_generations, params, **images)
 
     def __getattr__(self, name: str) -> Any:  # the inner backend's attributes (impl, last_stats, ...)
         if name == "inner":

@@ -111,6 +111,7 @@ def pad_samples(
         advantages=advantages.to(device=device, dtype=torch.float32),
         sampling_logps=sampling,
         context_mask=context,
+        images=samples.images,
     )
 
 
@@ -149,6 +150,7 @@ class LogprobPass:
             num_generations=self.num_generations,
             micro_batch_size=self.micro_batch_size,
             context_mask=batch.context_mask,
+            images=batch.images,
         )
 
 

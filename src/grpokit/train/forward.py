@@ -32,6 +32,7 @@ import torch
 
 from grpokit.models.parts import cache_argument, decoder_of
 from grpokit.models.prefix_cache import RecordingCache, full_attention_only, replay_safe_layers
+from grpokit.models.vision import PromptImages, image_features, multimodal_backbone, token_types
 from grpokit.train.lm_head import head_logprobs
 
 __all__ = [
@@ -63,6 +64,7 @@ def completion_logprobs(
     chunk_size: int | None = None,
     context_mask: torch.Tensor | None = None,
     router_logits: list[Any] | None = None,
+    images: PromptImages | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of each completion token under ``model``.
 
@@ -79,6 +81,8 @@ def completion_logprobs(
     ``router_logits``: a list to receive ``(router logits, attention mask)`` of a mixture-of-experts
     backbone (``grpokit.models.moe``); the whole sequence then runs per row, as the model's own forward
     routes it (no shared prefix).
+    ``images``: the rows' image inputs (a vision-language policy, ``grpokit.models.vision``): the model's
+    own multimodal backbone runs over each whole row, its vision encoder once per distinct prompt.
     """
     context = completion_mask if context_mask is None else context_mask
     batch, num_completion = completion_ids.shape
@@ -86,7 +90,9 @@ def completion_logprobs(
         empty = completion_ids.new_zeros((batch, 0), dtype=torch.float32)
         return empty, (empty.clone() if with_entropy else None)
     shapes = (prompt_ids, prompt_mask, num_generations, num_completion)
-    if router_logits is None and _choose_shared(model, *shapes, shared_prefix):
+    if images is not None:
+        hidden = _vision_hidden(model, prompt_ids, prompt_mask, completion_ids, context, images)
+    elif router_logits is None and _choose_shared(model, *shapes, shared_prefix):
         hidden = _shared_prefix_hidden(
             model, prompt_ids, prompt_mask, completion_ids, context, num_generations
         )
@@ -141,11 +147,13 @@ def no_grad_logprobs(
     num_generations: int | None = None,
     micro_batch_size: int | None = None,
     context_mask: torch.Tensor | None = None,
+    images: PromptImages | None = None,
 ) -> torch.Tensor:
     """Log-probs [B, C] for a pass that needs no gradient (reference model, old policy), under
     ``torch.inference_mode`` and in eval mode, ``micro_batch_size`` rows at a time (a multiple of
     ``num_generations`` keeps groups whole so the shared prefix still applies). ``model``: a causal LM, or
-    a ``PolicyLogprobs`` module (possibly sharded). ``context_mask``: as for ``completion_logprobs``."""
+    a ``PolicyLogprobs`` module (possibly sharded). ``context_mask``, ``images``: as for
+    ``completion_logprobs``."""
     batch = completion_ids.shape[0]
     step = micro_batch_size or batch
     # Called as a module (PolicyLogprobs): a sharded (FSDP) root gathers its weights in its forward hooks.
@@ -170,6 +178,7 @@ def no_grad_logprobs(
                     temperature=temperature,
                     num_generations=group,
                     context_mask=None if context_mask is None else context_mask[sl],
+                    **({} if images is None else {"images": images[sl]}),
                 )
                 parts.append(logps)
             out = torch.cat(parts)
@@ -263,6 +272,28 @@ def _full_hidden(
     )
     if router_logits is not None:
         router_logits.append((out.router_logits, attention_mask[:, :-1]))
+    return out.last_hidden_state[:, width - 1 : width - 1 + num_completion]  # [B, C, H]
+
+
+def _vision_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask, images) -> torch.Tensor:
+    """A vision-language model's backbone over [prompt | completion] with the rows' images -> [B, C, H].
+
+    Positions are the model's own (no ``position_ids``: multimodal rotary positions such as Qwen-VL's are
+    computed from the ids, the image grid and the attention mask), so the result equals the model's plain
+    forward; the vision encoder runs once per distinct prompt (``grpokit.models.vision.image_features``).
+    """
+    backbone = multimodal_backbone(model)
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)[:, :-1]  # [B, P+C-1]
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)[:, :-1]  # [B, P+C-1]
+    extra = images.row_inputs(input_ids.device, pixels=False)  # image_grid_thw, image_sizes, ...
+    if images.token_type_key is not None:  # per-token modality ids: 1 on image tokens
+        extra[images.token_type_key] = token_types(input_ids, model.config)
+    encoded = {"image": image_features(backbone, images, input_ids.device)}
+    out = backbone(
+        input_ids=input_ids, attention_mask=attention_mask, use_cache=False, mm_encoder_outputs=encoded,
+        **extra,
+    )  # fmt: skip
+    width, num_completion = prompt_ids.shape[1], completion_ids.shape[1]
     return out.last_hidden_state[:, width - 1 : width - 1 + num_completion]  # [B, C, H]
 
 

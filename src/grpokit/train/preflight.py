@@ -17,6 +17,7 @@ from grpokit.data.chat import render_prompt
 from grpokit.data.integrity import InputError
 from grpokit.data.run_folder import check_run_folder, expand_path
 from grpokit.models.policy import check_model_source, check_target_modules
+from grpokit.models.vision import is_vision_language
 
 __all__ = [
     "as_config",
@@ -101,10 +102,11 @@ def read_model_config(model: Any, trust_remote_code: bool = False) -> Any:
 
 def model_skeleton(model_config: Any) -> torch.nn.Module:
     """The model's modules built on the meta device: names and shapes, no memory, no weights read."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+    auto = AutoModelForImageTextToText if is_vision_language(model_config) else AutoModelForCausalLM
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(model_config)
+        return auto.from_config(model_config)
 
 
 def longest_prompt(rows: Sequence[dict[str, Any]], tokenizer: Any, args: GRPOConfig) -> int:

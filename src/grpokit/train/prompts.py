@@ -1,5 +1,6 @@
 """Which prompts each step trains on (a seeded shuffle per epoch and a position that checkpoints save),
-prompts as token ids, and the up-front length check of ``prompt_truncation="error"``."""
+prompts as token ids (with their images for a vision-language policy: ``ImagePrompts``), and the up-front
+length check of ``prompt_truncation="error"``."""
 
 from __future__ import annotations
 
@@ -8,13 +9,69 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from grpokit.config import GRPOConfig
-from grpokit.data.chat import render_prompt
+from grpokit.data.chat import encode_prompt, is_conversational, render_prompt
+from grpokit.data.images import has_images, row_images, with_image_parts
 from grpokit.data.integrity import InputError
+from grpokit.models.vision import PromptImages, encode_prompt_images
 
 if TYPE_CHECKING:
     from grpokit.sampling.prompt_stats import Curriculum
 
-__all__ = ["PromptSampler", "check_prompt_lengths"]
+__all__ = ["ImagePrompts", "PromptSampler", "check_prompt_lengths", "is_processor"]
+
+
+def is_processor(processing_class: Any) -> bool:
+    """True for a vision-language processor (a tokenizer and an image processor), False for a tokenizer."""
+    return hasattr(processing_class, "image_processor") and hasattr(processing_class, "tokenizer")
+
+
+class ImagePrompts:
+    """The prompts of a vision-language run as the policy reads them (TRL's way): each row's images
+    (``image`` / ``images``, ``grpokit.data.images``) as image parts of its chat messages, the processor's
+    chat template, the placeholders expanded into image tokens, and the processor's image tensors.
+
+    A prompt is never cut through its images: one with images that is longer than ``max_prompt_length``
+    is refused (naming its row); a text-only prompt is cut from the left as in a text run."""
+
+    def __init__(self, processor: Any, max_prompt_length: int | None, chat_template_kwargs: Any) -> None:
+        self.processor = processor
+        self.max_prompt_length = max_prompt_length
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+
+    def encode(
+        self, rows: list[dict[str, Any]], sizes: list[int], where: str
+    ) -> tuple[list[list[int]], PromptImages | None]:
+        """(prompt ids [K], the prompts' ``PromptImages`` with ``sizes[k]`` rows each, or None)."""
+        ids, tensors, key = [], [], None
+        for index, row in enumerate(rows):
+            row_ids, row_tensors, row_key = self.encode_row(row, f"{where} prompt {index}")
+            ids.append(row_ids)
+            tensors.append(row_tensors)
+            key = key or row_key
+        return ids, PromptImages.of_prompts(tensors, sizes, key)
+
+    def encode_row(self, row: dict[str, Any], where: str) -> tuple[list[int], Any, str | None]:
+        """One row: (its prompt's ids, its image tensors or None, the per-token modality key or None)."""
+        images = row_images(row, where) if has_images(row) else []
+        prompt = row["prompt"]
+        if not images and not is_conversational(prompt):
+            tokenizer, limit = self.processor.tokenizer, self.max_prompt_length
+            return encode_prompt(prompt, tokenizer, limit, self.chat_template_kwargs), None, None
+        messages = with_image_parts(prompt, len(images), where)
+        text = self.processor.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, **self.chat_template_kwargs
+        )
+        ids, tensors, key = encode_prompt_images(self.processor, text, images)
+        limit = self.max_prompt_length
+        if limit is not None and len(ids) > limit:
+            if images:
+                raise InputError(
+                    f"{where}: the prompt with its {len(images)} image(s) is {len(ids)} tokens, longer than "
+                    f"max_prompt_length={limit}; a prompt is not cut through its image tokens: raise "
+                    "max_prompt_length (None: no limit) or use smaller images"
+                )
+            ids = ids[-limit:]
+        return ids, tensors, key
 
 
 def check_prompt_lengths(rows: list[dict[str, Any]], tokenizer: Any, args: GRPOConfig, *, name: str) -> None:

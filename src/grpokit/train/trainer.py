@@ -28,13 +28,15 @@ from grpokit.config.resolution import precision_unset
 from grpokit.config.trl_fields import refuse_trainer_arguments
 from grpokit.core import entropy_threshold, multi_reward_advantages, off_policy_sequence_mask
 from grpokit.data.chat import encode_prompt
+from grpokit.data.images import check_image_rows
 from grpokit.data.integrity import InputError
 from grpokit.data.loading import load_dataset_rows
 from grpokit.data.run_folder import claim_run_folder, expand_path, refuse_another_runs_folder
 from grpokit.envs.factories import EMPTY_PROMPT, EnvironmentFactories
 from grpokit.envs.sampler import EpisodeSampler, sample_groups, start_episodes, template_kwargs
 from grpokit.models.moe import router_loss_for
-from grpokit.models.policy import check_special_tokens, load_policy, tokenizer_of
+from grpokit.models.policy import check_special_tokens, load_policy, processing_class_of
+from grpokit.models.vision import PromptImages, is_vision_language, placeholder_token_ids
 from grpokit.parallel.checkpoint import STATE_FILE, checkpoint_dir
 from grpokit.parallel.cpu_runtime import apply_cpu_runtime
 from grpokit.parallel.distributed import (
@@ -82,7 +84,7 @@ from grpokit.train.preflight import (
     resumes_in,
 )
 from grpokit.train.process_supervision import EpisodeSupervision
-from grpokit.train.prompts import PromptSampler, check_prompt_lengths
+from grpokit.train.prompts import ImagePrompts, PromptSampler, check_prompt_lengths, is_processor
 from grpokit.train.reference import Reference, refuse_resets_of_adapter_reference
 from grpokit.train.run_rewards import run_rewards
 from grpokit.train.schedule import RunSchedule
@@ -186,8 +188,17 @@ class GRPOTrainer:
         self.publisher = Publisher(self.args, model, train_dataset, is_main=main)  # checks hub access
         self.plan = self.args.batch_plan(self.accelerator.num_processes)
         remote = self.args.trust_remote_code
-        self.tokenizer = processing_class if processing_class is not None else tokenizer_of(model, remote)
+        # a tokenizer, or a vision-language model's processor (its tokenizer does the text's work)
+        if processing_class is None:
+            processing_class = processing_class_of(model, remote)
+        self.processing_class = processing_class
+        self.tokenizer = processing_class.tokenizer if is_processor(processing_class) else processing_class
         check_special_tokens(self.tokenizer)
+        self.image_prompts = None  # prompts with images (a vision-language policy): grpokit.models.vision
+        if is_processor(processing_class):
+            self.image_prompts = ImagePrompts(
+                processing_class, self.args.max_prompt_length, self.args.chat_template_kwargs
+            )
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset  # as given (TRL's attributes)
         # TRL's environment_factory: methods as tools, reset(**row) ends the prompts (grpokit.envs.factories)
         factory = environment_factory
@@ -197,15 +208,23 @@ class GRPOTrainer:
             train_dataset = self.factories.placeholder_rows(self.args.max_steps, self.plan.prompts)
         self.train_rows = self._load_rows(train_dataset, "train_dataset")
         self.eval_rows = self._load_eval_sets(eval_dataset)  # rows, {name: rows} (named sets) or None
+        episodic = environment is not None or tools or self.factories is not None
+        if self.image_prompts is not None and episodic:
+            raise InputError(
+                "a vision-language policy with an environment or tools: episodes carry no images yet; "
+                "train it on single-turn prompts"
+            )
         # G episodes per prompt instead of G completions when the run has an environment (grpokit.envs)
         self.episodes = EpisodeSampler.for_run(
             environment, tools, self.train_rows, self.tokenizer, self.args.episode_settings(), self.factories
         )
         episode_hook = EpisodeSupervision.for_run(self.args, self.episodes is not None)  # env/*, turn rewards
         # what the model's config says (vocabulary, positions, LoRA targets), read without its weights
+        # (a prompt with images is measured, and refused if too long, when it is encoded with its images)
+        longest = 0 if self.image_prompts else longest_prompt(self.train_rows, self.tokenizer, self.args)
         check_policy_fits(
             read_model_config(model, remote), self.tokenizer, self.args, peft_config=peft_config,
-            prompt_tokens=longest_prompt(self.train_rows, self.tokenizer, self.args),
+            prompt_tokens=longest,
             skeleton=model if isinstance(model, torch.nn.Module) else None,
         )  # fmt: skip
         self.gather = gather_across_processes(self.accelerator)  # lists from every process, or None
@@ -225,6 +244,11 @@ class GRPOTrainer:
             refuse_missing_columns(self.reward_names, self.reward_funcs, self.train_rows, "train_dataset")
         check_rows_per_step(len(self.train_rows), self.plan.prompts)
         self.model = load_policy(model, self.args, peft_config)
+        if self.image_prompts is not None and not is_vision_language(self.model):
+            raise InputError(
+                f"processing_class is a processor for images, but the model ({type(self.model).__name__}) "
+                "has no vision encoder; pass the model's tokenizer, or a vision-language model"
+            )
         self.router_loss = router_loss_for(self.model, self.args.router_aux_loss_coef)  # MoE policies
         self.reference = Reference.for_run(self.model, self.args, adapter_disabled=peft_config is not None)
         self.schedule = RunSchedule.from_config(self.args, len(self.train_rows), self.plan)
@@ -250,6 +274,11 @@ class GRPOTrainer:
                 self.args, self.generation_model, rollout_backend, self.strategy, step_sync=True,
                 drawn_ahead=ahead,
             )  # fmt: skip
+        if self.image_prompts is not None and not getattr(self.backend, "accepts_images", False):
+            raise InputError(
+                f"a vision-language policy samples with model.generate (generation_backend='transformers' or "
+                f"'auto'); {type(self.backend).__name__} takes no images (use_vllm with images: not yet)"
+            )
         # pi_old's log-probs from the sampler where they are pi_old's (the old-policy pass skipped)
         self.sampler_logprobs = SamplerLogprobs.for_run(
             self.args, self.model, self.backend, self.correction, environment=self.episodes is not None
@@ -297,7 +326,7 @@ class GRPOTrainer:
         if self.accelerator.is_main_process:  # a tracker's missing package: refused now, not at train()
             require_sink_packages(resolve_sinks(self.args.report_to))
         self.callbacks = Callbacks(
-            callbacks, self.args, model=self.model, processing_class=self.tokenizer,
+            callbacks, self.args, model=self.model, processing_class=self.processing_class,
             optimizer=self.optimizer, lr_scheduler=self.scheduler,
         )  # fmt: skip
         self.callbacks.state.max_steps = self.max_steps  # (TRL's trainer.state, read by reward functions)
@@ -308,7 +337,7 @@ class GRPOTrainer:
         self._saved_step = -1  # the step of the last checkpoint this trainer saved
         self._run_id: str | None = None  # the run (grpokit_run.json) this trainer's train() wrote
         self.run_state = RunState(
-            self.accelerator, self.model, self.policy, self.tokenizer, self.optimizer, self.scheduler,
+            self.accelerator, self.model, self.policy, self.processing_class, self.optimizer, self.scheduler,
             self.reference, self.hooks, self.prompts, self.generator, self.strategy, self.zero,
             args=self.args, train_rows=self.train_rows, max_steps=self.max_steps,
         )  # fmt: skip
@@ -662,14 +691,21 @@ class GRPOTrainer:
         prompt from the current policy (or ``backend``), decoded."""
         sizes = group_sizes or [1 if greedy else self.args.num_generations] * len(rows)
         rows = start_episodes(self.episodes, rows, sizes)  # environment_factory: reset(**row) ends the prompt
-        prompt_ids = [self.encode_prompt(row["prompt"], row) for row in rows]
+        images = None  # the prompts' image inputs, one row per prompt (a vision-language policy)
+        if self.image_prompts is None:
+            prompt_ids = [self.encode_prompt(row["prompt"], row) for row in rows]
+        else:
+            prompt_ids, images = self.image_prompts.encode(rows, [1] * len(rows), "the step's")
         # mixed precision applies to every model pass, not only the update; full weights to generate from
         with self.accelerator.autocast(), self.placed.generation_weights():  # episodes with an environment
             generated, rows, run = sample_groups(
-                self.episodes, backend or self.backend, rows, prompt_ids, sizes, self.sampling_params(greedy)
-            )
+                self.episodes, backend or self.backend, rows, prompt_ids, sizes, self.sampling_params(greedy),
+                images,
+            )  # fmt: skip
         texts = self.tokenizer.batch_decode(generated.completion_ids, skip_special_tokens=True)
-        return Samples(rows, prompt_ids, generated, texts, group_sizes=sizes, episodes=run)
+        row_images = None if images is None else PromptImages.of_prompts(images.tensors, sizes,
+                                                                         images.token_type_key)  # fmt: skip
+        return Samples(rows, prompt_ids, generated, texts, group_sizes=sizes, episodes=run, images=row_images)
 
     def reward_matrix(
         self, samples: Samples, reward_logs: RewardLogs
@@ -749,7 +785,15 @@ class GRPOTrainer:
         configured split and columns; prompts over ``max_prompt_length`` refused if so configured."""
         blank = EMPTY_PROMPT if self.factories is not None else None  # (prompts written by reset)
         rows = load_dataset_rows(source, self.args.data_settings(), name=name, missing_prompt=blank)
-        check_prompt_lengths(rows, self.tokenizer, self.args, name=name)
+        with_images = check_image_rows(rows, name)  # every image loads (a broken file named now)
+        if with_images and self.image_prompts is None:
+            raise InputError(
+                f"{name}: {with_images} row(s) have images ('image' / 'images'), but the model is a text "
+                "model (its processing_class is a tokenizer); give a vision-language model, or drop the "
+                "image columns"
+            )
+        if self.image_prompts is None:  # (a prompt with images is measured when it is encoded)
+            check_prompt_lengths(rows, self.tokenizer, self.args, name=name)
         return rows
 
     def encode_prompt(self, prompt: Any, row: dict[str, Any] | None = None) -> list[int]:
@@ -759,7 +803,10 @@ class GRPOTrainer:
         return encode_prompt(prompt, self.tokenizer, self.args.max_prompt_length, kwargs)
 
     def sampling_params(self, greedy: bool = False) -> SamplingParams:
-        return self.args.sampling_params(self.tokenizer, greedy=greedy)
+        params = self.args.sampling_params(self.tokenizer, greedy=greedy)
+        if self.image_prompts is not None:  # image placeholders are the processor's to place, never drawn
+            params = dataclasses.replace(params, suppress_token_ids=placeholder_token_ids(self.model.config))
+        return params
 
     # ------------------------------------------------------------------------------------------------
     def _gathered(self, values: list[int]) -> list[int]:

@@ -211,6 +211,7 @@ def _micro_batch_loss(
         num_generations=config.num_generations if keeps_whole_groups(config) else None,
         context_mask=batch.context_mask,
         router_logits=routed,
+        **({} if batch.images is None else {"images": batch.images}),
     )
     token_weights = None  # [n, C] masks of the policy term (not of the KL), or None
     trained = mask  # [n, C] the tokens the entropy bonus acts on

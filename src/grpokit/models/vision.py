@@ -1,0 +1,240 @@
+"""Vision-language policies: what sets them apart from a text model, in one place.
+
+A vision-language model (``AutoModelForImageTextToText``: LLaVA, Gemma 3, Qwen2-VL, ...) reads a prompt
+whose image placeholders the processor has expanded into image tokens, plus the processor's pixel values and
+the architecture's extra tensors (``image_grid_thw``, ``image_sizes``, ...). Those tensors travel through a
+step as one typed record, :class:`PromptImages`: the tensors of each distinct prompt once, and which prompt
+each of the N = prompts x G rows has. The rows of a group share their prompt's tensors; nothing is copied
+G times until a forward asks for the rows' inputs.
+
+- :func:`is_vision_language`: whether a model or config is one;
+- :func:`encode_prompt_images`: a rendered prompt and its images -> token ids and the prompt's tensors;
+- :func:`token_types`: the per-token modality ids (``token_type_ids`` / ``mm_token_type_ids``) some
+  architectures read, rebuilt from the ids for any row (prompt and completion alike);
+- :func:`image_features`: the vision encoder once per distinct prompt, its features handed to every row
+  of the prompt (``mm_encoder_outputs``), so G completions do not run the encoder G times;
+- :func:`multimodal_backbone`, :func:`vision_modules`: the parts of a model the step reaches into.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = [
+    "TOKEN_TYPE_KEYS",
+    "VISION_MODULE_NAMES",
+    "PromptImages",
+    "encode_prompt_images",
+    "image_features",
+    "image_token_id",
+    "is_vision_language",
+    "multimodal_backbone",
+    "placeholder_token_ids",
+    "token_types",
+    "vision_modules",
+]
+
+TOKEN_TYPE_KEYS = ("token_type_ids", "mm_token_type_ids")
+"""Per-token processor outputs (one value per prompt token): rebuilt from the ids for every row."""
+
+TEXT_KEYS = ("input_ids", "attention_mask", *TOKEN_TYPE_KEYS)
+"""Processor outputs that are not the prompt's image tensors."""
+
+VISION_MODULE_NAMES = ("vision_tower", "visual", "vision_model")
+"""Attribute names of the vision encoder under a model's multimodal backbone (LLaVA/Gemma 3, Qwen-VL,
+Idefics3/SmolVLM)."""
+
+
+def is_vision_language(model_or_config: Any) -> bool:
+    """True for a model (or its config) with a vision encoder (``config.vision_config``)."""
+    config = getattr(model_or_config, "config", model_or_config)
+    return getattr(config, "vision_config", None) is not None
+
+
+def image_token_id(config: Any) -> int | None:
+    """The id of the token an image's features replace (``image_token_id``, older ``image_token_index``)."""
+    for name in ("image_token_id", "image_token_index"):
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def placeholder_token_ids(config: Any) -> tuple[int, ...]:
+    """The ids of the image and video placeholder tokens (which a completion must never contain: the model
+    would look for image features for them)."""
+    video = getattr(config, "video_token_id", None)
+    return tuple(i for i in (image_token_id(config), video) if isinstance(i, int))
+
+
+def token_types(ids: torch.Tensor, config: Any) -> torch.Tensor:
+    """[B, L] long: 1 on image tokens, 2 on video tokens, 0 elsewhere (what the processors' per-token
+    modality outputs hold; a completion's tokens are text, 0)."""
+    types = torch.zeros_like(ids)
+    image = image_token_id(config)
+    if image is not None:
+        types = types.masked_fill(ids == image, 1)
+    video = getattr(config, "video_token_id", None)
+    if isinstance(video, int):
+        types = types.masked_fill(ids == video, 2)
+    return types
+
+
+@dataclass(frozen=True)
+class PromptImages:
+    """The image inputs of a batch: each distinct prompt's tensors once, and the prompt of every row.
+
+    ``tensors[k]`` holds prompt k's processor outputs other than ids and masks (``pixel_values``,
+    ``image_grid_thw``, ``image_sizes``, ...), its images along dim 0, or None for a prompt without images.
+    ``rows`` [N] long: the prompt of each row (a group's G rows point at one prompt). ``token_type_key``:
+    the per-token modality input the architecture reads (``token_type_ids`` or ``mm_token_type_ids``,
+    rebuilt from the ids by :func:`token_types`), or None.
+    """
+
+    tensors: tuple[dict[str, torch.Tensor] | None, ...]
+    rows: torch.Tensor
+    token_type_key: str | None = None
+
+    @classmethod
+    def of_prompts(
+        cls,
+        tensors: Sequence[dict[str, torch.Tensor] | None],
+        sizes: Sequence[int],
+        token_type_key: str | None,
+    ) -> PromptImages | None:
+        """The record for prompts with ``sizes[k]`` rows each (None when no prompt has an image)."""
+        if all(t is None for t in tensors):
+            return None
+        rows = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(list(sizes), dtype=torch.long))
+        return cls(tuple(tensors), rows, token_type_key)
+
+    def __len__(self) -> int:
+        return int(self.rows.shape[0])
+
+    def __getitem__(self, index: torch.Tensor | slice) -> PromptImages:
+        """Rows ``index`` (the prompts' tensors are shared, not copied)."""
+        return dataclasses.replace(self, rows=self.rows[index.cpu() if torch.is_tensor(index) else index])
+
+    def prompts(self) -> list[int]:
+        """The distinct prompts of the rows, in order of first appearance."""
+        return list(dict.fromkeys(int(k) for k in self.rows.tolist()))
+
+    def row_inputs(self, device: torch.device | str, *, pixels: bool = True) -> dict[str, torch.Tensor]:
+        """The model's image inputs for the rows, as a batch of them: each row's prompt tensors, concatenated
+        along dim 0 in row order (images of row 0, then of row 1, ...), on ``device``. ``pixels=False``:
+        without the ``pixel_*`` tensors (the image's description only: ``image_grid_thw``, ...)."""
+        parts = [self.tensors[int(k)] for k in self.rows.tolist()]
+        if not pixels:
+            parts = [None if p is None else {k: v for k, v in p.items() if not k.startswith("pixel_")}
+                     for p in parts]  # fmt: skip
+        return _concatenated(parts, device)
+
+    def prompt_inputs(self, prompts: Sequence[int], device: torch.device | str) -> dict[str, torch.Tensor]:
+        """The image inputs of the distinct ``prompts``, concatenated along dim 0."""
+        return _concatenated([self.tensors[k] for k in prompts], device)
+
+    def images_per_prompt(self, prompts: Sequence[int]) -> list[int]:
+        """How many images each of ``prompts`` has."""
+        return [_count_images(self.tensors[k]) for k in prompts]
+
+
+def _count_images(tensors: dict[str, torch.Tensor] | None) -> int:
+    """Images of one prompt: the rows of ``image_grid_thw`` / ``image_sizes`` when given, else of
+    ``pixel_values``."""
+    if not tensors:
+        return 0
+    for key in ("image_grid_thw", "image_sizes", "pixel_values"):
+        if key in tensors:
+            return int(tensors[key].shape[0])
+    return 0
+
+
+def _concatenated(parts: Sequence[dict[str, torch.Tensor] | None], device: torch.device | str) -> dict:
+    present = [p for p in parts if p]
+    if not present:
+        return {}
+    keys = list(present[0])
+    out = {}
+    for key in keys:
+        values = [p[key] for p in present]
+        try:
+            out[key] = torch.cat(values, dim=0).to(device)
+        except RuntimeError as err:  # e.g. images of different tile counts in one batch
+            shapes = sorted({tuple(v.shape[1:]) for v in values})
+            raise ValueError(
+                f"the prompts' {key} differ in shape beyond their first dimension ({shapes}): this "
+                "architecture's processor gives images of different sizes different shapes; resize the "
+                "images to one size"
+            ) from err
+    return out
+
+
+def encode_prompt_images(
+    processor: Any, text: str, images: Sequence[Any]
+) -> tuple[list[int], dict[str, torch.Tensor] | None, str | None]:
+    """The token ids of a rendered prompt ``text`` with its image placeholders expanded by ``processor``,
+    the prompt's image tensors (None without images) and the per-token modality key it returned (or None).
+    The text carries the chat template's special tokens already: none are added."""
+    if not images:
+        ids = processor.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return list(ids), None, None
+    out = processor(text=[text], images=list(images), return_tensors="pt", add_special_tokens=False)
+    ids = out["input_ids"][0].tolist()
+    key = next((k for k in TOKEN_TYPE_KEYS if k in out), None)
+    tensors = {k: v for k, v in out.items() if k not in TEXT_KEYS and torch.is_tensor(v)}
+    return ids, tensors, key
+
+
+def multimodal_backbone(model: torch.nn.Module) -> torch.nn.Module:
+    """The module that turns ids and image inputs into hidden states (``model.model`` of an
+    ``XxxForConditionalGeneration``; a PEFT model's base model's)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    backbone = getattr(base, "model", None)
+    if backbone is None or not hasattr(backbone, "get_image_features"):
+        raise TypeError(f"{type(base).__name__} has no multimodal backbone with get_image_features")
+    if "mm_encoder_outputs" not in inspect.signature(backbone.forward).parameters:
+        raise TypeError(
+            f"{type(backbone).__name__}.forward takes no mm_encoder_outputs (the image features computed once "
+            "per prompt): this transformers release is too old for grpokit's vision-language training; "
+            "upgrade transformers"
+        )
+    return backbone
+
+
+def vision_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The vision encoder(s) of a vision-language model (``VISION_MODULE_NAMES`` under its backbone)."""
+    backbone = multimodal_backbone(model)
+    return [getattr(backbone, n) for n in VISION_MODULE_NAMES if isinstance(getattr(backbone, n, None),
+                                                                           torch.nn.Module)]  # fmt: skip
+
+
+def image_features(backbone: torch.nn.Module, images: PromptImages, device: torch.device | str) -> Any:
+    """The encoder's output for the rows of ``images``, computed once per distinct prompt: a
+    ``BaseModelOutputWithPooling`` whose ``pooler_output`` holds, in row order, each row's prompt's image
+    features, in the container the architecture returns (a list or tuple of per-image tensors, or one
+    tensor [images, tokens, hidden]). Passed as ``mm_encoder_outputs={"image": ...}`` it gives the same
+    hidden states as the model's own encoder call on the rows' pixel values; the backward of the repeat
+    sums the G rows' gradients into the one encoder pass."""
+    prompts = images.prompts()
+    counts = images.images_per_prompt(prompts)
+    out = backbone.get_image_features(**images.prompt_inputs(prompts, device), return_dict=True)
+    pooled = out.pooler_output
+    per_image = list(pooled) if isinstance(pooled, (list, tuple)) else list(pooled.unbind(0))
+    if len(per_image) != sum(counts):
+        raise ValueError(f"the vision encoder gave {len(per_image)} image features for {sum(counts)} images")
+    starts = dict(zip(prompts, torch.tensor([0, *counts]).cumsum(0).tolist()))
+    by_prompt = {k: per_image[starts[k] : starts[k] + n] for k, n in zip(prompts, counts)}
+    rows = [feature for k in images.rows.tolist() for feature in by_prompt[int(k)]]
+    if isinstance(pooled, tuple):
+        out.pooler_output = tuple(rows)
+    elif isinstance(pooled, list):
+        out.pooler_output = rows
+    else:
+        out.pooler_output = torch.stack(rows)
+    return out

@@ -1,0 +1,225 @@
+"""GRPO on vision-language policies (grpokit.models.vision): the trainer's log-probs equal the model's plain
+forward with the same images, the encoder runs once per prompt, learning rate 0 keeps ratio 1 and KL 0
+exactly (fp32, bf16, LoRA), the vision encoder stays frozen unless asked, and a run saves a model that
+reloads with its processor and resumes exactly. Tiny LLaVA and Gemma 3 built locally
+(grpokit.models.tiny_vision)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from PIL import Image
+from transformers import AutoModelForImageTextToText
+
+from grpokit import GRPOConfig, GRPOTrainer
+from grpokit.data.integrity import InputError
+from grpokit.models.loading import load_processor
+from grpokit.models.tiny_vision import VISION_ARCHITECTURES, build_tiny_vlm
+from grpokit.models.vision import vision_modules
+from grpokit.train.forward import completion_logprobs
+from grpokit.train.prompts import ImagePrompts
+
+COLOURS = {"red": (220, 30, 30), "blue": (30, 30, 220), "green": (30, 200, 30)}
+
+
+def colour_rows(n: int = 4) -> list[dict]:
+    """Rows asking an image's colour (one image each, a PIL object), the answer as a column."""
+    names = list(COLOURS)
+    return [
+        {"prompt": [{"role": "user", "content": "colour?"}],
+         "image": Image.new("RGB", (32, 32), COLOURS[names[i % 3]]), "answer": names[i % 3]}
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def first_letter_reward(completions, answer, **_):
+    return [float(c[0]["content"][:1] == a[:1]) for c, a in zip(completions, answer)]
+
+
+@pytest.fixture(scope="module", params=VISION_ARCHITECTURES)
+def vlm_dir(request, tmp_path_factory):
+    """A tiny VLM and its processor saved to a directory."""
+    model, processor = build_tiny_vlm(request.param, seed=0)
+    path = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(path)
+    processor.save_pretrained(path)
+    return path
+
+
+def config(tmp_path, **overrides) -> GRPOConfig:
+    values = dict(
+        output_dir=str(tmp_path / "run"), max_steps=2, num_generations=4, per_device_train_batch_size=4,
+        max_completion_length=5, logging_steps=1, report_to=[], use_cpu=True, disable_tqdm=True, seed=0,
+        save_steps=0,
+    )  # fmt: skip
+    return GRPOConfig(**{**values, **overrides})
+
+
+def encoded_batch(path, rows, group):
+    """prompt ids (left-padded), completions and the rows' images, as the trainer builds them."""
+    processor = load_processor(str(path))
+    ids, images = ImagePrompts(processor, None, None).encode(rows, [group] * len(rows), "test")
+    return processor, ids, images
+
+
+def test_logprobs_equal_the_models_plain_forward_with_the_same_images(vlm_dir):
+    """completion_logprobs (encoder once per prompt, features shared by the G rows) == log_softmax of
+    model(input_ids, attention_mask, pixel_values of every row) at the completion tokens."""
+    model = AutoModelForImageTextToText.from_pretrained(vlm_dir).eval()
+    rows, group = colour_rows(2), 3
+    processor, prompt_ids, images = encoded_batch(vlm_dir, rows, group)
+    torch.manual_seed(0)
+    width = max(len(p) for p in prompt_ids)
+    pad = processor.tokenizer.pad_token_id
+    p_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompt_ids for _ in range(group)])
+    p_mask = (
+        torch.arange(width)[None]
+        >= width - torch.tensor([len(p) for p in prompt_ids for _ in range(group)])[:, None]
+    ).long()
+    c_ids = torch.randint(4, 60, (len(p_ids), 5))
+    c_mask = torch.ones_like(c_ids)
+    c_mask[1, 3:] = 0  # a shorter completion
+    ids = torch.cat([p_ids, c_ids], 1)
+    types = {}  # the processor's own per-token modality ids over the whole rows (Gemma 3 reads them)
+    if images.token_type_key is not None:
+        types[images.token_type_key] = torch.tensor(processor.create_mm_token_type_ids(ids.tolist()))
+    with torch.no_grad():
+        logps, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, images=images)
+        full = model(input_ids=ids, attention_mask=torch.cat([p_mask, c_mask], 1),
+                     **images.row_inputs("cpu"), **types).logits  # fmt: skip
+    plain = full[:, width - 1 : -1].log_softmax(-1).gather(-1, c_ids[..., None])[..., 0] * c_mask
+    torch.testing.assert_close(logps, plain, atol=2e-5, rtol=0)
+
+
+def test_the_vision_encoder_runs_once_per_prompt_not_once_per_completion(vlm_dir):
+    model = AutoModelForImageTextToText.from_pretrained(vlm_dir).eval()
+    rows, group = colour_rows(2), 4
+    _, prompt_ids, images = encoded_batch(vlm_dir, rows, group)
+    seen = []
+    encoder = vision_modules(model)[0]
+    encoder.register_forward_hook(
+        lambda _m, args, kwargs, _o: seen.append((args[0] if args else kwargs["pixel_values"]).shape[0]),
+        with_kwargs=True,
+    )
+    width = max(len(p) for p in prompt_ids)
+    p_ids = torch.tensor([[0] * (width - len(p)) + p for p in prompt_ids for _ in range(group)])
+    p_mask = (p_ids != 0).long()
+    c_ids = torch.randint(4, 60, (len(p_ids), 3))
+    with torch.no_grad():
+        completion_logprobs(model, p_ids, p_mask, c_ids, torch.ones_like(c_ids), images=images)
+    assert seen == [2]  # one encoder call over the 2 prompts' 2 images, for 8 rows
+
+
+@pytest.mark.parametrize("variant", ["fp32", "bf16", "lora"])
+def test_learning_rate_zero_keeps_ratio_one_and_kl_zero(vlm_dir, tmp_path, variant):
+    """mu = 2 and beta > 0 at lr 0: the old-policy, reference and update passes see the same images, so the
+    ratio is 1 (no clipping) and the KL 0 exactly, in fp32, bf16 and with LoRA adapters."""
+    extra = {"bf16": True} if variant == "bf16" else {}
+    peft_config = None
+    if variant == "lora":
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    args = config(tmp_path, learning_rate=0.0, beta=0.04, num_iterations=2, **extra)
+    trainer = GRPOTrainer(model=str(vlm_dir), reward_funcs=first_letter_reward, args=args,
+                          train_dataset=colour_rows(4), peft_config=peft_config)  # fmt: skip
+    history = trainer.train()
+    for entry in history:
+        assert entry["kl"] == 0.0
+        assert entry["clip_ratio/region_mean"] == 0.0
+    if variant == "lora":  # adapters on the language model only: the encoder is frozen by default
+        names = [n for n, _ in trainer.model.named_parameters() if "lora_" in n]
+        assert names and not any(v in n for n in names for v in ("vision_tower", "vision_model", "visual"))
+
+
+def test_the_encoder_stays_frozen_unless_asked_and_the_language_model_learns(vlm_dir, tmp_path):
+    def varied(completions, **_):  # rewards that differ within a group, so every step has a gradient
+        return [float(sum(map(ord, c[0]["content"])) % 5) for c in completions]
+
+    def trained(freeze):
+        args = config(tmp_path / str(freeze), learning_rate=1e-2, freeze_vision_tower=freeze, max_steps=1)
+        trainer = GRPOTrainer(model=str(vlm_dir), reward_funcs=varied, args=args,
+                              train_dataset=colour_rows(4))
+        before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        trainer.train()
+        encoder = {n for m in vision_modules(trainer.model) for n, _ in m.named_parameters()}
+        moved = {n for n, p in trainer.model.named_parameters() if not torch.equal(p, before[n])}
+        in_encoder = {n for n in moved if any(n.endswith(e) for e in encoder)}
+        return moved, in_encoder
+
+    moved, in_encoder = trained(True)
+    assert moved and not in_encoder  # the language model learned, the encoder did not move
+    moved, in_encoder = trained(False)
+    assert in_encoder
+
+
+def test_a_run_saves_a_model_that_reloads_with_its_processor_and_resumes_exactly(vlm_dir, tmp_path):
+    """Two steps in one go == one step, a checkpoint, a new trainer resuming for the second."""
+    reward = first_letter_reward
+    whole = GRPOTrainer(model=str(vlm_dir), reward_funcs=reward, train_dataset=colour_rows(4),
+                        args=config(tmp_path / "whole", learning_rate=1e-2))  # fmt: skip
+    whole.train()
+    first = GRPOTrainer(model=str(vlm_dir), reward_funcs=reward, train_dataset=colour_rows(4),
+                        args=config(tmp_path / "split", learning_rate=1e-2, save_steps=1))  # fmt: skip
+    first.max_steps = 1
+    first.train()
+    again = GRPOTrainer(model=str(vlm_dir), reward_funcs=reward, train_dataset=colour_rows(4),
+                        args=config(tmp_path / "split", learning_rate=1e-2, save_steps=1,
+                                    resume_from_checkpoint="latest"))  # fmt: skip
+    again.train()
+    out = tmp_path / "whole" / "run"
+    reloaded = AutoModelForImageTextToText.from_pretrained(out)
+    for (name, a), b in zip(whole.model.state_dict().items(), reloaded.state_dict().values()):
+        assert torch.equal(a, b), name
+    for (name, a), b in zip(whole.model.state_dict().items(), again.model.state_dict().values()):
+        assert torch.equal(a, b), name
+    processor = load_processor(str(out))
+    original = load_processor(str(vlm_dir))
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "a b"}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    image = Image.new("RGB", (32, 32), (1, 2, 3))
+    got, want = processor(text=[text], images=[image]), original(text=[text], images=[image])
+    assert got["input_ids"] == want["input_ids"]
+    assert json.loads((out / "grpokit_run.json").read_text())["state"] == "finished"
+
+
+def test_sampling_with_images_equals_model_generate(vlm_dir, tmp_path):
+    """The trainer's greedy draw == model.generate on the processor's own batch of the same prompt."""
+    args = config(tmp_path, max_completion_length=6)
+    trainer = GRPOTrainer(model=str(vlm_dir), reward_funcs=first_letter_reward, args=args,
+                          train_dataset=colour_rows(3))  # fmt: skip
+    rows = colour_rows(1)
+    samples = trainer.sample(rows, greedy=True)
+    processor = load_processor(str(vlm_dir))
+    text = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {
+        "type": "text", "text": "colour?"}]}], add_generation_prompt=True, tokenize=False)  # fmt: skip
+    inputs = processor(text=[text], images=[rows[0]["image"]], return_tensors="pt")
+    bad = [[i] for i in trainer.sampling_params().suppress_token_ids]
+    out = trainer.model.generate(**inputs, max_new_tokens=6, do_sample=False, bad_words_ids=bad or None,
+                                 eos_token_id=processor.tokenizer.eos_token_id)  # fmt: skip
+    want = out[0, inputs["input_ids"].shape[1] :].tolist()
+    eos = processor.tokenizer.eos_token_id
+    want = want[: want.index(eos) + 1] if eos in want else want
+    assert samples.generated.completion_ids[0] == want
+
+
+def test_what_a_text_run_or_a_vision_run_cannot_take(vlm_dir, tmp_path):
+    from grpokit.models.tiny import build_char_tokenizer, build_tiny_model
+
+    tokenizer = build_char_tokenizer()
+    text_model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1)
+    with pytest.raises(InputError, match=r"train_dataset: 4 row\(s\) have images.*text model"):
+        GRPOTrainer(model=text_model, processing_class=tokenizer, reward_funcs=first_letter_reward,
+                    args=config(tmp_path), train_dataset=colour_rows(4))  # fmt: skip
+    long = config(tmp_path, max_prompt_length=8)
+    trainer = GRPOTrainer(model=str(vlm_dir), reward_funcs=first_letter_reward, args=long,
+                          train_dataset=colour_rows(4))  # fmt: skip
+    with pytest.raises(InputError, match="not cut through its image tokens"):
+        trainer.train()
+    broken = colour_rows(4)
+    broken[2]["image"] = str(tmp_path / "missing.png")
+    with pytest.raises(InputError, match="train_dataset row 2"):
+        GRPOTrainer(model=str(vlm_dir), reward_funcs=first_letter_reward, args=config(tmp_path / "b"),
+                    train_dataset=broken)  # fmt: skip
