@@ -223,3 +223,13 @@ def test_what_a_text_run_or_a_vision_run_cannot_take(vlm_dir, tmp_path):
     with pytest.raises(InputError, match="train_dataset row 2"):
         GRPOTrainer(model=str(vlm_dir), reward_funcs=first_letter_reward, args=config(tmp_path / "b"),
                     train_dataset=broken)  # fmt: skip
+
+
+def test_a_text_prompt_in_a_vision_run_is_cut_or_refused_as_prompt_truncation_says(vlm_dir):
+    processor = load_processor(str(vlm_dir))
+    row = {"prompt": "abcdefgh"}
+    want = processor.tokenizer("abcdefgh", add_special_tokens=True)["input_ids"][-3:]
+    ids, tensors, _ = ImagePrompts(processor, 3, None, truncation="left").encode_row(row, "row 0")
+    assert ids == want and tensors is None
+    with pytest.raises(InputError, match=r"row 0: the prompt is 8 tokens.*prompt_truncation='error'"):
+        ImagePrompts(processor, 3, None, truncation="error").encode_row(row, "row 0")

@@ -174,7 +174,6 @@ def _open_undecoded(value: Mapping[str, Any], where: str) -> PIL.Image.Image:
 
 def _open_file(value: str | Path, where: str) -> PIL.Image.Image:
     """The image file at a local path (``~`` expanded); URLs are refused."""
-    import PIL.Image
 
     text = str(value)
     if _URL.match(text):
@@ -186,15 +185,7 @@ def _open_file(value: str | Path, where: str) -> PIL.Image.Image:
         raise InputError(f"{where}: {_short(text)} is a data: URI; decode it and give the image's bytes")
     path = Path(text).expanduser()
     _check_file(path, where)
-    try:
-        with PIL.Image.open(path) as image:
-            return _finish(image, where, f"file {_short(str(path))}")
-    except InputError:
-        raise
-    except (OSError, SyntaxError, ValueError, EOFError, PIL.Image.DecompressionBombError) as err:
-        raise InputError(
-            f"{where}: file {_short(str(path))} is not a readable image ({_reason(err)})"
-        ) from None
+    return _decoded(path, where, f"file {_short(str(path))}")
 
 
 def _check_file(path: Path, where: str) -> None:
@@ -212,19 +203,25 @@ def _check_file(path: Path, where: str) -> None:
 
 def _open_bytes(data: bytes, where: str) -> PIL.Image.Image:
     """An image encoded in ``data`` (PNG, JPEG, ...)."""
-    import PIL.Image
 
     if not data:
         raise InputError(f"{where}: the image bytes are empty")
+    return _decoded(io.BytesIO(data), where, f"the {len(data)} bytes")
+
+
+def _decoded(source: Any, where: str, what: str) -> PIL.Image.Image:
+    """The image PIL decodes from ``source`` (a path or a file object), finished; a decoding error is the
+    row's refusal naming ``what`` was read."""
+    import PIL.Image
+
     try:
-        with PIL.Image.open(io.BytesIO(data)) as image:
-            return _finish(image, where, f"the {len(data)} bytes")
+        with PIL.Image.open(source) as image:
+            return _finish(image, where, what)
     except InputError:
         raise
     except (OSError, SyntaxError, ValueError, EOFError, PIL.Image.DecompressionBombError) as err:
-        raise InputError(
-            f"{where}: the {len(data)} bytes are not a readable image ({_reason(err)})"
-        ) from None
+        verb = "are" if what.startswith("the ") else "is"
+        raise InputError(f"{where}: {what} {verb} not a readable image ({_reason(err)})") from None
 
 
 def _finish(image: PIL.Image.Image, where: str, what: str = "the image") -> PIL.Image.Image:

@@ -24,6 +24,7 @@ __all__ = [
     "UNK_TOKEN",
     "build_char_tokenizer",
     "build_tiny_model",
+    "with_generation_ids",
 ]
 
 BOS_TOKEN = "<|bos|>"
@@ -132,6 +133,12 @@ def build_tiny_model(
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     finally:
         torch.random.set_rng_state(rng_state)
+    return with_generation_ids(model, tokenizer)
+
+
+def with_generation_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast) -> PreTrainedModel:
+    """``model`` with the tokenizer's bos/eos/pad ids in its generation config, so ``generate`` stops at
+    EOS and pads with pad."""
     gen = model.generation_config
     gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = (
         tokenizer.bos_token_id,

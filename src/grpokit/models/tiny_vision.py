@@ -47,7 +47,7 @@ from transformers import (
 from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
 
-from grpokit.models.tiny import DEFAULT_ALPHABET, DEFAULT_TAGS, build_char_tokenizer
+from grpokit.models.tiny import DEFAULT_ALPHABET, DEFAULT_TAGS, build_char_tokenizer, with_generation_ids
 
 __all__ = [
     "IMAGE_PLACEHOLDERS",
@@ -295,10 +295,4 @@ def build_tiny_vlm(
                 projector.mm_input_projection_weight.normal_(std=config.initializer_range)
     finally:
         torch.random.set_rng_state(rng_state)
-    gen = model.generation_config
-    gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = (
-        tokenizer.bos_token_id,
-        tokenizer.eos_token_id,
-        tokenizer.pad_token_id,
-    )
-    return model, processor
+    return with_generation_ids(model, tokenizer), processor

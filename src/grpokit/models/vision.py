@@ -200,8 +200,8 @@ def multimodal_backbone(model: torch.nn.Module) -> torch.nn.Module:
         raise TypeError(f"{type(base).__name__} has no multimodal backbone with get_image_features")
     if "mm_encoder_outputs" not in inspect.signature(backbone.forward).parameters:
         raise TypeError(
-            f"{type(backbone).__name__}.forward takes no mm_encoder_outputs (the image features computed once "
-            "per prompt): this transformers release is too old for grpokit's vision-language training; "
+            f"{type(backbone).__name__}.forward takes no mm_encoder_outputs (the image features computed "
+            "once per prompt): this transformers release is too old for grpokit's vision-language training; "
             "upgrade transformers"
         )
     return backbone

@@ -33,10 +33,17 @@ class ImagePrompts:
     A prompt is never cut through its images: one with images that is longer than ``max_prompt_length``
     is refused (naming its row); a text-only prompt is cut from the left as in a text run."""
 
-    def __init__(self, processor: Any, max_prompt_length: int | None, chat_template_kwargs: Any) -> None:
+    def __init__(
+        self,
+        processor: Any,
+        max_prompt_length: int | None,
+        chat_template_kwargs: Any,
+        truncation: str = "left",
+    ) -> None:
         self.processor = processor
         self.max_prompt_length = max_prompt_length
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.truncation = truncation  # prompt_truncation: "left" cuts a text-only prompt, "error" refuses it
 
     def encode(
         self, rows: list[dict[str, Any]], sizes: list[int], where: str
@@ -55,13 +62,14 @@ class ImagePrompts:
         images = row_images(row, where) if has_images(row) else []
         prompt = row["prompt"]
         if not images and not is_conversational(prompt):
-            tokenizer, limit = self.processor.tokenizer, self.max_prompt_length
-            return encode_prompt(prompt, tokenizer, limit, self.chat_template_kwargs), None, None
-        messages = with_image_parts(prompt, len(images), where)
-        text = self.processor.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True, **self.chat_template_kwargs
-        )
-        ids, tensors, key = encode_prompt_images(self.processor, text, images)
+            ids = encode_prompt(prompt, self.processor.tokenizer, None, self.chat_template_kwargs)
+            tensors, key = None, None
+        else:
+            messages = with_image_parts(prompt, len(images), where)
+            text = self.processor.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True, **self.chat_template_kwargs
+            )
+            ids, tensors, key = encode_prompt_images(self.processor, text, images)
         limit = self.max_prompt_length
         if limit is not None and len(ids) > limit:
             if images:
@@ -69,6 +77,11 @@ class ImagePrompts:
                     f"{where}: the prompt with its {len(images)} image(s) is {len(ids)} tokens, longer than "
                     f"max_prompt_length={limit}; a prompt is not cut through its image tokens: raise "
                     "max_prompt_length (None: no limit) or use smaller images"
+                )
+            if self.truncation == "error":
+                raise InputError(
+                    f"{where}: the prompt is {len(ids)} tokens, longer than max_prompt_length={limit} "
+                    "(prompt_truncation='error'; raise max_prompt_length or set prompt_truncation='left')"
                 )
             ids = ids[-limit:]
         return ids, tensors, key

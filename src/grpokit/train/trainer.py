@@ -197,8 +197,9 @@ class GRPOTrainer:
         self.image_prompts = None  # prompts with images (a vision-language policy): grpokit.models.vision
         if is_processor(processing_class):
             self.image_prompts = ImagePrompts(
-                processing_class, self.args.max_prompt_length, self.args.chat_template_kwargs
-            )
+                processing_class, self.args.max_prompt_length, self.args.chat_template_kwargs,
+                truncation=self.args.prompt_truncation,
+            )  # fmt: skip
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset  # as given (TRL's attributes)
         # TRL's environment_factory: methods as tools, reset(**row) ends the prompts (grpokit.envs.factories)
         factory = environment_factory
