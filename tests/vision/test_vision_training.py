@@ -233,3 +233,28 @@ def test_a_text_prompt_in_a_vision_run_is_cut_or_refused_as_prompt_truncation_sa
     assert ids == want and tensors is None
     with pytest.raises(InputError, match=r"row 0: the prompt is 8 tokens.*prompt_truncation='error'"):
         ImagePrompts(processor, 3, None, truncation="error").encode_row(row, "row 0")
+
+
+def test_the_completion_log_names_the_image_each_completion_saw(vlm_dir, tmp_path):
+    """log_multimodal (TRL's, default True): a file's path, else the sha256 of the image's RGB pixels."""
+    import hashlib
+
+    rows = colour_rows(2)
+    path = tmp_path / "blue.png"
+    rows[1]["image"].save(path)
+    rows[1]["image"] = str(path)
+    for log_multimodal in (True, False):
+        args = config(tmp_path / str(log_multimodal), max_steps=1, log_completions=True,
+                      per_device_train_batch_size=8, log_multimodal=log_multimodal)  # fmt: skip
+        trainer = GRPOTrainer(model=str(vlm_dir), reward_funcs=first_letter_reward, args=args,
+                              train_dataset=rows)  # fmt: skip
+        trainer.train()
+        lines = (tmp_path / str(log_multimodal) / "run" / "completions.jsonl").read_text().splitlines()
+        records = [json.loads(line) for line in lines]
+        if not log_multimodal:
+            assert all("images" not in r for r in records)
+            continue
+        red = hashlib.sha256(Image.new("RGB", (32, 32), COLOURS["red"]).tobytes()).hexdigest()[:16]
+        seen = {tuple(r["images"]) for r in records}
+        assert seen == {(f"sha256:{red} 32x32",), (str(path),)}
+        assert len(records) == 8 and all("extra" not in r for r in records)

@@ -156,6 +156,10 @@ class GRPOConfigBase(metaclass=RefusesMovedFields):
     num_completions_to_print: int | None = None
     """At each logged step, print this many of the step's completions with their rewards (None or 0:
     none)."""
+    log_multimodal: bool = True
+    """With ``log_completions``, each completion's record names the images its prompt showed (``images``: a
+    file's path, else ``sha256:<16 hex digits> <width>x<height>`` of its pixels), so a completion can be
+    traced to its image (TRL's name; TRL puts the images themselves in its W&B table)."""
 
     # ---- evaluation and checkpoints ------------------------------------------------------------------------
     eval_strategy: Strategy | None = "no"

@@ -56,7 +56,6 @@ NO_EFFECT: dict[str, str] = {
     "use_cache": "grpokit's generation always uses a KV cache and its training passes never do",
     "eval_do_concat_batches": "grpokit's evaluation reports reward means, not predictions",
     "eval_use_gather_object": "grpokit's evaluation gathers rewards with gather_object already",
-    "log_multimodal": "the completion log of a vision-language run holds the prompts' text, not their images",
     "logging_nan_inf_filter": "grpokit logs a NaN/inf metric as null and skips (and counts) NaN/inf steps",
 }
 
@@ -223,7 +222,6 @@ TYPES: dict[str, tuple[Any, Any]] = {
     "ds3_gather_for_generation": (bool, True),
     "cache_implementation": (str | None, None),
     "vllm_structured_outputs_regex": (str | None, None),
-    "log_multimodal": (bool, True),
     "log_unique_prompts": (bool, False),
     "log_completions_hub_repo": (str | None, None),
     "use_transformers_continuous_batching": (bool, False),

@@ -19,6 +19,7 @@ grpokit never fetches images at run time: a URL is refused. PIL is imported insi
 
 from __future__ import annotations
 
+import hashlib
 import io
 import re
 from collections.abc import Mapping, Sequence
@@ -31,7 +32,7 @@ from grpokit.data.integrity import InputError
 if TYPE_CHECKING:
     import PIL.Image
 
-__all__ = ["IMAGE_COLUMNS", "check_image_rows", "has_images", "row_images", "with_image_parts"]
+__all__ = ["IMAGE_COLUMNS", "check_image_rows", "has_images", "image_names", "row_images", "with_image_parts"]
 
 IMAGE_COLUMNS = ("image", "images")
 """The columns that carry a row's images: ``image`` (one) and ``images`` (a list), as in TRL."""
@@ -70,6 +71,26 @@ def row_images(row: Mapping[str, Any], where: str) -> list[PIL.Image.Image]:
     if _present(image):
         return [_load(image, f"{where} column 'image'")]
     return []
+
+
+def image_names(row: Mapping[str, Any]) -> list[str]:
+    """What names each of a row's images in a log: a file's path as given, else ``sha256:<16 hex digits>
+    <width>x<height>`` of its RGB pixels (the same image gives the same name, whatever its form)."""
+    if not has_images(row):
+        return []
+    images = row.get("images") if _present(row.get("images")) else [row.get("image")]
+    values = list(images) if isinstance(images, (list, tuple)) else [images]
+    names = []
+    for value, image in zip(values, row_images(row, "a logged row")):
+        if isinstance(value, (str, Path)):
+            names.append(str(value))
+            continue
+        if isinstance(value, Mapping) and value.get("path") and not value.get("bytes"):
+            names.append(str(value["path"]))
+            continue
+        digest = hashlib.sha256(image.tobytes()).hexdigest()[:16]
+        names.append(f"sha256:{digest} {image.width}x{image.height}")
+    return names
 
 
 def with_image_parts(prompt: Any, num_images: int, where: str) -> list[dict[str, Any]]:

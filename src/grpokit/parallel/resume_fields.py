@@ -143,8 +143,8 @@ EVERY_STEP_FIELDS: dict[str, str] = {
     "output, logging, evaluation, checkpoints, tracking, hub": (
         "output_dir logging_steps logging_first_step save_steps save_strategy save_total_limit "
         "eval_strategy eval_steps eval_on_start per_device_eval_batch_size num_generations_eval disable_tqdm "
-        "log_completions num_completions_to_print report_to run_name project logging_dir push_to_hub "
-        "hub_model_id hub_strategy hub_private_repo hub_revision"
+        "log_completions num_completions_to_print log_multimodal report_to run_name project logging_dir "
+        "push_to_hub hub_model_id hub_strategy hub_private_repo hub_revision"
     ),
     "the objective": (
         "epsilon epsilon_high delta loss_type importance_sampling_level use_bias_correction_kl "

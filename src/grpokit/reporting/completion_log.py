@@ -23,10 +23,14 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from grpokit.data.images import has_images, image_names
 from grpokit.data.records import append_jsonl, json_number
 from grpokit.rollout.records import Samples, Scores
 
 __all__ = ["CompletionLog", "completion_records"]
+
+IMAGES_KEY = "\x00images"
+"""Where a completion's image names ride with its columns through the gather (no reward's column name)."""
 
 
 def completion_records(
@@ -81,6 +85,7 @@ class CompletionLog:
         is_logged: Callable[[int], bool],
         gather: Callable[[list[Any]], list[Any]] | None = None,
         enabled: bool = True,
+        log_images: bool = True,
     ) -> None:
         self.path = Path(output_dir) / "completions.jsonl"
         self.write = write
@@ -89,6 +94,7 @@ class CompletionLog:
         self.is_logged = is_logged
         self.gather = gather
         self.enabled = enabled
+        self.log_images = log_images  # log_multimodal: name each record's images (data.images.image_names)
         self.last: list[dict[str, Any]] = []
         """The records of the last logged step (every process's), as written."""
 
@@ -103,6 +109,10 @@ class CompletionLog:
             return
         extra = samples.extra or {}
         columns = [{name: values[i] for name, values in extra.items()} for i in range(len(samples.texts))]
+        if self.log_images and samples.images is not None:  # the images each completion's prompt showed
+            for cols, row in zip(columns, samples.rows):
+                if has_images(row):
+                    cols[IMAGES_KEY] = image_names(row)
         triples = [
             (row["prompt"], text, cols) for row, text, cols in zip(samples.rows, samples.texts, columns)
         ]
@@ -118,6 +128,8 @@ class CompletionLog:
             scores.kept,
         )
         for record, (_, _, cols) in zip(records, triples):
+            if IMAGES_KEY in cols:
+                record["images"] = cols.pop(IMAGES_KEY)
             if cols:  # the reward functions' log_extra columns
                 record["extra"] = cols
         self.last = records

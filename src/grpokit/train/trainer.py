@@ -309,7 +309,7 @@ class GRPOTrainer:
         self.completion_log = CompletionLog(
             self.args.output_dir, self.args.log_completions, self.args.num_completions_to_print,
             reward_names=self.reward_names, is_logged=self.schedule.logs, gather=self.gather,
-            enabled=self.accelerator.is_main_process,
+            enabled=self.accelerator.is_main_process, log_images=self.args.log_multimodal,
         )  # fmt: skip
         # which groups each step trains on: rounds of draw_round (dynamic sampling, adaptive G, curriculum)
         process_rewards = self.process is not None  # dynamic sampling and adaptive G are refused with them
