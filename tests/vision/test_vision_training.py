@@ -258,3 +258,27 @@ def test_the_completion_log_names_the_image_each_completion_saw(vlm_dir, tmp_pat
         seen = {tuple(r["images"]) for r in records}
         assert seen == {(f"sha256:{red} 32x32",), (str(path),)}
         assert len(records) == 8 and all("extra" not in r for r in records)
+
+
+def test_evaluation_generates_with_each_rows_images(vlm_dir):
+    """grpokit eval's generation (and grpokit train's before/after evaluation) of an image row == the
+    model's own generate on the processor's batch of that row, with its image."""
+    from grpokit.cli.eval_command import load_eval_model
+    from grpokit.eval import generate_completions
+    from grpokit.models.vision import placeholder_token_ids
+
+    model, processor = load_eval_model(str(vlm_dir), device="cpu")
+    rows = colour_rows(3)
+    out = generate_completions(model, processor, rows, max_new_tokens=6, generation_backend="auto")
+    bad = [[i] for i in placeholder_token_ids(model.config)]
+    eos = processor.tokenizer.eos_token_id
+    for row, ids in zip(rows, out.token_ids):
+        text = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {
+            "type": "text", "text": "colour?"}]}], add_generation_prompt=True, tokenize=False)  # fmt: skip
+        inputs = processor(text=[text], images=[row["image"]], return_tensors="pt")
+        want = model.generate(**inputs, max_new_tokens=6, do_sample=False, bad_words_ids=bad,
+                              eos_token_id=eos)[0, inputs["input_ids"].shape[1] :].tolist()  # fmt: skip
+        want = want[: want.index(eos) + 1] if eos in want else want
+        assert ids == [want]
+    with pytest.raises(InputError, match="takes no images"):
+        generate_completions(model, processor, rows, max_new_tokens=2, generation_backend="fast")

@@ -159,17 +159,23 @@ def resolve_device(spec: str) -> str:
 
 
 def load_eval_model(path: str, device: str = "auto", dtype: str = "auto") -> tuple[Any, Any]:
-    """(model in eval mode on ``device`` in ``dtype``, tokenizer) of a directory or hub id."""
+    """(model in eval mode on ``device`` in ``dtype``, tokenizer) of a directory or hub id; a vision-language
+    model's processor instead of its tokenizer (``grpokit.models.vision``)."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     from grpokit.data.integrity import check_model_dir
     from grpokit.models import load_tokenizer
+    from grpokit.models.loading import load_processor
+    from grpokit.models.vision import is_vision_language
 
     check_model_dir(path, "model")  # a damaged config.json or weights file: one sentence naming it
     weights: Any = "auto" if dtype == "auto" else getattr(torch, dtype)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=weights)
-    return model.to(resolve_device(device)).eval(), load_tokenizer(path)
+    vision = is_vision_language(AutoConfig.from_pretrained(path))
+    auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+    model = auto.from_pretrained(path, dtype=weights)
+    preparer = load_processor(path) if vision else load_tokenizer(path)
+    return model.to(resolve_device(device)).eval(), preparer
 
 
 def _graders(args: EvalArgs, task: Any) -> tuple[list[Any], Any]:

@@ -220,7 +220,7 @@ def held_out_accuracy(trainer: Any, held_out: Any, args: TrainArgs, config: GRPO
     from grpokit.eval import evaluate_model
 
     return evaluate_model(
-        trainer.unwrapped_model, trainer.tokenizer, held_out.rows, reward_funcs=trainer.reward_funcs,
+        trainer.unwrapped_model, trainer.processing_class, held_out.rows, reward_funcs=trainer.reward_funcs,
         reward_weights=trainer.reward_weights, max_new_tokens=max_new_tokens,
         max_prompt_length=config.max_prompt_length, chat_template_kwargs=config.chat_template_kwargs,
     )  # fmt: skip
@@ -329,6 +329,7 @@ def check_model_inputs(args: TrainArgs, config: GRPOConfig, rows: list[dict[str,
     without weights: a ``tiny:<task>`` policy's blueprint (no cold start), else the config and tokenizer of
     the model directory or hub id."""
     from grpokit.models.policy import tokenizer_of
+    from grpokit.models.vision import is_vision_language
 
     if args.model.startswith("tiny:"):
         from grpokit.tasks import TASKS, cold_start_blueprint
@@ -345,9 +346,11 @@ def check_model_inputs(args: TrainArgs, config: GRPOConfig, rows: list[dict[str,
     processes = int(os.environ.get("WORLD_SIZE", "1"))
     what = "dataset" if args.dataset else f"the {args.task} task's training rows"
     check_rows_per_step(len(rows), config.batch_plan(processes).prompts, what)
+    # (a prompt with images is measured when it is encoded with them: the trainer refuses one too long)
+    longest = 0 if is_vision_language(model_config) else longest_prompt(rows, tokenizer, config)
     check_policy_fits(
-        model_config, tokenizer, config, prompt_tokens=longest_prompt(rows, tokenizer, config),
-        peft_config=peft_config(args), skeleton=skeleton,
+        model_config, tokenizer, config, prompt_tokens=longest, peft_config=peft_config(args),
+        skeleton=skeleton,
     )  # fmt: skip
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from grpokit.data.integrity import InputError
 from grpokit.envs.base import environment_reward
 from grpokit.envs.episodes import EpisodeRunner
 from grpokit.eval.evaluate import stop_token_ids
@@ -67,15 +68,30 @@ def generate_completions(
     prompts (each with all its samples) go to the backend per call; ``progress`` shows a bar over prompts.
     ``episodes``: multi-turn episodes in an environment instead of single completions (each completion is
     an episode's transcript; its columns, such as ``env_reward``, are kept for grading).
+    ``tokenizer`` may be a vision-language model's processor: the rows' images then go with their prompts
+    (``grpokit.models.vision.encode_rows``, as training encodes them), and image placeholders are never
+    drawn.
     """
     # The one encoding of prompts; imported here so that importing grpokit.eval loads no trainer.
     from grpokit.data.chat import encode_prompt
+    from grpokit.models.vision import encode_rows, is_processor, placeholder_token_ids
+
+    processor = tokenizer if is_processor(tokenizer) else None
+    if processor is not None:
+        if episodes is not None:
+            raise InputError("episodes with a vision-language model's images are not supported")
+        tokenizer = processor.tokenizer
 
     if isinstance(generation_backend, str):
         name = resolve_backend_name(generation_backend, model)
         backend = make_backend(name, model)
     else:
         name, backend = type(generation_backend).__name__, generation_backend
+    if processor is not None and not getattr(backend, "accepts_images", False):
+        raise InputError(
+            f"generation_backend={name!r} takes no images; a vision-language model generates with "
+            "generation_backend='transformers' (or 'auto')"
+        )
     params = SamplingParams(
         max_new_tokens=max_new_tokens,
         temperature=temperature if temperature > 0 else 1.0,
@@ -84,6 +100,7 @@ def generate_completions(
         do_sample=temperature > 0,
         eos_token_ids=tuple(stop_token_ids(model, tokenizer)),
         pad_token_id=pad_token_id(tokenizer),
+        suppress_token_ids=placeholder_token_ids(model.config) if processor is not None else (),
     )
     if episodes is not None:  # the environment's tools reach the chat template
         chat_template_kwargs = {**episodes.template_kwargs, **(chat_template_kwargs or {})}
@@ -94,12 +111,21 @@ def generate_completions(
         torch.manual_seed(seed)
         for start in range(0, len(rows), max(1, batch_size)):
             chunk = rows[start : start + max(1, batch_size)]
-            prompt_ids = [
-                encode_prompt(row["prompt"], tokenizer, max_prompt_length, chat_template_kwargs)
-                for row in chunk
-            ]
+            images = None  # the prompts' image inputs (a vision-language model), one row per prompt
+            if processor is not None:
+                prompt_ids, images = encode_rows(
+                    processor, chunk, [1] * len(chunk), "eval", first=start,
+                    max_prompt_length=max_prompt_length, chat_template_kwargs=chat_template_kwargs,
+                )  # fmt: skip
+            else:
+                prompt_ids = [
+                    encode_prompt(row["prompt"], tokenizer, max_prompt_length, chat_template_kwargs)
+                    for row in chunk
+                ]
             columns = None
-            if episodes is None:
+            if images is not None:
+                out = backend.generate(prompt_ids, num_samples, params, images=images)
+            elif episodes is None:
                 out = backend.generate(prompt_ids, num_samples, params)
             else:
                 out, columns = run_episodes(episodes, backend, chunk, prompt_ids, num_samples, params)

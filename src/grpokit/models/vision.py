@@ -20,19 +20,26 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from grpokit.data.chat import encode_prompt, is_conversational
+from grpokit.data.images import has_images, row_images, with_image_parts
+from grpokit.data.integrity import InputError
 
 __all__ = [
     "TOKEN_TYPE_KEYS",
     "VISION_MODULE_NAMES",
     "PromptImages",
     "encode_prompt_images",
+    "encode_row",
+    "encode_rows",
     "image_features",
     "image_token_id",
+    "is_processor",
     "is_vision_language",
     "multimodal_backbone",
     "placeholder_token_ids",
@@ -189,6 +196,74 @@ def encode_prompt_images(
     key = next((k for k in TOKEN_TYPE_KEYS if k in out), None)
     tensors = {k: v for k, v in out.items() if k not in TEXT_KEYS and torch.is_tensor(v)}
     return ids, tensors, key
+
+
+def is_processor(processing_class: Any) -> bool:
+    """True for a vision-language processor (a tokenizer and an image processor), False for a tokenizer."""
+    return hasattr(processing_class, "image_processor") and hasattr(processing_class, "tokenizer")
+
+
+def encode_row(
+    processor: Any,
+    row: Mapping[str, Any],
+    where: str,
+    *,
+    max_prompt_length: int | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+    truncation: str = "left",
+) -> tuple[list[int], dict[str, torch.Tensor] | None, str | None]:
+    """One data-set row's prompt as a vision-language policy reads it (TRL's way): its images (``image`` /
+    ``images``, ``grpokit.data.images``) as image parts of its chat messages, the processor's chat template,
+    the placeholders expanded into image tokens. Returns (ids, the prompt's image tensors or None, the
+    per-token modality key or None).
+
+    A prompt is never cut through its images: one with images longer than ``max_prompt_length`` is refused
+    naming ``where``; a text-only prompt is cut from the left (``truncation="left"``) or refused
+    (``"error"``), as in a text run."""
+    images = row_images(row, where) if has_images(row) else []
+    prompt, kwargs = row["prompt"], dict(chat_template_kwargs or {})
+    if not images and not is_conversational(prompt):
+        ids: list[int] = encode_prompt(prompt, processor.tokenizer, None, kwargs)
+        tensors, key = None, None
+    else:
+        messages = with_image_parts(prompt, len(images), where)
+        text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+        ids, tensors, key = encode_prompt_images(processor, text, images)
+    limit = max_prompt_length
+    if limit is not None and len(ids) > limit:
+        if images:
+            raise InputError(
+                f"{where}: the prompt with its {len(images)} image(s) is {len(ids)} tokens, longer than "
+                f"max_prompt_length={limit}; a prompt is not cut through its image tokens: raise "
+                "max_prompt_length (None: no limit) or use smaller images"
+            )
+        if truncation == "error":
+            raise InputError(
+                f"{where}: the prompt is {len(ids)} tokens, longer than max_prompt_length={limit} "
+                "(prompt_truncation='error'; raise max_prompt_length or set prompt_truncation='left')"
+            )
+        ids = ids[-limit:]
+    return ids, tensors, key
+
+
+def encode_rows(
+    processor: Any,
+    rows: Sequence[Mapping[str, Any]],
+    sizes: Sequence[int],
+    where: str,
+    first: int = 0,
+    **options: Any,
+) -> tuple[list[list[int]], PromptImages | None]:
+    """:func:`encode_row` of every row: (prompt ids [K], the prompts' ``PromptImages`` with ``sizes[k]``
+    rows each, or None when no prompt has an image). Row k is named ``<where> row <first + k>`` in a
+    refusal. ``options``: :func:`encode_row`'s."""
+    ids, tensors, key = [], [], None
+    for index, row in enumerate(rows):
+        row_ids, row_tensors, row_key = encode_row(processor, row, f"{where} row {first + index}", **options)
+        ids.append(row_ids)
+        tensors.append(row_tensors)
+        key = key or row_key
+    return ids, PromptImages.of_prompts(tensors, sizes, key)
 
 
 def multimodal_backbone(model: torch.nn.Module) -> torch.nn.Module:

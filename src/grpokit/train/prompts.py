@@ -9,29 +9,20 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from grpokit.config import GRPOConfig
-from grpokit.data.chat import encode_prompt, is_conversational, render_prompt
-from grpokit.data.images import has_images, row_images, with_image_parts
+from grpokit.data.chat import render_prompt
 from grpokit.data.integrity import InputError
-from grpokit.models.vision import PromptImages, encode_prompt_images
+from grpokit.models.vision import PromptImages, encode_row, encode_rows
 
 if TYPE_CHECKING:
     from grpokit.sampling.prompt_stats import Curriculum
 
-__all__ = ["ImagePrompts", "PromptSampler", "check_prompt_lengths", "is_processor"]
-
-
-def is_processor(processing_class: Any) -> bool:
-    """True for a vision-language processor (a tokenizer and an image processor), False for a tokenizer."""
-    return hasattr(processing_class, "image_processor") and hasattr(processing_class, "tokenizer")
+__all__ = ["ImagePrompts", "PromptSampler", "check_prompt_lengths"]
 
 
 class ImagePrompts:
-    """The prompts of a vision-language run as the policy reads them (TRL's way): each row's images
-    (``image`` / ``images``, ``grpokit.data.images``) as image parts of its chat messages, the processor's
-    chat template, the placeholders expanded into image tokens, and the processor's image tensors.
-
-    A prompt is never cut through its images: one with images that is longer than ``max_prompt_length``
-    is refused (naming its row); a text-only prompt is cut from the left as in a text run."""
+    """The prompts of a vision-language run as the policy reads them: the run's processor and prompt settings
+    (``max_prompt_length``, ``chat_template_kwargs``, ``prompt_truncation``) over
+    ``grpokit.models.vision.encode_row``."""
 
     def __init__(
         self,
@@ -49,42 +40,20 @@ class ImagePrompts:
         self, rows: list[dict[str, Any]], sizes: list[int], where: str
     ) -> tuple[list[list[int]], PromptImages | None]:
         """(prompt ids [K], the prompts' ``PromptImages`` with ``sizes[k]`` rows each, or None)."""
-        ids, tensors, key = [], [], None
-        for index, row in enumerate(rows):
-            row_ids, row_tensors, row_key = self.encode_row(row, f"{where} prompt {index}")
-            ids.append(row_ids)
-            tensors.append(row_tensors)
-            key = key or row_key
-        return ids, PromptImages.of_prompts(tensors, sizes, key)
+        return encode_rows(self.processor, rows, sizes, where, **self._options())
 
     def encode_row(self, row: dict[str, Any], where: str) -> tuple[list[int], Any, str | None]:
         """One row: (its prompt's ids, its image tensors or None, the per-token modality key or None)."""
-        images = row_images(row, where) if has_images(row) else []
-        prompt = row["prompt"]
-        if not images and not is_conversational(prompt):
-            ids = encode_prompt(prompt, self.processor.tokenizer, None, self.chat_template_kwargs)
-            tensors, key = None, None
-        else:
-            messages = with_image_parts(prompt, len(images), where)
-            text = self.processor.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True, **self.chat_template_kwargs
-            )
-            ids, tensors, key = encode_prompt_images(self.processor, text, images)
-        limit = self.max_prompt_length
-        if limit is not None and len(ids) > limit:
-            if images:
-                raise InputError(
-                    f"{where}: the prompt with its {len(images)} image(s) is {len(ids)} tokens, longer than "
-                    f"max_prompt_length={limit}; a prompt is not cut through its image tokens: raise "
-                    "max_prompt_length (None: no limit) or use smaller images"
-                )
-            if self.truncation == "error":
-                raise InputError(
-                    f"{where}: the prompt is {len(ids)} tokens, longer than max_prompt_length={limit} "
-                    "(prompt_truncation='error'; raise max_prompt_length or set prompt_truncation='left')"
-                )
-            ids = ids[-limit:]
-        return ids, tensors, key
+        return encode_row(self.processor, row, where, **self._options())
+
+    def _options(self) -> dict[str, Any]:
+        return {
+            "max_prompt_length": self.max_prompt_length,
+            "chat_template_kwargs": self.chat_template_kwargs,
+            "truncation": self.truncation,
+        }
+
+
 
 
 def check_prompt_lengths(rows: list[dict[str, Any]], tokenizer: Any, args: GRPOConfig, *, name: str) -> None:

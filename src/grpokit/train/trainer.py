@@ -36,7 +36,7 @@ from grpokit.envs.factories import EMPTY_PROMPT, EnvironmentFactories
 from grpokit.envs.sampler import EpisodeSampler, sample_groups, start_episodes, template_kwargs
 from grpokit.models.moe import router_loss_for
 from grpokit.models.policy import check_special_tokens, load_policy, processing_class_of
-from grpokit.models.vision import PromptImages, is_vision_language, placeholder_token_ids
+from grpokit.models.vision import PromptImages, is_processor, is_vision_language, placeholder_token_ids
 from grpokit.parallel.checkpoint import STATE_FILE, checkpoint_dir
 from grpokit.parallel.cpu_runtime import apply_cpu_runtime
 from grpokit.parallel.distributed import (
@@ -84,7 +84,7 @@ from grpokit.train.preflight import (
     resumes_in,
 )
 from grpokit.train.process_supervision import EpisodeSupervision
-from grpokit.train.prompts import ImagePrompts, PromptSampler, check_prompt_lengths, is_processor
+from grpokit.train.prompts import ImagePrompts, PromptSampler, check_prompt_lengths
 from grpokit.train.reference import Reference, refuse_resets_of_adapter_reference
 from grpokit.train.run_rewards import run_rewards
 from grpokit.train.schedule import RunSchedule
@@ -696,7 +696,7 @@ class GRPOTrainer:
         if self.image_prompts is None:
             prompt_ids = [self.encode_prompt(row["prompt"], row) for row in rows]
         else:
-            prompt_ids, images = self.image_prompts.encode(rows, [1] * len(rows), "the step's")
+            prompt_ids, images = self.image_prompts.encode(rows, [1] * len(rows), "the step's prompts:")
         # mixed precision applies to every model pass, not only the update; full weights to generate from
         with self.accelerator.autocast(), self.placed.generation_weights():  # episodes with an environment
             generated, rows, run = sample_groups(
