@@ -282,3 +282,27 @@ def test_evaluation_generates_with_each_rows_images(vlm_dir):
         assert ids == [want]
     with pytest.raises(InputError, match="takes no images"):
         generate_completions(model, processor, rows, max_new_tokens=2, generation_backend="fast")
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [{"dynamic_sampling": True}, {"adaptive_num_generations": True, "max_num_generations": 6},
+     {"async_generation": True}],
+    ids=["dynamic", "adaptive", "async"],
+)  # fmt: skip
+def test_images_follow_their_groups_when_dropped_resized_or_drawn_ahead(vlm_dir, tmp_path, sampling):
+    """Dynamic sampling regroups the kept groups, adaptive G draws ragged groups (two generate calls over
+    subsets of the prompts), async generation draws from a copy: each row must still carry its own prompt's
+    image, so at lr 0 (mu 2, beta 0.04) the ratio stays 1 and the KL 0 exactly."""
+
+    def varied(completions, **_):
+        return [float(sum(map(ord, c[0]["content"])) % 3) for c in completions]
+
+    args = config(tmp_path, learning_rate=0.0, beta=0.04, num_iterations=2, per_device_train_batch_size=8,
+                  max_steps=2, **sampling)  # fmt: skip
+    trainer = GRPOTrainer(model=str(vlm_dir), reward_funcs=varied, args=args, train_dataset=colour_rows(6))
+    history = trainer.train()
+    assert len(history) == 2
+    for entry in history:
+        assert entry["kl"] == 0.0
+        assert entry["clip_ratio/region_mean"] == 0.0
