@@ -306,3 +306,14 @@ def test_images_follow_their_groups_when_dropped_resized_or_drawn_ahead(vlm_dir,
     for entry in history:
         assert entry["kl"] == 0.0
         assert entry["clip_ratio/region_mean"] == 0.0
+
+
+def test_a_model_object_with_its_processor_trains(tmp_path):
+    """model= an in-memory vision-language model, processing_class= its processor (TRL's form)."""
+    model, processor = build_tiny_vlm("llava", seed=1)
+    args = config(tmp_path, max_steps=1, learning_rate=0.0, beta=0.04, num_iterations=2)
+    trainer = GRPOTrainer(model=model, processing_class=processor, reward_funcs=first_letter_reward,
+                          args=args, train_dataset=colour_rows(4))  # fmt: skip
+    (entry,) = trainer.train()
+    assert entry["kl"] == 0.0
+    assert (tmp_path / "run" / "processor_config.json").exists()
