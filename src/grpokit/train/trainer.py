@@ -223,9 +223,14 @@ class GRPOTrainer:
         # what the model's config says (vocabulary, positions, LoRA targets), read without its weights
         # (a prompt with images is measured, and refused if too long, when it is encoded with its images)
         longest = 0 if self.image_prompts else longest_prompt(self.train_rows, self.tokenizer, self.args)
+        model_config = read_model_config(model, remote)
+        if self.image_prompts is not None and not is_vision_language(model_config):
+            raise InputError(
+                f"processing_class is a processor for images, but the model ({type(model_config).__name__}) "
+                "has no vision encoder; pass the model's tokenizer, or a vision-language model"
+            )
         check_policy_fits(
-            read_model_config(model, remote), self.tokenizer, self.args, peft_config=peft_config,
-            prompt_tokens=longest,
+            model_config, self.tokenizer, self.args, peft_config=peft_config, prompt_tokens=longest,
             skeleton=model if isinstance(model, torch.nn.Module) else None,
         )  # fmt: skip
         self.gather = gather_across_processes(self.accelerator)  # lists from every process, or None
@@ -245,11 +250,6 @@ class GRPOTrainer:
             refuse_missing_columns(self.reward_names, self.reward_funcs, self.train_rows, "train_dataset")
         check_rows_per_step(len(self.train_rows), self.plan.prompts)
         self.model = load_policy(model, self.args, peft_config)
-        if self.image_prompts is not None and not is_vision_language(self.model):
-            raise InputError(
-                f"processing_class is a processor for images, but the model ({type(self.model).__name__}) "
-                "has no vision encoder; pass the model's tokenizer, or a vision-language model"
-            )
         self.router_loss = router_loss_for(self.model, self.args.router_aux_loss_coef)  # MoE policies
         self.reference = Reference.for_run(self.model, self.args, adapter_disabled=peft_config is not None)
         self.schedule = RunSchedule.from_config(self.args, len(self.train_rows), self.plan)
