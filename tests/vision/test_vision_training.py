@@ -214,8 +214,8 @@ def test_what_a_text_run_or_a_vision_run_cannot_take(vlm_dir, tmp_path):
         GRPOTrainer(model=text_model, processing_class=tokenizer, reward_funcs=first_letter_reward,
                     args=config(tmp_path), train_dataset=colour_rows(4))  # fmt: skip
     with pytest.raises(InputError, match=r"processor for images, but the model .* has no vision encoder"):
-        GRPOTrainer(model=text_model, processing_class=load_processor(str(vlm_dir)),
-                    reward_funcs=first_letter_reward, args=config(tmp_path), train_dataset=colour_rows(4))  # fmt: skip
+        GRPOTrainer(model=text_model, processing_class=load_processor(str(vlm_dir)), args=config(tmp_path),
+                    reward_funcs=first_letter_reward, train_dataset=colour_rows(4))  # fmt: skip
     long = config(tmp_path, max_prompt_length=8)
     trainer = GRPOTrainer(model=str(vlm_dir), reward_funcs=first_letter_reward, args=long,
                           train_dataset=colour_rows(4))  # fmt: skip
