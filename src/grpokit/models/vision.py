@@ -7,8 +7,12 @@ step as one typed record, :class:`PromptImages`: the tensors of each distinct pr
 each of the N = prompts x G rows has. The rows of a group share their prompt's tensors; nothing is copied
 G times until a forward asks for the rows' inputs.
 
-- :func:`is_vision_language`: whether a model or config is one;
-- :func:`encode_prompt_images`: a rendered prompt and its images -> token ids and the prompt's tensors;
+- :func:`is_vision_language`: whether a model or config is one; :func:`is_processor`: whether a
+  ``processing_class`` is a processor;
+- :func:`encode_row` / :func:`encode_rows`: a data-set row as the policy reads it (its images placed in its
+  chat messages, the chat template, the placeholders expanded): the one encoding training and evaluation
+  share; :func:`encode_prompt_images` below it (a rendered prompt and its images -> ids and tensors);
+- :func:`placeholder_token_ids`: the image/video placeholder ids a sampler must never draw;
 - :func:`token_types`: the per-token modality ids (``token_type_ids`` / ``mm_token_type_ids``) some
   architectures read, rebuilt from the ids for any row (prompt and completion alike);
 - :func:`image_features`: the vision encoder once per distinct prompt, its features handed to every row
