@@ -320,3 +320,29 @@ def test_a_model_object_with_its_processor_trains(tmp_path):
     (entry,) = trainer.train()
     assert entry["kl"] == 0.0
     assert (tmp_path / "run" / "processor_config.json").exists()
+
+
+def test_without_precomputed_features_every_row_runs_the_encoder_with_the_same_numbers(vlm_dir, monkeypatch):
+    """A transformers release whose backbone takes no ``mm_encoder_outputs`` (before 5.2x) gets each row's
+    pixel values: the encoder runs per row, and the log-probs equal the shared-feature ones."""
+    from grpokit.train import forward
+
+    model = AutoModelForImageTextToText.from_pretrained(vlm_dir).eval()
+    rows, group = colour_rows(2), 4
+    _, prompt_ids, images = encoded_batch(vlm_dir, rows, group)
+    width = max(len(p) for p in prompt_ids)
+    p_ids = torch.tensor([[0] * (width - len(p)) + p for p in prompt_ids for _ in range(group)])
+    p_mask = (p_ids != 0).long()
+    c_ids = torch.randint(4, 60, (len(p_ids), 3), generator=torch.Generator().manual_seed(0))
+    c_mask = torch.ones_like(c_ids)
+    with torch.no_grad():
+        shared, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, images=images)
+        seen = []
+        vision_modules(model)[0].register_forward_hook(
+            lambda _m, args, kwargs, _o: seen.append((args[0] if args else kwargs["pixel_values"]).shape[0]),
+            with_kwargs=True,
+        )
+        monkeypatch.setattr(forward, "takes_encoder_outputs", lambda backbone: False)
+        per_row, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, images=images)
+    assert seen == [8]  # 8 rows' images in one encoder call
+    torch.testing.assert_close(per_row, shared, atol=2e-5, rtol=0)

@@ -23,6 +23,7 @@ G times until a forward asks for the rows' inputs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ __all__ = [
     "is_vision_language",
     "multimodal_backbone",
     "placeholder_token_ids",
+    "takes_encoder_outputs",
     "token_types",
     "vision_modules",
 ]
@@ -277,13 +279,18 @@ def multimodal_backbone(model: torch.nn.Module) -> torch.nn.Module:
     backbone = getattr(base, "model", None)
     if backbone is None or not hasattr(backbone, "get_image_features"):
         raise TypeError(f"{type(base).__name__} has no multimodal backbone with get_image_features")
-    if "mm_encoder_outputs" not in inspect.signature(backbone.forward).parameters:
-        raise TypeError(
-            f"{type(backbone).__name__}.forward takes no mm_encoder_outputs (the image features computed "
-            "once per prompt): this transformers release is too old for grpokit's vision-language training; "
-            "upgrade transformers"
-        )
     return backbone
+
+
+def takes_encoder_outputs(backbone: torch.nn.Module) -> bool:
+    """Whether the backbone's forward takes image features computed beforehand (``mm_encoder_outputs``,
+    transformers >= 5.2x); an older release's runs its encoder on the pixel values it is given."""
+    return _takes_encoder_outputs(type(backbone))
+
+
+@functools.cache
+def _takes_encoder_outputs(backbone_class: type) -> bool:
+    return "mm_encoder_outputs" in inspect.signature(backbone_class.forward).parameters
 
 
 def vision_modules(model: torch.nn.Module) -> list[torch.nn.Module]:

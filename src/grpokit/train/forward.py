@@ -32,7 +32,13 @@ import torch
 
 from grpokit.models.parts import cache_argument, decoder_of
 from grpokit.models.prefix_cache import RecordingCache, full_attention_only, replay_safe_layers
-from grpokit.models.vision import PromptImages, image_features, multimodal_backbone, token_types
+from grpokit.models.vision import (
+    PromptImages,
+    image_features,
+    multimodal_backbone,
+    takes_encoder_outputs,
+    token_types,
+)
 from grpokit.train.lm_head import head_logprobs
 
 __all__ = [
@@ -280,19 +286,21 @@ def _vision_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_ma
 
     Positions are the model's own (no ``position_ids``: multimodal rotary positions such as Qwen-VL's are
     computed from the ids, the image grid and the attention mask), so the result equals the model's plain
-    forward; the vision encoder runs once per distinct prompt (``grpokit.models.vision.image_features``).
+    forward. The vision encoder runs once per distinct prompt (``grpokit.models.vision.image_features``)
+    where transformers takes precomputed features; an older release gets every row's pixel values and runs
+    its encoder per row (the same numbers, G times the encoder's work).
     """
     backbone = multimodal_backbone(model)
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)[:, :-1]  # [B, P+C-1]
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)[:, :-1]  # [B, P+C-1]
-    extra = images.row_inputs(input_ids.device, pixels=False)  # image_grid_thw, image_sizes, ...
+    if takes_encoder_outputs(backbone):  # image_grid_thw, image_sizes, ... and the features, once per prompt
+        extra = images.row_inputs(input_ids.device, pixels=False)
+        extra["mm_encoder_outputs"] = {"image": image_features(backbone, images, input_ids.device)}
+    else:  # pixel values of every row: the model's own encoder call
+        extra = images.row_inputs(input_ids.device)
     if images.token_type_key is not None:  # per-token modality ids: 1 on image tokens
         extra[images.token_type_key] = token_types(input_ids, model.config)
-    encoded = {"image": image_features(backbone, images, input_ids.device)}
-    out = backbone(
-        input_ids=input_ids, attention_mask=attention_mask, use_cache=False, mm_encoder_outputs=encoded,
-        **extra,
-    )  # fmt: skip
+    out = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **extra)
     width, num_completion = prompt_ids.shape[1], completion_ids.shape[1]
     return out.last_hidden_state[:, width - 1 : width - 1 + num_completion]  # [B, C, H]
 
