@@ -1,7 +1,8 @@
 """Qwen2-VL and Qwen2.5-VL through grpokit's vision path, without their processors (which need torchvision,
 absent beside the CPU build of PyTorch): the image tensors a processor would give (patches and
 ``image_grid_thw``) are made by hand. With left padding and multimodal rotary positions, the trainer's
-log-probs equal the model's plain forward, the encoder runs once per prompt, and the sampler's greedy draw
+log-probs equal the model's plain forward, the encoder runs once per prompt (where transformers takes
+precomputed features), and the sampler's greedy draw
 equals ``model.generate``."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForImageTextToText
 
-from grpokit.models.vision import PromptImages, vision_modules
+from grpokit.models.vision import PromptImages, takes_encoder_outputs, vision_modules
 from grpokit.rollout.base import SamplingParams
 from grpokit.rollout.hf import TransformersBackend
 from grpokit.train.forward import completion_logprobs
@@ -72,11 +73,15 @@ def test_logprobs_equal_the_plain_forward_and_the_encoder_runs_once_per_prompt(c
     c_ids = torch.randint(10, 100, (len(p_ids), 5), generator=torch.Generator().manual_seed(2))
     c_mask = torch.ones_like(c_ids)
     c_mask[1, 3:] = 0
-    calls = []
-    vision_modules(model)[0].register_forward_hook(lambda *_: calls.append(1))
+    patches = []  # the patches each encoder call received
+    vision_modules(model)[0].register_forward_hook(
+        lambda _m, args, kwargs, _o: patches.append((args[0] if args else kwargs["hidden_states"]).shape[0]),
+        with_kwargs=True,
+    )
     with torch.no_grad():
         logps, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, images=images)
-        assert len(calls) == 1  # one encoder pass for the 2 prompts' images, not one per row
+        if takes_encoder_outputs(model.model):  # one encoder pass over the 2 prompts' 16 + 24 patches
+            assert patches == [16 + 24]
         ids = torch.cat([p_ids, c_ids], 1)
         full = model(input_ids=ids, attention_mask=torch.cat([p_mask, c_mask], 1),
                      mm_token_type_ids=(ids == IMAGE).long(), **images.row_inputs("cpu")).logits  # fmt: skip
