@@ -127,9 +127,6 @@ class PromptImages:
         rows = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(list(sizes), dtype=torch.long))
         return cls(tuple(tensors), rows, token_type_key)
 
-    def __len__(self) -> int:
-        return int(self.rows.shape[0])
-
     def __getitem__(self, index: torch.Tensor | slice) -> PromptImages:
         """Rows ``index`` (the prompts' tensors are shared, not copied)."""
         return dataclasses.replace(self, rows=self.rows[index.cpu() if torch.is_tensor(index) else index])
