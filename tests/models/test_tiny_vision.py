@@ -14,15 +14,27 @@ from grpokit.models.tiny import build_char_tokenizer
 from grpokit.models.tiny_vision import (
     IMAGE_PLACEHOLDERS,
     IMAGE_SPECIAL_TOKENS,
+    QWEN_NEEDS,
     VISION_ARCHITECTURES,
+    available_architectures,
     build_tiny_vlm,
     build_vision_tokenizer,
     num_image_tokens,
 )
+from tests.vision.architectures import ARCHITECTURES
 
 TEXT_KEYS = {"input_ids", "attention_mask", "pixel_values"}
-# Gemma 3's processor also marks the image tokens (1) for the model's bidirectional image attention.
-EXPECTED_KEYS = {"llava": TEXT_KEYS, "gemma3": TEXT_KEYS | {"token_type_ids"}}
+# Gemma 3's processor also marks the image tokens (1) for the model's bidirectional image attention; Qwen's
+# gives each image's patch grid and marks image tokens in mm_token_type_ids (for its multimodal positions).
+QWEN_KEYS = TEXT_KEYS | {"image_grid_thw", "mm_token_type_ids"}
+EXPECTED_KEYS = {
+    "llava": TEXT_KEYS,
+    "gemma3": TEXT_KEYS | {"token_type_ids"},
+    "qwen2_vl": QWEN_KEYS,
+    "qwen2_5_vl": QWEN_KEYS,
+}
+# How many of the architecture's special tokens (in IMAGE_SPECIAL_TOKENS order) its image placeholder is.
+PLACEHOLDER_TOKENS = {"llava": 1, "gemma3": 1, "qwen2_vl": 3, "qwen2_5_vl": 3}
 
 
 def image(seed: int, size: tuple[int, int] = (40, 50)) -> Image.Image:
@@ -40,7 +52,7 @@ def encode(processor, images: list[Image.Image], text: str = "What is 2+3?"):
     return processor(text=[prompt], images=images, return_tensors="pt")
 
 
-arch_param = pytest.mark.parametrize("arch", VISION_ARCHITECTURES)
+arch_param = pytest.mark.parametrize("arch", ARCHITECTURES)
 
 
 @arch_param
@@ -57,7 +69,8 @@ def test_tokenizer_keeps_the_character_ids_and_adds_the_image_tokens(arch):
         assert getattr(tokenizer, name) == token
         assert getattr(tokenizer, f"{name}_id") == tokenizer.convert_tokens_to_ids(token)
     placeholder = IMAGE_PLACEHOLDERS[arch]
-    assert tokenizer.encode(f"x{placeholder}y") == [*char.encode("x"), ids[0], *char.encode("y")]
+    placeholder_ids = ids[: PLACEHOLDER_TOKENS[arch]]
+    assert tokenizer.encode(f"x{placeholder}y") == [*char.encode("x"), *placeholder_ids, *char.encode("y")]
     assert tokenizer.decode(tokenizer.encode(f"x{placeholder}y"), skip_special_tokens=True) == "xy"
     assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token) == (
         char.bos_token,
@@ -108,11 +121,23 @@ def test_processor_expands_an_image_to_the_model_image_tokens(arch):
     ids = inputs["input_ids"][0]
     image_id = tokenizer.image_token_id
     assert image_id == model.config.image_token_id
-    assert int((ids == image_id).sum()) == num_image_tokens() == 16
-    assert inputs["pixel_values"].shape == (1, 3, 32, 32)
     assert inputs["pixel_values"].dtype == torch.float32
     text_ids = tokenizer.encode("What is 2+3?")
     assert ids[-len(text_ids) :].tolist() == text_ids  # the text follows the image, untouched
+    if arch in ("qwen2_vl", "qwen2_5_vl"):
+        # Qwen keeps the aspect ratio: 40x50 pixels exceed 32*32, so both sides shrink by sqrt(40*50/1024)
+        # and floor to multiples of 16 (2x2 merged 8-pixel patches): 16x32, a 1x2x4 grid of patches of
+        # 2*8*8*3 = 384 values (an image repeats its frame), merged 2x2 into 2 tokens.
+        assert inputs["image_grid_thw"].tolist() == [[1, 2, 4]]
+        assert inputs["pixel_values"].shape == (8, 384)
+        start, end = tokenizer.vision_bos_token_id, tokenizer.vision_eos_token_id
+        assert ids[:4].tolist() == [start, *[image_id] * 2, end]
+        square = encode(processor, [image(0, size=(32, 32))])
+        assert int((square["input_ids"] == image_id).sum()) == num_image_tokens(arch=arch) == 4
+        assert inputs["mm_token_type_ids"][0].tolist() == (ids == image_id).long().tolist()
+        return
+    assert int((ids == image_id).sum()) == num_image_tokens() == 16
+    assert inputs["pixel_values"].shape == (1, 3, 32, 32)
     if arch == "llava":
         assert ids[:16].tolist() == [image_id] * 16
         assert model.config.image_seq_length == 16
@@ -226,10 +251,19 @@ def test_image_and_sizes_are_configurable():
 
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="arch"):
-        build_tiny_vlm("qwen2_5_vl")
+        build_tiny_vlm("idefics3")
     with pytest.raises(ValueError, match="arch"):
         build_vision_tokenizer("idefics3")
     with pytest.raises(ValueError, match="divisible"):
         build_tiny_vlm("llava", image_size=30, patch_size=8)
     with pytest.raises(ValueError, match="image tokens"):
         build_tiny_vlm("gemma3", tokenizer=build_vision_tokenizer("llava"))
+
+
+@pytest.mark.skipif(
+    set(available_architectures()) == set(VISION_ARCHITECTURES), reason="torchvision imports here"
+)
+def test_qwen_without_torchvision_is_refused_naming_what_is_missing():
+    with pytest.raises(ImportError, match="torchvision") as raised:
+        build_tiny_vlm("qwen2_5_vl")
+    assert QWEN_NEEDS in str(raised.value)

@@ -16,10 +16,11 @@ from transformers import AutoModelForImageTextToText
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.data.integrity import InputError
 from grpokit.models.loading import load_processor
-from grpokit.models.tiny_vision import VISION_ARCHITECTURES, build_tiny_vlm
+from grpokit.models.tiny_vision import build_tiny_vlm
 from grpokit.models.vision import takes_encoder_outputs, vision_modules
 from grpokit.train.forward import completion_logprobs
 from grpokit.train.prompts import ImagePrompts
+from tests.vision.architectures import ARCHITECTURES
 
 COLOURS = {"red": (220, 30, 30), "blue": (30, 30, 220), "green": (30, 200, 30)}
 
@@ -38,7 +39,7 @@ def first_letter_reward(completions, answer, **_):
     return [float(c[0]["content"][:1] == a[:1]) for c, a in zip(completions, answer)]
 
 
-@pytest.fixture(scope="module", params=VISION_ARCHITECTURES)
+@pytest.fixture(scope="module", params=ARCHITECTURES)
 def vlm_dir(request, tmp_path_factory):
     """A tiny VLM and its processor saved to a directory."""
     model, processor = build_tiny_vlm(request.param, seed=0)
@@ -46,6 +47,20 @@ def vlm_dir(request, tmp_path_factory):
     model.save_pretrained(path)
     processor.save_pretrained(path)
     return path
+
+
+def images_per_encoder_call(model) -> list[int]:
+    """A list that fills, per call of the model's vision encoder, with the number of images it received."""
+    seen = []
+
+    def count(_module, args, kwargs, _output):
+        if "grid_thw" in kwargs:  # Qwen: flattened patches of all images, one grid row per image
+            seen.append(kwargs["grid_thw"].shape[0])
+        else:
+            seen.append((args[0] if args else kwargs["pixel_values"]).shape[0])
+
+    vision_modules(model)[0].register_forward_hook(count, with_kwargs=True)
+    return seen
 
 
 def config(tmp_path, **overrides) -> GRPOConfig:
@@ -99,12 +114,15 @@ def test_the_vision_encoder_runs_once_per_prompt_not_once_per_completion(vlm_dir
         pytest.skip("this transformers release takes no precomputed image features (mm_encoder_outputs)")
     rows, group = colour_rows(2), 4
     _, prompt_ids, images = encoded_batch(vlm_dir, rows, group)
-    seen = []
-    encoder = vision_modules(model)[0]
-    encoder.register_forward_hook(
-        lambda _m, args, kwargs, _o: seen.append((args[0] if args else kwargs["pixel_values"]).shape[0]),
-        with_kwargs=True,
-    )
+    seen = []  # the images each encoder call received
+
+    def count_images(_module, args, kwargs, _output):
+        if "grid_thw" in kwargs:  # Qwen: flattened patches, one grid row per image
+            seen.append(kwargs["grid_thw"].shape[0])
+        else:
+            seen.append((args[0] if args else kwargs["pixel_values"]).shape[0])
+
+    vision_modules(model)[0].register_forward_hook(count_images, with_kwargs=True)
     width = max(len(p) for p in prompt_ids)
     p_ids = torch.tensor([[0] * (width - len(p)) + p for p in prompt_ids for _ in range(group)])
     p_mask = (p_ids != 0).long()
@@ -142,8 +160,9 @@ def test_the_encoder_stays_frozen_unless_asked_and_the_language_model_learns(vlm
 
     def trained(freeze):
         args = config(tmp_path / str(freeze), learning_rate=1e-2, freeze_vision_tower=freeze, max_steps=1)
-        trainer = GRPOTrainer(model=str(vlm_dir), reward_funcs=varied, args=args,
-                              train_dataset=colour_rows(4))
+        trainer = GRPOTrainer(
+            model=str(vlm_dir), reward_funcs=varied, args=args, train_dataset=colour_rows(4)
+        )
         before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
         trainer.train()
         encoder = {n for m in vision_modules(trainer.model) for n, _ in m.named_parameters()}
@@ -339,11 +358,7 @@ def test_without_precomputed_features_every_row_runs_the_encoder_with_the_same_n
     c_mask = torch.ones_like(c_ids)
     with torch.no_grad():
         shared, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, images=images)
-        seen = []
-        vision_modules(model)[0].register_forward_hook(
-            lambda _m, args, kwargs, _o: seen.append((args[0] if args else kwargs["pixel_values"]).shape[0]),
-            with_kwargs=True,
-        )
+        seen = images_per_encoder_call(model)
         monkeypatch.setattr(forward, "takes_encoder_outputs", lambda backbone: False)
         per_row, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, images=images)
     assert seen == [8]  # 8 rows' images in one encoder call

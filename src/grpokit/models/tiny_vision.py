@@ -15,23 +15,35 @@ loader is needed (unlike a character tokenizer next to a Qwen2 config, see
 Architectures (``VISION_ARCHITECTURES``):
 
 - ``"llava"``: ``LlavaForConditionalGeneration`` = CLIP vision tower + Llama, ``LlavaProcessor`` with the
-  PIL LLaVA image processor (resize the shortest edge, centre crop). An image is written ``<image>`` and
+  LLaVA image processor (resize the shortest edge, centre crop). An image is written ``<image>`` and
   expands to ``(image_size // patch_size) ** 2`` ``<image>`` tokens (the CLS feature is dropped).
 - ``"gemma3"``: ``Gemma3ForConditionalGeneration`` = SigLIP vision tower + Gemma 3 text model,
-  ``Gemma3Processor`` with the PIL Gemma 3 image processor (resize to a square). An image is written
+  ``Gemma3Processor`` with the Gemma 3 image processor (resize to a square). An image is written
   ``<start_of_image>`` and expands to ``"\\n\\n<start_of_image>" + (image_size // patch_size) ** 2 x
   "<image_soft_token>" + "<end_of_image>\\n\\n"``. Its processor also returns ``token_type_ids`` (1 on
   the soft image tokens), which the model uses for bidirectional attention inside an image.
+- ``"qwen2_vl"`` / ``"qwen2_5_vl"``: ``Qwen2VLForConditionalGeneration`` /
+  ``Qwen2_5_VLForConditionalGeneration`` = Qwen's vision transformer (3-D patches, 2x2 patch merger;
+  Qwen2.5-VL with window attention and a full-attention block) + the Qwen2 text model with multimodal
+  rotary positions, ``Qwen2VLProcessor`` / ``Qwen2_5_VLProcessor`` with Qwen's image processor, which keeps
+  the aspect ratio (sides rounded to multiples of ``2 * patch_size``, at most ``image_size ** 2`` pixels).
+  An image is written ``<|vision_start|><|image_pad|><|vision_end|>`` and ``<|image_pad|>`` expands to one
+  token per 2x2 patches: ``(image_size // patch_size) ** 2 // 4`` for a square image; the processor also
+  returns ``image_grid_thw`` and ``mm_token_type_ids``.
 
-Only processors that need neither torchvision nor a video processor can be built here: torchvision does
-not import beside the CPU torch this project pins. Qwen2-VL / Qwen2.5-VL are therefore absent: their
-processor's constructor type-checks a video processor, whose class only exists with torchvision, and
-there is no documented way to build or load one without it.
+The image processors are transformers' torchvision backend where torchvision imports and its PIL backend
+otherwise, the class ``AutoProcessor`` loads back in that environment. The Qwen architectures need
+torchvision (``QWEN_NEEDS``): transformers' Qwen processors type-check a video processor, a class that exists
+only where torchvision imports. ``available_architectures()`` lists what this environment can build.
+torchvision does not import beside the CPU build of torch this project pins, so the default test run covers
+Qwen at the model level (``tests/vision/test_qwen_vl_forward.py``) and a second environment with
+torchvision runs the vision suite on them (``.ci/run``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from tokenizers import AddedToken
@@ -52,14 +64,22 @@ from grpokit.models.tiny import DEFAULT_ALPHABET, DEFAULT_TAGS, build_char_token
 __all__ = [
     "IMAGE_PLACEHOLDERS",
     "IMAGE_SPECIAL_TOKENS",
+    "QWEN_NEEDS",
     "VISION_ARCHITECTURES",
+    "available_architectures",
     "build_tiny_vlm",
     "build_vision_tokenizer",
     "num_image_tokens",
     "vision_chat_template",
 ]
 
-VISION_ARCHITECTURES: tuple[str, ...] = ("llava", "gemma3")
+VISION_ARCHITECTURES: tuple[str, ...] = ("llava", "gemma3", "qwen2_vl", "qwen2_5_vl")
+QWEN_ARCHITECTURES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl")
+QWEN_NEEDS = (
+    "the Qwen2-VL / Qwen2.5-VL processors need torchvision (transformers type-checks their video processor, "
+    "a class that exists only where torchvision imports); install a torch + torchvision pair that import "
+    "together (e.g. torch==2.14.1 torchvision==0.29.1)"
+)
 
 # The tokenizer's model-specific special tokens per architecture, as the processor reads them
 # (``tokenizer.image_token``, ``tokenizer.boi_token`` ...). They get ids after the character tokenizer's.
@@ -70,10 +90,54 @@ IMAGE_SPECIAL_TOKENS: dict[str, dict[str, str]] = {
         "image_token": "<image_soft_token>",
         "eoi_token": "<end_of_image>",
     },
+    **{
+        arch: {
+            "vision_bos_token": "<|vision_start|>",
+            "image_token": "<|image_pad|>",
+            "vision_eos_token": "<|vision_end|>",
+            "video_token": "<|video_pad|>",
+        }
+        for arch in QWEN_ARCHITECTURES
+    },
 }
 
 # What an image part of a chat message renders as: the string the processor expands to the image tokens.
-IMAGE_PLACEHOLDERS: dict[str, str] = {"llava": "<image>", "gemma3": "<start_of_image>"}
+IMAGE_PLACEHOLDERS: dict[str, str] = {
+    "llava": "<image>",
+    "gemma3": "<start_of_image>",
+    **dict.fromkeys(QWEN_ARCHITECTURES, "<|vision_start|><|image_pad|><|vision_end|>"),
+}
+
+
+def _torchvision_imports() -> bool:
+    try:
+        import torchvision  # noqa: F401
+    except Exception:  # absent, or a build that does not match the installed torch
+        return False
+    return True
+
+
+def _image_processor_class(arch: str) -> type:
+    """The image processor ``AutoProcessor`` loads back for ``arch`` in this environment: transformers'
+    torchvision backend where torchvision imports, its PIL backend otherwise (the two differ in the last
+    bits of the pixel values, so a saved processor reloads exactly only as the class it would load)."""
+    if _torchvision_imports():
+        if arch == "llava":
+            from transformers.models.llava.image_processing_llava import LlavaImageProcessor
+
+            return LlavaImageProcessor
+        from transformers.models.gemma3.image_processing_gemma3 import Gemma3ImageProcessor
+
+        return Gemma3ImageProcessor
+    return LlavaImageProcessorPil if arch == "llava" else Gemma3ImageProcessorPil
+
+
+def available_architectures() -> tuple[str, ...]:
+    """The architectures ``build_tiny_vlm`` can build in this environment: all of ``VISION_ARCHITECTURES``
+    where torchvision imports, else those whose processor needs no torchvision (``QWEN_NEEDS``)."""
+    if _torchvision_imports():
+        return VISION_ARCHITECTURES
+    return tuple(a for a in VISION_ARCHITECTURES if a not in QWEN_ARCHITECTURES)
 
 
 def _check_arch(arch: str) -> None:
@@ -149,9 +213,11 @@ def build_vision_tokenizer(
     )
 
 
-def num_image_tokens(image_size: int = 32, patch_size: int = 8) -> int:
-    """The image tokens one image expands to in ``build_tiny_vlm`` (either architecture): one per patch."""
-    return (image_size // patch_size) ** 2
+def num_image_tokens(image_size: int = 32, patch_size: int = 8, arch: str = "llava") -> int:
+    """The image tokens one image expands to in ``build_tiny_vlm``: one per patch, for Qwen one per 2x2
+    patches (its merger)."""
+    patches = (image_size // patch_size) ** 2
+    return patches // 4 if arch in QWEN_ARCHITECTURES else patches
 
 
 def build_tiny_vlm(
@@ -188,8 +254,11 @@ def build_tiny_vlm(
     config, so ``generate`` stops at EOS and pads with pad.
     """
     _check_arch(arch)
-    if image_size % patch_size:
-        raise ValueError(f"image_size ({image_size}) must be divisible by patch_size ({patch_size})")
+    if arch in QWEN_ARCHITECTURES and not _torchvision_imports():
+        raise ImportError(f"build_tiny_vlm({arch!r}): {QWEN_NEEDS}")
+    step = 2 * patch_size if arch in QWEN_ARCHITECTURES else patch_size
+    if image_size % step:
+        raise ValueError(f"image_size ({image_size}) must be divisible by {step} for {arch}")
     if hidden_size % num_heads:
         raise ValueError(f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})")
     if vision_hidden_size % vision_num_heads:
@@ -209,7 +278,7 @@ def build_tiny_vlm(
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,
     }
-    tokens_per_image = num_image_tokens(image_size, patch_size)
+    tokens_per_image = num_image_tokens(image_size, patch_size, arch)
     text = dict(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
@@ -244,7 +313,7 @@ def build_tiny_vlm(
             tie_word_embeddings=tie_word_embeddings,
             **special_ids,
         )
-        image_processor = LlavaImageProcessorPil(
+        image_processor = _image_processor_class("llava")(
             size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size}
         )
         processor = LlavaProcessor(
@@ -254,6 +323,10 @@ def build_tiny_vlm(
             vision_feature_select_strategy="default",
             num_additional_image_tokens=1,  # CLIP's CLS, which the "default" strategy drops again
             chat_template=tokenizer.chat_template,
+        )
+    elif arch in QWEN_ARCHITECTURES:
+        config, processor = _qwen_config_and_processor(
+            arch, tokenizer, text, vision, special_ids, image_size, tie_word_embeddings
         )
     else:
         head_dim = hidden_size // num_heads
@@ -278,7 +351,7 @@ def build_tiny_vlm(
             tie_word_embeddings=tie_word_embeddings,
             **special_ids,
         )
-        image_processor = Gemma3ImageProcessorPil(size={"height": image_size, "width": image_size})
+        image_processor = _image_processor_class("gemma3")(size={"height": image_size, "width": image_size})
         processor = Gemma3Processor(
             image_processor=image_processor,
             tokenizer=tokenizer,
@@ -296,3 +369,68 @@ def build_tiny_vlm(
     finally:
         torch.random.set_rng_state(rng_state)
     return with_generation_ids(model, tokenizer), processor
+
+
+def _qwen_config_and_processor(
+    arch: str,
+    tokenizer: PreTrainedTokenizerFast,
+    text: dict,
+    vision: dict,
+    special_ids: dict,
+    image_size: int,
+    tie_word_embeddings: bool,
+) -> tuple[Any, ProcessorMixin]:
+    """Qwen2-VL / Qwen2.5-VL: the config (vision transformer over 2 x patch x patch x 3 patches, 2x2
+    merger, multimodal rotary sections summing to half the head dimension) and the processor, which keeps an
+    image's aspect ratio within ``image_size ** 2`` pixels (at least one merged patch)."""
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    patch_size = vision["patch_size"]
+    half_head = text["hidden_size"] // text["num_attention_heads"] // 2
+    temporal = half_head // 4
+    sections = [temporal, (half_head - temporal) // 2, half_head - temporal - (half_head - temporal) // 2]
+    vision_config = dict(
+        depth=vision["num_hidden_layers"],
+        num_heads=vision["num_attention_heads"],
+        patch_size=patch_size,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        in_channels=3,
+    )
+    if arch == "qwen2_5_vl":
+        vision_config.update(
+            hidden_size=vision["hidden_size"],
+            intermediate_size=vision["intermediate_size"],
+            out_hidden_size=text["hidden_size"],
+            # One window covers the whole tiny image; the last block attends fully, as in the real model.
+            window_size=image_size,
+            fullatt_block_indexes=[vision["num_hidden_layers"] - 1],
+        )
+    else:
+        vision_config.update(embed_dim=vision["hidden_size"], hidden_size=text["hidden_size"], mlp_ratio=4)
+    ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in IMAGE_SPECIAL_TOKENS[arch].items()}
+    config = AutoConfig.for_model(
+        arch,
+        text_config={**text, "rope_scaling": {"type": "mrope", "mrope_section": sections}},
+        vision_config=vision_config,
+        image_token_id=ids["image_token"],
+        video_token_id=ids["video_token"],
+        vision_start_token_id=ids["vision_bos_token"],
+        vision_end_token_id=ids["vision_eos_token"],
+        tie_word_embeddings=tie_word_embeddings,
+        **special_ids,
+    )
+    pixels = dict(min_pixels=(2 * patch_size) ** 2, max_pixels=image_size * image_size)
+    sizes = dict(patch_size=patch_size, merge_size=2, temporal_patch_size=2)
+    image_processor = Qwen2VLImageProcessor(**pixels, **sizes)
+    video_processor = Qwen2VLVideoProcessor(**pixels, **sizes)
+    processor_class = Qwen2_5_VLProcessor if arch == "qwen2_5_vl" else Qwen2VLProcessor
+    processor = processor_class(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=video_processor,
+        chat_template=tokenizer.chat_template,
+    )
+    return config, processor
