@@ -275,8 +275,9 @@ def test_the_completion_log_names_the_image_each_completion_saw(vlm_dir, tmp_pat
         trainer.train()
         lines = (tmp_path / str(log_multimodal) / "run" / "completions.jsonl").read_text().splitlines()
         records = [json.loads(line) for line in lines]
+        assert trainer._logs["images"] == [r["images"] for r in records if "images" in r]  # TRL's table
         if not log_multimodal:
-            assert all("images" not in r for r in records)
+            assert all("images" not in r for r in records) and trainer._logs["images"] == []
             continue
         red = hashlib.sha256(Image.new("RGB", (32, 32), COLOURS["red"]).tobytes()).hexdigest()[:16]
         seen = {tuple(r["images"]) for r in records}

@@ -371,8 +371,10 @@ class GRPOTrainer:
     @property
     def _logs(self) -> dict[str, Any]:
         """TRL's table of the last logged completions: ``prompt``, ``completion``, ``rewards`` (per function),
-        ``advantages`` and ``extra`` (the reward functions' ``log_extra`` columns), lists over the
-        completions of the last step written to the completion log (``log_completions``)."""
+        ``advantages``, ``extra`` (the reward functions' ``log_extra`` columns) and ``images`` (with
+        ``log_multimodal``, each image-prompted completion's image names, where TRL keeps the images
+        themselves), lists over the completions of the last step written to the completion log
+        (``log_completions``)."""
         records = self.completion_log.last
         extra_names = list(dict.fromkeys(name for r in records for name in r.get("extra", {})))
         return {
@@ -381,6 +383,7 @@ class GRPOTrainer:
             "rewards": {name: [r["rewards"][name] for r in records] for name in self.reward_names},
             "advantages": [r["advantage"] for r in records],
             "extra": {name: [r.get("extra", {}).get(name) for r in records] for name in extra_names},
+            "images": [r["images"] for r in records if "images" in r],
         }
 
     @property
