@@ -249,7 +249,7 @@ def run_seed(seed: int, s: Settings, threads: int, work: Path) -> dict[str, Any]
         output_dir=str(work / f"seed{seed}-grpo"), max_steps=s.grpo_steps, num_generations=s.num_generations,
         per_device_train_batch_size=batch, max_completion_length=s.max_new_tokens, learning_rate=s.grpo_lr,
         beta=s.beta, temperature=1.0, bf16=False, seed=seed, logging_steps=1, report_to=[],
-        disable_tqdm=True, save_steps=0, use_cpu=True, torch_num_threads=threads,
+        disable_tqdm=True, save_steps=0, use_cpu=True, torch_num_threads=threads, freeze_vision_tower=True,
     )  # fmt: skip
     trainer = GRPOTrainer(model=str(start_dir), reward_funcs=[exact_answer_reward], args=args,
                           train_dataset=train)  # fmt: skip

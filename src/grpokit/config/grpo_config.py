@@ -566,10 +566,12 @@ class GRPOConfigBase(metaclass=RefusesMovedFields):
     """Keep the LM head's weight in float32 and compute the logits in float32 for a bfloat16/float16 policy
     and reference (ScaleRL, arXiv:2510.13786; TRL's name). A tied head (Gemma) shares its weight with the
     input embeddings, which then also stay float32 while their outputs keep the model's dtype."""
-    freeze_vision_tower: bool = True
-    """A vision-language policy (docs/vision.md): keep its vision encoder's weights fixed (no gradient; with
-    ``peft_config``, no adapter on it): the language model (and the projector, where it is not part of the
-    encoder) learns. False trains the encoder too (TRL's full fine-tuning does). No effect on text models."""
+    freeze_vision_tower: bool | None = None
+    """A vision-language policy (docs/vision.md): True keeps its vision encoder's weights fixed (no gradient;
+    with ``peft_config``, no adapter inside it): the language model (and the projector, where it is not part
+    of the encoder) learns. False trains the encoder too (with ``peft_config``: adapters wherever the target
+    modules match). None: with ``peft_config`` as True (adapters on the language model only), without it as
+    False (TRL's full fine-tuning trains every weight). No effect on text models."""
 
     # ---- multi-turn environments (docs/environments.md) ----------------------------------------------------
     environment: str | None = None

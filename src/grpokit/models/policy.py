@@ -39,7 +39,7 @@ class PolicyOptions(Protocol):
     gradient_checkpointing_kwargs: dict[str, Any] | None
     disable_dropout: bool
     cast_lm_head_to_fp32: bool
-    freeze_vision_tower: bool
+    freeze_vision_tower: bool | None
 
 
 def check_model_source(model: str | Path | torch.nn.Module) -> None:
@@ -227,6 +227,12 @@ def exclude_vision_modules(peft_config: Any) -> Any:
     return updated
 
 
+def vision_tower_frozen(freeze_vision_tower: bool | None, uses_peft: bool) -> bool:
+    """Whether a vision-language policy's encoder stays fixed: ``freeze_vision_tower`` when set; None: with
+    PEFT (adapters on the language model only), not in full fine-tuning (TRL's: every weight trains)."""
+    return uses_peft if freeze_vision_tower is None else freeze_vision_tower
+
+
 def load_policy(
     model: str | Path | torch.nn.Module, args: PolicyOptions, peft_config: Any = None
 ) -> torch.nn.Module:
@@ -242,7 +248,9 @@ def load_policy(
         policy = model
     else:
         raise TypeError(f"model: expected a path, a hub id or a PreTrainedModel, got {type(model).__name__}")
-    frozen_vision = is_vision_language(policy) and getattr(args, "freeze_vision_tower", True)
+    frozen_vision = is_vision_language(policy) and vision_tower_frozen(
+        getattr(args, "freeze_vision_tower", None), peft_config is not None
+    )
     if frozen_vision:
         for module in vision_modules(policy):
             module.requires_grad_(False)

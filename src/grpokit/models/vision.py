@@ -43,6 +43,7 @@ __all__ = [
     "encode_row",
     "encode_rows",
     "image_features",
+    "image_special_ids",
     "image_token_id",
     "is_processor",
     "is_vision_language",
@@ -220,9 +221,11 @@ def encode_row(
     the placeholders expanded into image tokens. Returns (ids, the prompt's image tensors or None, the
     per-token modality key or None).
 
-    A prompt is never cut through its images: one with images longer than ``max_prompt_length`` is refused
-    naming ``where``; a text-only prompt is cut from the left (``truncation="left"``) or refused
-    (``"error"``), as in a text run."""
+    ``max_prompt_length`` bounds a prompt's text, as in a text run: longer text is cut from the left
+    (``truncation="left"``) or refused naming ``where`` (``"error"``). A prompt's image tokens
+    (:func:`image_special_ids`) are never cut and do not count against it (TRL 1.16 has no prompt limit,
+    and an image alone can be hundreds of tokens): cutting keeps every one of them and drops the earliest
+    text tokens around them."""
     images = row_images(row, where) if has_images(row) else []
     prompt, kwargs = row["prompt"], dict(chat_template_kwargs or {})
     if not images and not is_conversational(prompt):
@@ -233,20 +236,36 @@ def encode_row(
         text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
         ids, tensors, key = encode_prompt_images(processor, text, images)
     limit = max_prompt_length
-    if limit is not None and len(ids) > limit:
-        if images:
-            raise InputError(
-                f"{where}: the prompt with its {len(images)} image(s) is {len(ids)} tokens, longer than "
-                f"max_prompt_length={limit}; a prompt is not cut through its image tokens: raise "
-                "max_prompt_length (None: no limit) or use smaller images"
-            )
+    protected = image_special_ids(processor) if images else set()
+    is_text = [t not in protected for t in ids]
+    text = sum(is_text)
+    if limit is not None and text > limit:
         if truncation == "error":
+            besides = f" besides its {len(ids) - text} image tokens" if images else ""
             raise InputError(
-                f"{where}: the prompt is {len(ids)} tokens, longer than max_prompt_length={limit} "
+                f"{where}: the prompt is {text} tokens{besides}, longer than max_prompt_length={limit} "
                 "(prompt_truncation='error'; raise max_prompt_length or set prompt_truncation='left')"
             )
-        ids = ids[-limit:]
+        drop = text - limit  # the earliest text tokens; every image token stays
+        dropped = set([i for i, t in enumerate(is_text) if t][:drop])
+        ids = [t for i, t in enumerate(ids) if i not in dropped]
     return ids, tensors, key
+
+
+def image_special_ids(processor: Any) -> set[int]:
+    """The ids a processor writes for images: the image token its placeholders expand to and the tokens
+    around an image (Gemma's ``<start_of_image>`` / ``<end_of_image>``, Qwen's ``<|vision_start|>`` /
+    ``<|vision_end|>``, ...), the tokenizer's named ones that exist."""
+    tokenizer = processor.tokenizer
+    names = ("image_token", "boi_token", "eoi_token", "vision_bos_token", "vision_eos_token",
+             "image_start_token", "image_end_token", "start_image_token", "end_image_token")  # fmt: skip
+    ids = {getattr(processor, "image_token_id", None)}
+    for name in names:
+        token = getattr(tokenizer, name, None) or getattr(processor, name, None)
+        if isinstance(token, str):
+            ids.add(tokenizer.convert_tokens_to_ids(token))
+    unknown = tokenizer.unk_token_id
+    return {i for i in ids if isinstance(i, int) and i != unknown}
 
 
 def encode_rows(
