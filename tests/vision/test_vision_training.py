@@ -17,7 +17,8 @@ from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.data.integrity import InputError
 from grpokit.models.loading import load_processor
 from grpokit.models.tiny_vision import build_tiny_vlm
-from grpokit.models.vision import takes_encoder_outputs, vision_modules
+from grpokit.models.vision import placeholder_token_ids, takes_encoder_outputs, vision_modules
+from grpokit.rollout.native_decode import native_supported
 from grpokit.train.forward import completion_logprobs
 from grpokit.train.prompts import ImagePrompts
 from tests.vision.architectures import ARCHITECTURES
@@ -214,6 +215,8 @@ def test_sampling_with_images_equals_model_generate(vlm_dir, tmp_path):
                           train_dataset=colour_rows(3))  # fmt: skip
     rows = colour_rows(1)
     samples = trainer.sample(rows, greedy=True)
+    # generation_backend auto: the fast sampler where its native decode takes the language model (LLaVA)
+    assert (type(trainer.backend).__name__ == "FastSampler") == native_supported(trainer.model)
     processor = load_processor(str(vlm_dir))
     text = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {
         "type": "text", "text": "colour?"}]}], add_generation_prompt=True, tokenize=False)  # fmt: skip
@@ -321,19 +324,24 @@ def test_evaluation_generates_with_each_rows_images(vlm_dir):
 
     model, processor = load_eval_model(str(vlm_dir), device="cpu")
     rows = colour_rows(3)
-    out = generate_completions(model, processor, rows, max_new_tokens=6, generation_backend="auto")
     bad = [[i] for i in placeholder_token_ids(model.config)]
     eos = processor.tokenizer.eos_token_id
-    for row, ids in zip(rows, out.token_ids):
+    wants = []
+    for row in rows:
         text = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {
             "type": "text", "text": "colour?"}]}], add_generation_prompt=True, tokenize=False)  # fmt: skip
         inputs = processor(text=[text], images=[row["image"]], return_tensors="pt")
         want = model.generate(**inputs, max_new_tokens=6, do_sample=False, bad_words_ids=bad,
                               eos_token_id=eos)[0, inputs["input_ids"].shape[1] :].tolist()  # fmt: skip
-        want = want[: want.index(eos) + 1] if eos in want else want
-        assert ids == [want]
-    with pytest.raises(InputError, match="takes no images"):
-        generate_completions(model, processor, rows, max_new_tokens=2, generation_backend="fast")
+        wants.append([want[: want.index(eos) + 1] if eos in want else want])
+    out = generate_completions(model, processor, rows, max_new_tokens=6, generation_backend="auto")
+    assert out.token_ids == wants
+    if native_supported(model):  # LLaVA: the fast sampler, the same greedy completions
+        fast = generate_completions(model, processor, rows, max_new_tokens=6, generation_backend="fast")
+        assert fast.token_ids == wants
+    else:
+        with pytest.raises(InputError, match="takes no images"):
+            generate_completions(model, processor, rows, max_new_tokens=2, generation_backend="fast")
 
 
 @pytest.mark.parametrize(
@@ -391,3 +399,40 @@ def test_without_precomputed_features_every_row_runs_the_encoder_with_the_same_n
         per_row, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, images=images)
     assert seen == [8]  # 8 rows' images in one encoder call
     torch.testing.assert_close(per_row, shared, atol=2e-5, rtol=0)
+
+
+def test_the_fast_sampler_samples_with_images_from_the_models_own_distribution(vlm_dir):
+    """LLaVA (a Llama language model): the fast sampler's prefill runs the encoder once per prompt, and
+    each sampled token's reported log-prob equals the plain forward's log-softmax with the same images (T =
+    1, no truncation; the image placeholders suppressed), so the draws come from the model's distribution.
+    Other architectures are refused."""
+    from grpokit.rollout.base import SamplingParams, generate_groups
+    from grpokit.rollout.fast import FastSampler
+
+    model = AutoModelForImageTextToText.from_pretrained(vlm_dir).eval()
+    sampler = FastSampler(model, generator=torch.Generator().manual_seed(0))
+    rows, group = colour_rows(2), 3
+    processor, prompt_ids, images = encoded_batch(vlm_dir, rows, group)
+    prompts = images[torch.tensor([0, group])]  # one row per prompt, as the trainer passes them
+    params = SamplingParams(max_new_tokens=5, temperature=1.0, top_p=1.0, top_k=0, do_sample=True,
+                            eos_token_ids=(processor.tokenizer.eos_token_id,), pad_token_id=0,
+                            suppress_token_ids=placeholder_token_ids(model.config))  # fmt: skip
+    if not sampler.accepts_images:
+        with pytest.raises(ValueError, match="takes images only with its native decode"):
+            generate_groups(sampler, prompt_ids, [group, group], params, images=prompts)
+        return
+    seen = images_per_encoder_call(model)
+    out = generate_groups(sampler, prompt_ids, [group, group], params, images=prompts)
+    assert seen == [2]  # one call over the 2 prompts' images, for 6 completions
+    placeholders = set(placeholder_token_ids(model.config))
+    assert not placeholders & {token for ids in out.completion_ids for token in ids}
+    rows_ids = [p for p in prompt_ids for _ in range(group)]
+    for i, completion in enumerate(out.completion_ids):
+        full = torch.tensor([rows_ids[i] + completion])
+        with torch.no_grad():
+            logits = model(input_ids=full, **images[torch.tensor([i])].row_inputs("cpu")).logits
+        plain = logits[0, len(rows_ids[i]) - 1 : -1]
+        plain[:, list(params.suppress_token_ids)] = float("-inf")  # the distribution it samples from
+        plain = plain.log_softmax(-1)
+        want = plain.gather(-1, torch.tensor(completion)[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(out.logprobs[i]), want, atol=2e-5, rtol=0)

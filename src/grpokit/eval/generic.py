@@ -89,8 +89,9 @@ def generate_completions(
         name, backend = type(generation_backend).__name__, generation_backend
     if processor is not None and not getattr(backend, "accepts_images", False):
         raise InputError(
-            f"generation_backend={name!r} takes no images; a vision-language model generates with "
-            "generation_backend='transformers' (or 'auto')"
+            f"generation_backend={name!r} takes no images for {type(model).__name__}; a vision-language "
+            "model generates with generation_backend='transformers' (or 'auto'; 'fast' for LLaVA-style "
+            "models)"
         )
     params = SamplingParams(
         max_new_tokens=max_new_tokens,

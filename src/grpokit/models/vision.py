@@ -51,6 +51,7 @@ __all__ = [
     "placeholder_token_ids",
     "takes_encoder_outputs",
     "token_types",
+    "trains_vision_encoder",
     "vision_modules",
 ]
 
@@ -314,6 +315,11 @@ def vision_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     backbone = multimodal_backbone(model)
     return [getattr(backbone, n) for n in VISION_MODULE_NAMES if isinstance(getattr(backbone, n, None),
                                                                            torch.nn.Module)]  # fmt: skip
+
+
+def trains_vision_encoder(model: torch.nn.Module) -> bool:
+    """Whether any weight of ``model``'s vision encoder trains (False for a text model)."""
+    return any(p.requires_grad for module in vision_modules(model) for p in module.parameters())
 
 
 def image_features(backbone: torch.nn.Module, images: PromptImages, device: torch.device | str) -> Any:

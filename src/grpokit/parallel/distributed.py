@@ -161,17 +161,25 @@ def prepare_policy(
     total_optimizer_steps: int,
     strategy: str = "ddp",
     optimizers: tuple[Any, Any] = (None, None),
+    find_unused_parameters: bool = False,
 ) -> PreparedPolicy:
     """``runner`` (the module whose forward is the training pass over ``model``, ``PolicyLogprobs``, so
     DDP, FSDP and DeepSpeed see that pass) placed under ``strategy``: "ddp" (accelerate: DDP under several
     processes), "fsdp" (``parallel.fsdp``; the reference sharded too) or "zero" (DeepSpeed ZeRO,
     ``parallel.zero``; at stage 3 the reference partitioned too); then the optimizer over its (possibly
     sharded) parameters. ``model`` stays the bare model (moved, or sharded, in place). ``optimizers`` (TRL's
-    argument) only under "ddp": the other strategies build the optimizer over the parameters they place."""
+    argument) only under "ddp": the other strategies build the optimizer over the parameters they place.
+    ``find_unused_parameters``: DDP looks for trainable parameters a pass leaves without a gradient (a vision
+    encoder's layers its model never reads, e.g. CLIP's post-layernorm in LLaVA), which it otherwise refuses;
+    FSDP and DeepSpeed take such parameters as they are."""
     from grpokit.parallel.optim import build_optimizers
 
     if strategy == "ddp":
         optimizer, scheduler = build_optimizers(model, args, total_optimizer_steps, *optimizers)
+        if find_unused_parameters:  # accelerate's DDP options (its kwargs_handlers), set before it wraps
+            from accelerate.utils import DistributedDataParallelKwargs
+
+            accelerator.ddp_handler = DistributedDataParallelKwargs(find_unused_parameters=True)
         prepared = accelerator.prepare(runner, optimizer, scheduler)
         if reference is not None:
             reference.to(accelerator.device)

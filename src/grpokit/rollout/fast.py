@@ -17,6 +17,12 @@ The shared-prefix decode path ("native") covers the Llama family of decoders (``
 ``mistral`` without a sliding window). Any other causal LM is decoded through its own ``forward`` with a
 ``transformers`` cache expanded to the G rows ("hf" path): slower, equally exact.
 
+A vision-language model whose language model the native decode supports (LLaVA over a Llama-family
+decoder) samples with images: each prompt's prefill runs the model's own multimodal backbone with that
+prompt's image inputs (so the vision encoder runs once per prompt, not once per completion as in
+``generate``), and the decode, text only, is the native one. Architectures with multimodal rotary positions
+(Qwen2-VL, Qwen2.5-VL) or without a native decode (Gemma 3) sample with ``model.generate``.
+
 Sampling is the same in distribution as ``transformers`` ``generate``: the same processors in the same order
 (repetition penalty; then, when sampling, temperature, top-k, top-p, min-p) and ``torch.multinomial`` on the
 softmax of the processed scores. The reported log-probability of a token is the log-softmax of those processed
@@ -37,6 +43,7 @@ from torch import nn
 
 from grpokit.core import pad_left
 from grpokit.models.parts import cache_argument, decoder_of, model_device, returned_cache
+from grpokit.models.vision import PromptImages, multimodal_backbone, token_types
 from grpokit.rollout.base import GenerationOutput, SamplingParams
 from grpokit.rollout.logits import process_logits, sample_token
 from grpokit.rollout.native_decode import NativeDecoder, native_supported
@@ -99,6 +106,8 @@ class FastSampler:
                 f"compile_decode compiles the native decode step, which does not support "
                 f"{type(model).__name__} (llama, qwen2, qwen3 and mistral without a sliding window)"
             )
+        self.accepts_images = self.impl == "native"
+        """Whether ``generate`` takes ``images`` (a vision-language model, native decode only)."""
         self.decode_step = compiled_decode_step() if compile_decode else None
         """The compiled ``NativeDecoder.__call__`` (``compile_decode``); None: the decoder is called as is."""
         self.last_stats: dict[str, int] = {}
@@ -107,9 +116,19 @@ class FastSampler:
 
     # ------------------------------------------------------------------ public API
     def generate(
-        self, prompt_ids: Sequence[Sequence[int]], num_generations: int, params: SamplingParams
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        num_generations: int,
+        params: SamplingParams,
+        images: PromptImages | None = None,
     ) -> GenerationOutput:
-        """Sample ``num_generations`` completions per prompt; rows k*G .. k*G+G-1 belong to prompt k."""
+        """Sample ``num_generations`` completions per prompt; rows k*G .. k*G+G-1 belong to prompt k.
+        ``images``: the prompts' image inputs, one row per prompt (``accepts_images``)."""
+        if images is not None and not self.accepts_images:
+            raise ValueError(
+                f"the fast sampler takes images only with its native decode, which does not support "
+                f"{type(self.model).__name__}; sample with model.generate (generation_backend='transformers')"
+            )
         if num_generations < 1:
             raise ValueError("num_generations must be >= 1")
         if params.max_new_tokens < 1:
@@ -123,7 +142,9 @@ class FastSampler:
         try:
             with torch.inference_mode():
                 for start in range(0, len(prompt_ids), step):
-                    parts.append(self._generate(prompt_ids[start : start + step], num_generations, params))
+                    chunk = slice(start, start + step)
+                    chunk_images = None if images is None else images[chunk]
+                    parts.append(self._generate(prompt_ids[chunk], num_generations, params, chunk_images))
                     stats = {name: stats[name] + self.last_stats[name] for name in stats}
         finally:
             self.model.train(was_training)
@@ -132,7 +153,11 @@ class FastSampler:
 
     # ------------------------------------------------------------------ the loop
     def _generate(
-        self, prompt_ids: Sequence[Sequence[int]], num_generations: int, params: SamplingParams
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        num_generations: int,
+        params: SamplingParams,
+        images: PromptImages | None = None,
     ) -> GenerationOutput:
         device = model_device(self.model)
         num_prompts, group = len(prompt_ids), num_generations
@@ -140,7 +165,7 @@ class FastSampler:
         max_new = params.max_new_tokens
         vocab = self.model.get_output_embeddings().weight.shape[0]
 
-        pre = self._prefill(prompt_ids, device, keep_hf_cache=self.impl == "hf")
+        pre = self._prefill(prompt_ids, device, keep_hf_cache=self.impl == "hf", images=images)
         if self.impl == "native":
             step = NativeDecoder(self.model, pre, group, max_new)
             if self.decode_step is not None:  # compile_decode
@@ -198,15 +223,20 @@ class FastSampler:
 
     # ------------------------------------------------------------------ prefill
     def _prefill(
-        self, prompt_ids: Sequence[Sequence[int]], device: torch.device, keep_hf_cache: bool
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        device: torch.device,
+        keep_hf_cache: bool,
+        images: PromptImages | None = None,
     ) -> _Prefill:
-        """Run each distinct prompt once (left-padded, positions counting real tokens only)."""
+        """Run each distinct prompt once (left-padded, positions counting real tokens only); with ``images``
+        (native path) through the model's multimodal backbone with each prompt's image inputs."""
         from transformers import DynamicCache
 
         lengths = torch.tensor([len(p) for p in prompt_ids], device=device)
         ids, mask = pad_left(prompt_ids, 0, device)  # [P, L] each (padding is masked, its id unused)
         position_ids = (mask.cumsum(dim=1) - 1).clamp(min=0)  # [P, L]
-        base = decoder_of(self.model)
+        base = decoder_of(self.model) if images is None else multimodal_backbone(self.model)
         head = self.model.get_output_embeddings()
         if keep_hf_cache:
             # hf path: one forward over all prompts, the cache is expanded to the G rows afterwards.
@@ -234,6 +264,7 @@ class FastSampler:
                 position_ids=position_ids[sl],
                 **cache_argument(base, cache),
                 use_cache=True,
+                **_image_inputs(images, sl, ids[sl], self.model.config, device),
             )
             cache = returned_cache(out, cache)
             last.append(head(out.last_hidden_state[:, -1]).float())  # [p, V]
@@ -281,6 +312,20 @@ class _HFDecoder:
 
 
 # ---------------------------------------------------------------------- helpers
+def _image_inputs(
+    images: PromptImages | None, prompts: slice, ids: torch.Tensor, config: object, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """The multimodal backbone's image inputs for ``prompts`` (one row each), ids [p, L]: their image tensors
+    and, where the architecture reads one, the per-token modality ids."""
+    if images is None:
+        return {}
+    chunk = images[prompts]
+    inputs = chunk.row_inputs(device)
+    if chunk.token_type_key is not None:
+        inputs[chunk.token_type_key] = token_types(ids, config)
+    return inputs
+
+
 @functools.cache
 def compiled_decode_step() -> Callable[[NativeDecoder, torch.Tensor, int], torch.Tensor]:
     """``NativeDecoder.__call__`` through ``torch.compile`` (inductor, dynamic shapes), made once per

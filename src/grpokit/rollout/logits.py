@@ -21,13 +21,17 @@ def process_logits(
     """Apply the ``generate`` logits processors to float32 scores [N, V], in ``transformers``' order.
 
     ``seen`` [N, V] bool marks tokens already in the prompt or completion (for the repetition penalty).
-    Order (``GenerationMixin._get_logits_processor``): RepetitionPenalty, then only when sampling:
-    Temperature, TopK, TopP, MinP. Filtered entries become -inf.
+    Order (``GenerationMixin._get_logits_processor``): RepetitionPenalty, SuppressTokens
+    (``params.suppress_token_ids``), then only when sampling: Temperature, TopK, TopP, MinP. Filtered
+    entries become -inf.
     """
     if params.repetition_penalty != 1.0 and seen is not None:
         penalty = params.repetition_penalty
         penalised = torch.where(scores < 0, scores * penalty, scores / penalty)  # [N, V]
         scores = torch.where(seen, penalised, scores)
+    if params.suppress_token_ids:  # never drawn (a vision-language model's image placeholders)
+        suppressed = torch.tensor(params.suppress_token_ids, device=scores.device)
+        scores = scores.index_fill(-1, suppressed, float("-inf"))
     if not params.do_sample:
         return scores
     if params.temperature != 1.0:

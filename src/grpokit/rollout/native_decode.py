@@ -139,8 +139,11 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def native_supported(model: nn.Module) -> bool:
-    """True for Llama-family decoders whose every layer is full causal attention with rotary positions."""
+    """True for Llama-family decoders whose every layer is full causal attention with rotary positions; for
+    a vision-language model, its language model's (LLaVA over Llama, Qwen2 or Mistral)."""
     config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "vision_config") and hasattr(config, "get_text_config"):
+        config = config.get_text_config()
     if config is None or getattr(config, "model_type", None) not in NATIVE_MODEL_TYPES:
         return False
     if any(lt != "full_attention" for lt in (getattr(config, "layer_types", None) or ["full_attention"])):

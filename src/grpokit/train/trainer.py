@@ -36,7 +36,13 @@ from grpokit.envs.factories import EMPTY_PROMPT, EnvironmentFactories
 from grpokit.envs.sampler import EpisodeSampler, sample_groups, start_episodes, template_kwargs
 from grpokit.models.moe import router_loss_for
 from grpokit.models.policy import check_special_tokens, load_policy, processing_class_of
-from grpokit.models.vision import PromptImages, is_processor, is_vision_language, placeholder_token_ids
+from grpokit.models.vision import (
+    PromptImages,
+    is_processor,
+    is_vision_language,
+    placeholder_token_ids,
+    trains_vision_encoder,
+)
 from grpokit.parallel.checkpoint import STATE_FILE, checkpoint_dir
 from grpokit.parallel.cpu_runtime import apply_cpu_runtime
 from grpokit.parallel.distributed import (
@@ -258,7 +264,7 @@ class GRPOTrainer:
         total = self.max_steps * self.plan.optimizer_steps  # optimizer steps of the run
         self.placed = prepare_policy(
             self.model, PolicyLogprobs(self.model), self.args, self.accelerator, self.reference, total,
-            self.strategy, optimizers,
+            self.strategy, optimizers, find_unused_parameters=trains_vision_encoder(self.model),
         )  # fmt: skip
         placed = self.placed
         self.policy, self.optimizer, self.scheduler = placed.policy, placed.optimizer, placed.scheduler
@@ -277,8 +283,9 @@ class GRPOTrainer:
             )  # fmt: skip
         if self.image_prompts is not None and not getattr(self.backend, "accepts_images", False):
             raise InputError(
-                f"a vision-language policy samples with model.generate (generation_backend='transformers' or "
-                f"'auto'); {type(self.backend).__name__} takes no images (use_vllm with images: not yet)"
+                "a vision-language policy samples with model.generate or, for LLaVA-style models, the fast "
+                "sampler (generation_backend='transformers', 'fast' or 'auto'); "
+                f"{type(self.backend).__name__} takes no images (use_vllm with images: not yet)"
             )
         # pi_old's log-probs from the sampler where they are pi_old's (the old-policy pass skipped)
         self.sampler_logprobs = SamplerLogprobs.for_run(
