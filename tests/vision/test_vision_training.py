@@ -436,3 +436,29 @@ def test_the_fast_sampler_samples_with_images_from_the_models_own_distribution(v
         plain = plain.log_softmax(-1)
         want = plain.gather(-1, torch.tensor(completion)[:, None])[:, 0]
         torch.testing.assert_close(torch.tensor(out.logprobs[i]), want, atol=2e-5, rtol=0)
+
+
+def test_rows_from_a_datasets_table_with_several_images_and_part_lists_train(vlm_dir, tmp_path):
+    """TRL's zen-multi-image shape through ``datasets``: the prompt's content is a list of image and text
+    parts (Arrow gives every part every key, ``text: None`` on the image parts) and ``images`` holds two
+    images per row. The run takes both images of each row and writes the prompt's text in the log."""
+    from datasets import Dataset
+
+    names = list(COLOURS)
+    rows = [
+        {"prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "image"},
+                                                 {"type": "text", "text": "colours?"}]}],
+         "images": [Image.new("RGB", (32, 32), COLOURS[names[i % 3]]),
+                    Image.new("RGB", (32, 32), COLOURS[names[(i + 1) % 3]])],
+         "answer": names[i % 3]}
+        for i in range(4)
+    ]  # fmt: skip
+    dataset = Dataset.from_list(rows)
+    assert dataset[0]["prompt"][0]["content"][0]["text"] is None  # what Arrow makes of the image parts
+    args = config(tmp_path, max_steps=1, learning_rate=0.0, log_completions=True)
+    trainer = GRPOTrainer(model=str(vlm_dir), reward_funcs=first_letter_reward, args=args,
+                          train_dataset=dataset)  # fmt: skip
+    (entry,) = trainer.train()
+    assert entry["kl"] == 0.0
+    records = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    assert {len(r["images"]) for r in records} == {2}

@@ -34,14 +34,15 @@ __all__ = [
 
 
 def message_content(message: Mapping[str, Any]) -> str:
-    """``message["content"]`` as a string; multimodal part lists keep only their text parts, joined."""
+    """``message["content"]`` as a string; multimodal part lists keep only their text parts, joined (a part's
+    missing or None ``text``, as ``datasets`` stores the image parts of a column of mixed parts, is empty)."""
     content = message.get("content", "")
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, Sequence):
-        return "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
+        return "".join(part.get("text") or "" for part in content if isinstance(part, Mapping))
     raise TypeError(f"message content must be a string or a list of parts, got {type(content).__name__}")
 
 

@@ -319,6 +319,8 @@ def vision_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def trains_vision_encoder(model: torch.nn.Module) -> bool:
     """Whether any weight of ``model``'s vision encoder trains (False for a text model)."""
+    if not is_vision_language(model):
+        return False
     return any(p.requires_grad for module in vision_modules(model) for p in module.parameters())
 
 
