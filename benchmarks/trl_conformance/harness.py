@@ -203,8 +203,7 @@ def render_markdown(summary: dict) -> str:
         f"- collected: {summary['collected']}; TRL outcomes: {summary['trl']['counts']} "
         f"({summary['trl']['wall_min']} min); grpokit outcomes: {summary['grpokit']['counts']} "
         f"({summary['grpokit']['wall_min']} min)",
-        f"- skipped on TRL because a stand-in is not built (vision-language models): "
-        f"{len(summary['stand_in_not_built'])}",
+        f"- skipped on TRL because a stand-in is not built: {len(summary['stand_in_not_built'])}",
         "- TRL's skip reasons: "
         + "; ".join(f"{reason or '(none)'} ×{n}" for reason, n in summary["trl_skip_reasons"].items()),
         f"- fail on TRL too (not counted): {len(summary['trl_not_passing'])}",

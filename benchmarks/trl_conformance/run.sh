@@ -8,6 +8,7 @@
 # benchmarks/results/trl_conformance-<date>.{json,md}. Setup (first run only) needs the package index and
 # TRL's test files (get_trl_tests.sh); the tests themselves run offline against local stand-ins.
 #   1. benchmarks/.venv-trl: torch==$TORCH_VERSION (the CPU wheel grpokit's environment uses) + trl==$TRL_VERSION
+#      (+ torchvision==$TORCHVISION_VERSION when set: the vision-language tests, see README.md)
 #   2. .deps/trl-side, .deps/grpokit-side: test-only packages installed with pip --target --no-deps, on
 #      PYTHONPATH for that side only (neither environment is modified): pytest, pytest-timeout, peft, Pillow,
 #      jmespath for TRL's environment (which has none of them); for grpokit's, pytest-timeout, jmespath and
@@ -18,6 +19,8 @@ set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
+# Set (e.g. 0.29.1 with TORCH_VERSION=2.14.1) for the vision-language tests: their processors need torchvision.
+TORCHVISION_VERSION="${TORCHVISION_VERSION:-}"
 TRL_VERSION="${TRL_VERSION:-1.16.0}"
 GRPOKIT_PYTHON="${GRPOKIT_PYTHON:-}"
 if [ -z "$GRPOKIT_PYTHON" ]; then
@@ -41,11 +44,21 @@ done
 
 # 1. TRL's environment
 if [ ! -x "$TRL_PYTHON" ] || ! "$TRL_PYTHON" -c "import trl" 2>/dev/null; then
-    echo "creating $TRL_VENV (torch==$TORCH_VERSION + trl==$TRL_VERSION) ..."
+    echo "creating $TRL_VENV (torch==$TORCH_VERSION${TORCHVISION_VERSION:+ + torchvision==$TORCHVISION_VERSION} + trl==$TRL_VERSION) ..."
     python3 -m venv "$TRL_VENV"
-    "$TRL_VENV/bin/pip" install --quiet --disable-pip-version-check "torch==$TORCH_VERSION" "trl==$TRL_VERSION"
+    "$TRL_VENV/bin/pip" install --quiet --disable-pip-version-check "torch==$TORCH_VERSION" \
+        ${TORCHVISION_VERSION:+"torchvision==$TORCHVISION_VERSION"} "trl==$TRL_VERSION"
+elif [ -n "$TORCHVISION_VERSION" ] && ! "$TRL_PYTHON" -c "import torchvision" 2>/dev/null; then
+    echo "adding torchvision==$TORCHVISION_VERSION to $TRL_VENV ..."
+    "$TRL_VENV/bin/pip" install --quiet --disable-pip-version-check "torch==$TORCH_VERSION" \
+        "torchvision==$TORCHVISION_VERSION"
 fi
 installed_trl="$("$TRL_PYTHON" -c "import trl; print(trl.__version__)")"
+tf_trl="$("$TRL_PYTHON" -c "import transformers; print(transformers.__version__)")"
+tf_grpokit="$("$GRPOKIT_PYTHON" -c "import transformers; print(transformers.__version__)")"
+if [ "$tf_trl" != "$tf_grpokit" ]; then
+    echo "warning: transformers $tf_trl on TRL's side, $tf_grpokit on grpokit's (pin them equal)" >&2
+fi
 if [ "$installed_trl" != "$TRL_VERSION" ]; then
     echo "warning: $TRL_VENV has trl $installed_trl, not $TRL_VERSION; the results record the version used" >&2
 fi
