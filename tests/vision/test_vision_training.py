@@ -155,6 +155,32 @@ def test_learning_rate_zero_keeps_ratio_one_and_kl_zero(vlm_dir, tmp_path, varia
         assert names and not any(v in n for n in names for v in ("vision_tower", "vision_model", "visual"))
 
 
+def test_gradient_checkpointing_gives_the_same_step(vlm_dir, tmp_path):
+    """One step at lr > 0 (the encoder training too) with and without gradient checkpointing, from the same
+    seed: the same samples, the same loss, the same weights after it (recomputation changes no number that
+    matters beyond float rounding)."""
+
+    def varied(completions, **_):  # rewards that differ within a group, so the step has a gradient
+        return [float(sum(map(ord, c[0]["content"])) % 5) for c in completions]
+
+    def step(checkpointing):
+        args = config(tmp_path / str(checkpointing), learning_rate=1e-2, max_steps=1,
+                      gradient_checkpointing=checkpointing)  # fmt: skip
+        trainer = GRPOTrainer(model=str(vlm_dir), reward_funcs=varied, args=args,
+                              train_dataset=colour_rows(4))  # fmt: skip
+        (entry,) = trainer.train()
+        return entry, {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+
+    plain, plain_weights = step(False)
+    checkpointed, weights = step(True)
+    assert checkpointed["reward"] == plain["reward"]
+    assert checkpointed["loss"] == pytest.approx(plain["loss"], abs=1e-6)
+    initial = dict(AutoModelForImageTextToText.from_pretrained(vlm_dir).named_parameters())
+    assert any(not torch.equal(w, initial[n]) for n, w in weights.items())  # the step moved the weights
+    for name, weight in weights.items():
+        torch.testing.assert_close(weight, plain_weights[name], atol=1e-5, rtol=0, msg=name)
+
+
 def test_the_encoder_stays_frozen_unless_asked_and_the_language_model_learns(vlm_dir, tmp_path):
     def varied(completions, **_):  # rewards that differ within a group, so every step has a gradient
         return [float(sum(map(ord, c[0]["content"])) % 5) for c in completions]
