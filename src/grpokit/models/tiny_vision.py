@@ -42,6 +42,7 @@ torchvision runs the vision suite on them (``.ci/run``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -109,6 +110,7 @@ IMAGE_PLACEHOLDERS: dict[str, str] = {
 }
 
 
+@functools.cache  # an import attempt once per process (a mismatched build fails slowly)
 def _torchvision_imports() -> bool:
     try:
         import torchvision  # noqa: F401
