@@ -104,7 +104,8 @@ def test_tensorboard_flushes_at_every_log_and_honours_logging_dir(tmp_path):
 # ---- Weights & Biases ------------------------------------------------------------------------------------
 def wandb_records(run_dir: Path) -> list[Any]:
     """The records of an offline run's ``run-<id>.wandb`` file: W&B's header, then LevelDB-log framed
-    protobuf ``Record`` messages (32 KiB blocks; 7-byte chunk headers: crc32, length, type)."""
+    protobuf ``Record`` messages (32 KiB blocks; 7-byte chunk headers: crc32, length, type). The service
+    may be writing the file while it is read: a chunk whose payload is not all there yet ends the list."""
     from wandb.proto import wandb_internal_pb2
 
     (path,) = run_dir.glob("run-*.wandb")
@@ -117,6 +118,8 @@ def wandb_records(run_dir: Path) -> list[Any]:
             continue
         _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         payload, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if len(payload) < length:  # the writer is still at it
+            break
         if kind == 0:
             continue
         pending = payload if kind in (1, 2) else pending + payload
@@ -131,11 +134,19 @@ def wandb_run(output_dir: Path) -> dict[str, Any]:
     """What the offline run recorded: its project, name and config, the logged history and its exit.
     W&B's service process writes the file behind ``finish()``: wait (60 s at most) for the exit record."""
     (run_dir,) = (output_dir / "wandb").glob("offline-run-*")
+    from google.protobuf.message import DecodeError
+
     deadline = time.monotonic() + 60
-    records = wandb_records(run_dir)
-    while not any(r.WhichOneof("record_type") == "exit" for r in records) and time.monotonic() < deadline:
+    while True:
+        try:  # a half-written file may also end in a record whose bytes are not all flushed
+            records = wandb_records(run_dir)
+        except DecodeError:
+            if time.monotonic() > deadline:
+                raise
+            records = []
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            break
         time.sleep(0.2)
-        records = wandb_records(run_dir)
     found: dict[str, Any] = {"history": {}, "exit_codes": []}
     for record in records:
         kind = record.WhichOneof("record_type")
