@@ -133,6 +133,7 @@ def test_each_enumerated_field_is_made_from_its_one_source_list():
         "optim": choices.OPTIMIZERS, "hub_strategy": choices.HUB_STRATEGIES,
         "max_steps_unit": choices.MAX_STEPS_UNITS, "prompt_truncation": choices.PROMPT_TRUNCATIONS,
         "reward_failure": ON_ERROR,  # rewards' list, mirrored by choices.REWARD_FAILURES
+        "routing_replay": choices.ROUTING_REPLAYS,
     }  # fmt: skip
 
     def choices_of(annotation):

@@ -36,6 +36,7 @@ __all__ = [
     "OPTIMIZERS",
     "PROMPT_TRUNCATIONS",
     "REWARD_FAILURES",
+    "ROUTING_REPLAYS",
     "SCALE_REWARDS",
     "SINKS",
     "STRATEGIES",
@@ -70,6 +71,9 @@ MAX_STEPS_UNITS = ("grpo_steps", "optimizer_steps")
 """``max_steps_unit``: what ``max_steps`` counts."""
 PROMPT_TRUNCATIONS = ("left", "error")
 """``prompt_truncation``: cut a long prompt from the left, or refuse it."""
+ROUTING_REPLAYS = ("off", "R2", "R3")
+"""``routing_replay``: a mixture-of-experts policy's passes route by their own routers, or replay the old
+policy's experts in the update (R2), or the sampler's in every pass (R3) (``models.routing_replay``)."""
 REWARD_FAILURES = ("raise", "none")
 """``reward_failure``: the failure policies of ``grpokit.rewards.scoring.score_completions`` (its
 ``ON_ERROR``; importing it here would load the reward functions, so a test checks the two agree)."""
@@ -92,6 +96,7 @@ HubStrategy = Literal[HUB_STRATEGIES]
 MaxStepsUnit = Literal[MAX_STEPS_UNITS]
 PromptTruncation = Literal[PROMPT_TRUNCATIONS]
 RewardFailure = Literal[REWARD_FAILURES]
+RoutingReplay = Literal[ROUTING_REPLAYS]
 
 LITERALS = {
     "loss_type": LossType,
@@ -113,6 +118,7 @@ LITERALS = {
     "max_steps_unit": MaxStepsUnit,
     "prompt_truncation": PromptTruncation,
     "reward_failure": RewardFailure,
+    "routing_replay": RoutingReplay,
 }
 """Each enumerated field -> its ``Literal`` type (a test checks every GRPOConfig field with a Literal type is
 here and uses it)."""

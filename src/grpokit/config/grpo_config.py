@@ -60,6 +60,7 @@ from grpokit.config.choices import (
     Optimizer,
     PromptTruncation,
     RewardFailure,
+    RoutingReplay,
     ScaleRewards,
     Strategy,
     VLLMMode,
@@ -559,6 +560,15 @@ class GRPOConfigBase(metaclass=RefusesMovedFields):
     weight, computed by the model's own ``transformers`` function on its routers' logits
     (``grpokit.models.moe``; logged as ``aux_loss``). None: the coefficient the model's config declares (0
     for a dense model); 0: off. A non-zero value for a model without router logits is refused."""
+    routing_replay: RoutingReplay = "off"
+    """A mixture-of-experts policy's routing replay (not in TRL; verl's ``router_replay`` modes of the same
+    names; ``grpokit.models.routing_replay``, docs/moe.md). off: every pass routes each token by its own
+    router. R3 (rollout routing replay, arXiv 2510.11370): the experts the sampler chose for each token,
+    recorded while sampling (fast sampler, ``model.generate``), are used by the old-policy, reference and
+    update passes. R2 (GSPO's routing replay): the experts the old-policy pass chose are used by the update
+    (the old-policy pass then always runs). The gate weights are recomputed from the current router logits
+    at the replayed experts. Every MoE run logs ``routing/*``: where passes route differently. Refused for a
+    dense policy; R3 also with ``use_vllm``, a ``rollout_backend`` or an environment (no recorded experts)."""
     disable_dropout: bool = False
     """Set every dropout probability of the policy to 0 (TRL's name), so the update's log-probs match the
     sampling ones."""

@@ -20,10 +20,12 @@ __all__ = [
     "BOS_TOKEN",
     "CHAT_TEMPLATE",
     "EOS_TOKEN",
+    "MOE_ARCHITECTURES",
     "PAD_TOKEN",
     "UNK_TOKEN",
     "build_char_tokenizer",
     "build_tiny_model",
+    "build_tiny_moe",
     "with_generation_ids",
 ]
 
@@ -127,6 +129,75 @@ def build_tiny_model(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
+    rng_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    finally:
+        torch.random.set_rng_state(rng_state)
+    return with_generation_ids(model, tokenizer)
+
+
+MOE_ARCHITECTURES: dict[str, dict[str, object]] = {
+    "qwen3_moe": {
+        "moe_intermediate_size": 16, "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True,
+    },
+    "qwen2_moe": {
+        "moe_intermediate_size": 16, "shared_expert_intermediate_size": 16, "num_experts": 8,
+        "num_experts_per_tok": 2,
+    },
+    "mixtral": {"intermediate_size": 16, "num_local_experts": 8, "num_experts_per_tok": 2},
+    "olmoe": {"intermediate_size": 16, "num_experts": 8, "num_experts_per_tok": 2},
+    "gpt_oss": {
+        "intermediate_size": 16, "num_local_experts": 8, "num_experts_per_tok": 2,
+        "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 8,
+    },
+    "glm4_moe": {
+        "moe_intermediate_size": 16, "n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 2,
+        "topk_group": 1, "first_k_dense_replace": 1, "n_shared_experts": 1, "partial_rotary_factor": 0.5,
+    },
+}  # fmt: skip
+"""The mixture-of-experts architectures ``build_tiny_moe`` makes (transformers 5), each with 8 experts of
+which 2 per token, and the config fields that make them so. GPT-OSS alternates sliding and full attention
+as the released models do; GLM-4-MoE's first layer is dense, as in GLM-4.5."""
+
+
+def build_tiny_moe(
+    tokenizer: PreTrainedTokenizerFast,
+    arch: str = "qwen3_moe",
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    seed: int = 0,
+    **overrides: object,
+) -> PreTrainedModel:
+    """A randomly initialised mixture-of-experts causal LM of ``arch`` (``MOE_ARCHITECTURES``) sized for
+    ``tokenizer``, with the experts as ``transformers`` stores them (3-D expert weights, its grouped matmul).
+    ``overrides``: further config fields (e.g. ``num_experts_per_tok``). Weights from ``torch.manual_seed(
+    seed)`` (the global RNG restored afterwards); bos/eos/pad ids in the config and generation config."""
+    if arch not in MOE_ARCHITECTURES:
+        raise ValueError(f"arch must be one of {sorted(MOE_ARCHITECTURES)}, got {arch!r}")
+    fields = {
+        "intermediate_size": 2 * hidden_size, **MOE_ARCHITECTURES[arch], **overrides,
+    }  # fmt: skip
+    config = AutoConfig.for_model(
+        arch,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=hidden_size // num_heads,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **fields,
+    )
+    if arch == "gpt_oss":  # its default YaRN scaling assumes a 4k original context
+        config.rope_parameters = {"rope_type": "default", "rope_theta": 150000.0}
     rng_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)

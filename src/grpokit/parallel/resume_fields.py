@@ -151,7 +151,8 @@ EVERY_STEP_FIELDS: dict[str, str] = {
         "scale_rewards mask_truncated_completions top_entropy_quantile entropy_coef sapo_temperature_pos "
         "sapo_temperature_neg vespo_k_pos vespo_lambda_pos vespo_k_neg vespo_lambda_neg "
         "off_policy_mask_threshold use_adaptive_entropy entropy_coef_min entropy_coef_max "
-        "entropy_coef_delta entropy_target router_aux_loss_coef reward_weights multi_objective_aggregation "
+        "entropy_coef_delta entropy_target router_aux_loss_coef routing_replay reward_weights "
+        "multi_objective_aggregation "
         "reward_failure "
         "reward_timeout advantage_epsilon max_grad_norm max_nonfinite_steps"
     ),

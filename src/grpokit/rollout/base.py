@@ -74,6 +74,10 @@ class GenerationOutput:
     policy_mask: list[list[int]] | None = None
     """[P*G] multi-turn episodes (``grpokit.envs.episodes``): 1 on each token the policy generated, 0 on
     the environment's observation tokens (context only: no loss, no KL). None: every token is the policy's."""
+    routed_experts: list[Any] | None = None
+    """[P*G] a mixture-of-experts sampler's routing (``grpokit.models.routing_replay``): row i's experts
+    [p + c_i - 1, L, k] over its real prompt tokens and its completion tokens but the last (the tokens the
+    sampler fed), or None when the sampler recorded none."""
 
 
 @runtime_checkable
@@ -123,16 +127,19 @@ def generate_groups(
     )
     buckets = [(threshold, [k for k, g in enumerate(group_sizes) if g <= threshold]),
                (largest, [k for k, g in enumerate(group_sizes) if g > threshold])]  # fmt: skip
-    groups: dict[int, tuple[list[list[int]], list[list[float]] | None, list[bool]]] = {}
+    groups: dict[int, tuple[list[list[int]], list[list[float]] | None, list[bool], list[Any] | None]] = {}
     for size, members in buckets:
         out = generate(members, size)
         flags = out.truncated or [False] * len(out.completion_ids)
         for j, k in enumerate(members):
             keep = slice(j * size, j * size + group_sizes[k])  # the first group_sizes[k] of its samples
             logprobs = None if out.logprobs is None else out.logprobs[keep]
-            groups[k] = (out.completion_ids[keep], logprobs, flags[keep])
+            routed = None if out.routed_experts is None else out.routed_experts[keep]
+            groups[k] = (out.completion_ids[keep], logprobs, flags[keep], routed)
     ordered = [groups[k] for k in range(len(prompt_ids))]
     logprobs = None if any(g[1] is None for g in ordered) else [lp for g in ordered for lp in g[1]]
+    routed = None if any(g[3] is None for g in ordered) else [r for g in ordered for r in g[3]]
     return GenerationOutput(
-        [ids for g in ordered for ids in g[0]], logprobs, [flag for g in ordered for flag in g[2]]
-    )
+        [ids for g in ordered for ids in g[0]], logprobs, [flag for g in ordered for flag in g[2]],
+        routed_experts=routed,
+    )  # fmt: skip

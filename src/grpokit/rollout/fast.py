@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +44,7 @@ from torch import nn
 
 from grpokit.core import pad_left
 from grpokit.models.parts import cache_argument, decoder_of, model_device, returned_cache
+from grpokit.models.routing_replay import routing_of, sampled_rows
 from grpokit.models.vision import PromptImages, multimodal_backbone, token_types
 from grpokit.rollout.base import GenerationOutput, SamplingParams
 from grpokit.rollout.logits import process_logits, sample_token
@@ -160,11 +162,29 @@ class FastSampler:
         images: PromptImages | None = None,
     ) -> GenerationOutput:
         device = model_device(self.model)
-        num_prompts, group = len(prompt_ids), num_generations
-        rows = num_prompts * group
-        max_new = params.max_new_tokens
+        group = num_generations
         vocab = self.model.get_output_embeddings().weight.shape[0]
+        routing = routing_of(self.model)  # a mixture-of-experts model: its routers' choices, recorded
+        with routing.recording() if routing is not None else nullcontext() as tape:
+            out = self._sample(prompt_ids, group, params, images, device, vocab)
+        if tape is not None:  # the prefill, then one call per decode step
+            lengths = [len(p) for p in prompt_ids]
+            completion_lengths = [len(ids) for ids in out.completion_ids]
+            out.routed_experts = sampled_rows(
+                tape, lengths, max(lengths), group, completion_lengths, routing.num_experts
+            )
+        return out
 
+    def _sample(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        group: int,
+        params: SamplingParams,
+        images: PromptImages | None,
+        device: torch.device,
+        vocab: int,
+    ) -> GenerationOutput:
+        num_prompts, rows, max_new = len(prompt_ids), len(prompt_ids) * group, params.max_new_tokens
         pre = self._prefill(prompt_ids, device, keep_hf_cache=self.impl == "hf", images=images)
         if self.impl == "native":
             step = NativeDecoder(self.model, pre, group, max_new)
@@ -342,6 +362,9 @@ def _joined(parts: list[GenerationOutput]) -> GenerationOutput:
         completion_ids=[row for part in parts for row in part.completion_ids],
         logprobs=[row for part in parts for row in part.logprobs or []],
         truncated=[flag for part in parts for flag in part.truncated],
+        routed_experts=None
+        if any(p.routed_experts is None for p in parts)
+        else [row for part in parts for row in part.routed_experts],
     )
 
 

@@ -4,12 +4,14 @@ log-prob of every drawn token."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from grpokit.core import pad_left, trim_at_eos
+from grpokit.models.routing_replay import routing_of, sampled_rows
 from grpokit.models.vision import PromptImages, token_types
 from grpokit.rollout.base import GenerationOutput, SamplingParams
 from grpokit.rollout.logits import process_logits
@@ -99,17 +101,25 @@ class TransformersBackend:
         completions: list[list[int]] = []
         logprobs: list[list[float]] = []
         truncated: list[bool] = []
+        routed: list[torch.Tensor] | None = []
         for start in range(0, len(repeated), step):
             chunk = None if rows_images is None else rows_images[start : start + step]
-            rows, row_logprobs, flags = self._generate_rows(repeated[start : start + step], params, chunk)
+            rows, row_logprobs, flags, experts = self._generate_rows(
+                repeated[start : start + step], params, chunk
+            )
             completions += rows
             logprobs += row_logprobs
             truncated += flags
-        return GenerationOutput(completion_ids=completions, logprobs=logprobs, truncated=truncated)
+            routed = None if routed is None or experts is None else routed + experts
+        return GenerationOutput(
+            completion_ids=completions, logprobs=logprobs, truncated=truncated, routed_experts=routed
+        )
 
     def _generate_rows(
         self, rows: list[list[int]], params: SamplingParams, images: PromptImages | None = None
-    ) -> tuple[list[list[int]], list[list[float]], list[bool]]:
+    ) -> tuple[list[list[int]], list[list[float]], list[bool], list[torch.Tensor] | None]:
+        """Completions, their log-probs and truncation flags, and (a mixture-of-experts model,
+        ``grpokit.models.routing_replay``) the experts each fed token was routed to."""
         device = next(self.model.parameters()).device
         ids, mask = pad_left(rows, params.pad_token_id, device)  # [B, P]
         vision = {}
@@ -118,16 +128,18 @@ class TransformersBackend:
             if images.token_type_key is not None:
                 vision[images.token_type_key] = token_types(ids, self.model.config)
         recorder = _ChosenTokenLogprobs()
+        routing = routing_of(self.model)  # an MoE model: the routers' choices, recorded
         was_training = self.model.training
         self.model.eval()
         try:
-            out = self.model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                generation_config=generation_config(params),
-                stopping_criteria=StoppingCriteriaList([recorder]),
-                **vision,
-            )
+            with routing.recording() if routing is not None else nullcontext() as tape:
+                out = self.model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    generation_config=generation_config(params),
+                    stopping_criteria=StoppingCriteriaList([recorder]),
+                    **vision,
+                )
         finally:
             self.model.train(was_training)
         if isinstance(out, torch.Tensor):  # the ids alone: no scores were recorded
@@ -140,7 +152,15 @@ class TransformersBackend:
             steps = torch.stack(recorder.steps, dim=1).tolist()  # [B, >= steps]
         pairs = [trim_at_eos(tokens, params.eos_token_ids) for tokens in generated]
         row_logprobs = [lp[: len(tokens)] for (tokens, _), lp in zip(pairs, steps)]
-        return [tokens for tokens, _ in pairs], row_logprobs, [flag for _, flag in pairs]
+        experts = None
+        if (
+            tape is not None
+        ):  # prefill [B, P] then one [B, 1] call per step; each row's real prompt on the left
+            lengths = [int(n) for n in mask.sum(dim=1)]
+            experts = sampled_rows(
+                tape, lengths, ids.shape[1], 1, [len(t) for t, _ in pairs], routing.num_experts
+            )
+        return [tokens for tokens, _ in pairs], row_logprobs, [flag for _, flag in pairs], experts
 
 
 def _forward_logprobs(

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from grpokit.models.routing_replay import RoutedExperts
 from grpokit.models.vision import PromptImages
 from grpokit.rollout.base import GenerationOutput
 
@@ -93,6 +94,10 @@ class RolloutBatch:
     # (policy and environment's); completion_mask is 1 on the policy's only. None: equal to completion_mask
     images: PromptImages | None = None  # [N] rows: each row's prompt's image inputs (vision-language
     # policies, grpokit.models.vision); every forward over the batch gets them. None: text only
+    routed_experts: RoutedExperts | None = None  # [N, P+C, L, k] the experts the sampler routed each token
+    # to (a mixture-of-experts policy, grpokit.models.routing_replay); None: not recorded
+    old_experts: RoutedExperts | None = None  # [N, P+C, L, k] the experts the old-policy pass used, where it
+    # ran on a mixture-of-experts policy (routing_replay R2 replays them in the update)
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]

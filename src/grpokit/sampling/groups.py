@@ -368,6 +368,7 @@ def concat_samples(parts: list[Samples]) -> Samples:
         logprobs,
         [flag for p in parts for flag in (p.generated.truncated or [False] * len(p.texts))],
         policy_mask=_joined([p.generated.policy_mask for p in parts]),
+        routed_experts=_joined([p.generated.routed_experts for p in parts]),
     )
     return Samples(
         [row for p in parts for row in p.rows],
@@ -426,6 +427,7 @@ def _group_payloads(samples: Samples) -> list[dict[str, Any]]:
             "logprobs": None if generated.logprobs is None else generated.logprobs[rows],
             "truncated": (generated.truncated or [False] * len(samples.texts))[rows],
             "policy_mask": None if generated.policy_mask is None else generated.policy_mask[rows],
+            "routed_experts": None if generated.routed_experts is None else generated.routed_experts[rows],
             "episodes": None if samples.episodes is None else samples.episodes[rows],
             "texts": samples.texts[rows],
             "extra": None if samples.extra is None else {k: v[rows] for k, v in samples.extra.items()},
@@ -445,6 +447,7 @@ def _samples_from_payloads(groups: list[dict[str, Any]]) -> Samples:
         logprobs,
         [flag for g in groups for flag in g["truncated"]],
         policy_mask=_joined([g["policy_mask"] for g in groups]) if groups else None,
+        routed_experts=_joined([g["routed_experts"] for g in groups]) if groups else None,
     )
     return Samples(
         [row for g in groups for row in g["rows"]],

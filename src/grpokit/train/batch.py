@@ -15,6 +15,7 @@ import torch
 from grpokit.core import pad_left, pad_right
 from grpokit.data.chat import as_completion
 from grpokit.data.loading import reward_columns
+from grpokit.models.routing_replay import RoutedExperts, RoutingUse
 from grpokit.rewards.reward_logs import RewardLogs
 from grpokit.rewards.scoring import score_completions
 from grpokit.rollout.records import RolloutBatch, Samples
@@ -74,11 +75,13 @@ def pad_samples(
     mask_truncated: bool,
     device: torch.device,
     multiple: int | None = None,
+    num_experts: int | None = None,
 ) -> RolloutBatch:
     """Prompts repeated G times and left-padded, completions right-padded (with ``multiple``: P and C
     rounded up to multiples of it, the extra columns masked); an episode's environment tokens
     (``policy_mask`` 0) and truncated completions when ``mask_truncated`` (DAPO) masked out of the loss.
-    advantages: [n] (this process's rows)."""
+    advantages: [n] (this process's rows). ``num_experts``: a mixture-of-experts policy's, for the
+    sampler's routing (``routed_experts``) placed in the batch's layout."""
     generated = samples.generated
     repeated = [ids for ids, size in zip(samples.prompt_ids, samples.sizes()) for _ in range(size)]
     p_ids, p_mask = pad_left(repeated, pad_token_id, device)  # [n, P]
@@ -103,6 +106,12 @@ def pad_samples(
             None if t is None else _widen(t, multiple, value, left=False)
             for t, value in ((c_ids, pad_token_id), (c_mask, 0), (sampling, 0.0), (context, 0))
         )
+    routed = None
+    if generated.routed_experts is not None and num_experts is not None:
+        lengths = [len(ids) for ids in repeated]
+        routed = RoutedExperts.from_rows(
+            generated.routed_experts, lengths, p_ids.shape[1], c_ids.shape[1], num_experts, device
+        )
     return RolloutBatch(
         prompt_ids=p_ids,
         prompt_mask=p_mask,
@@ -112,6 +121,7 @@ def pad_samples(
         sampling_logps=sampling,
         context_mask=context,
         images=samples.images,
+        routed_experts=routed,
     )
 
 
@@ -138,8 +148,11 @@ class LogprobPass:
         group = None if config.adaptive_num_generations else config.num_generations
         return cls(config.temperature, micro, group)
 
-    def __call__(self, model: torch.nn.Module, batch: RolloutBatch) -> torch.Tensor:
-        """Log-probs [N, C] of the batch's completions under ``model``."""
+    def __call__(
+        self, model: torch.nn.Module, batch: RolloutBatch, routing: RoutingUse | None = None
+    ) -> torch.Tensor:
+        """Log-probs [N, C] of the batch's completions under ``model``, routed as ``routing`` says (a
+        mixture-of-experts policy; ``grpokit.models.routing_replay``)."""
         return no_grad_logprobs(
             model,
             batch.prompt_ids,
@@ -151,6 +164,7 @@ class LogprobPass:
             micro_batch_size=self.micro_batch_size,
             context_mask=batch.context_mask,
             images=batch.images,
+            routing=routing,
         )
 
 

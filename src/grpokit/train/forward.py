@@ -26,12 +26,22 @@ Passes that need no gradient (reference, old-policy log-probs) should run under 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
 
 from grpokit.models.parts import cache_argument, decoder_of
 from grpokit.models.prefix_cache import RecordingCache, full_attention_only, replay_safe_layers
+from grpokit.models.routing_replay import (
+    ExpertRouting,
+    RoutedExperts,
+    RoutingUse,
+    calls_of,
+    routing_of,
+    storage_dtype,
+)
 from grpokit.models.vision import (
     PromptImages,
     image_features,
@@ -71,6 +81,7 @@ def completion_logprobs(
     context_mask: torch.Tensor | None = None,
     router_logits: list[Any] | None = None,
     images: PromptImages | None = None,
+    routing: RoutingUse | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of each completion token under ``model``.
 
@@ -89,6 +100,10 @@ def completion_logprobs(
     routes it (no shared prefix).
     ``images``: the rows' image inputs (a vision-language policy, ``grpokit.models.vision``): the model's
     own multimodal backbone runs over each whole row, its vision encoder once per distinct prompt.
+    ``routing``: a mixture-of-experts policy's routing (``grpokit.models.routing_replay``): the experts
+    ([B, P+C] tokens) to replay or to compare with, and whether to record the experts the pass used. Under
+    gradient checkpointing with gradients on, replayed rows run whole (no shared prefix), so that a
+    checkpointed layer's recomputation routes as its forward did.
     """
     context = completion_mask if context_mask is None else context_mask
     batch, num_completion = completion_ids.shape
@@ -96,14 +111,21 @@ def completion_logprobs(
         empty = completion_ids.new_zeros((batch, 0), dtype=torch.float32)
         return empty, (empty.clone() if with_entropy else None)
     shapes = (prompt_ids, prompt_mask, num_generations, num_completion)
+    routes = _Routes.of(model, routing)
+    if routes is not None and images is not None:
+        raise ValueError(
+            "routing replay with images (a mixture-of-experts vision-language model) is not built"
+        )
+    if routes is not None and torch.is_grad_enabled() and getattr(model, "is_gradient_checkpointing", False):
+        shared_prefix = False  # a checkpointed layer replays within its call's routing context only
     if images is not None:
         hidden = _vision_hidden(model, prompt_ids, prompt_mask, completion_ids, context, images)
     elif router_logits is None and _choose_shared(model, *shapes, shared_prefix):
         hidden = _shared_prefix_hidden(
-            model, prompt_ids, prompt_mask, completion_ids, context, num_generations
+            model, prompt_ids, prompt_mask, completion_ids, context, num_generations, routes
         )
     else:
-        hidden = _full_hidden(model, prompt_ids, prompt_mask, completion_ids, context, router_logits)
+        hidden = _full_hidden(model, prompt_ids, prompt_mask, completion_ids, context, router_logits, routes)
     return head_logprobs(
         model,
         hidden,
@@ -154,12 +176,13 @@ def no_grad_logprobs(
     micro_batch_size: int | None = None,
     context_mask: torch.Tensor | None = None,
     images: PromptImages | None = None,
+    routing: RoutingUse | None = None,
 ) -> torch.Tensor:
     """Log-probs [B, C] for a pass that needs no gradient (reference model, old policy), under
     ``torch.inference_mode`` and in eval mode, ``micro_batch_size`` rows at a time (a multiple of
     ``num_generations`` keeps groups whole so the shared prefix still applies). ``model``: a causal LM, or
-    a ``PolicyLogprobs`` module (possibly sharded). ``context_mask``, ``images``: as for
-    ``completion_logprobs``."""
+    a ``PolicyLogprobs`` module (possibly sharded). ``context_mask``, ``images``, ``routing``: as for
+    ``completion_logprobs`` (a recorded routing is left in the model's ``ExpertRouting`` in row order)."""
     batch = completion_ids.shape[0]
     step = micro_batch_size or batch
     # Called as a module (PolicyLogprobs): a sharded (FSDP) root gathers its weights in its forward hooks.
@@ -185,6 +208,7 @@ def no_grad_logprobs(
                     num_generations=group,
                     context_mask=None if context_mask is None else context_mask[sl],
                     **({} if images is None else {"images": images[sl]}),
+                    **({} if routing is None else {"routing": routing.rows(sl)}),
                 )
                 parts.append(logps)
             out = torch.cat(parts)
@@ -257,7 +281,7 @@ def _choose_shared(model, prompt_ids, prompt_mask, num_generations, num_completi
 
 
 def _full_hidden(
-    model, prompt_ids, prompt_mask, completion_ids, completion_mask, router_logits=None
+    model, prompt_ids, prompt_mask, completion_ids, completion_mask, router_logits=None, routes=None
 ) -> torch.Tensor:
     """Backbone over [prompt | completion]; hidden states at positions P-1 .. P+C-2 -> [B, C, H]. With a
     ``router_logits`` list, the backbone's router logits and the attention mask they were routed under are
@@ -269,13 +293,17 @@ def _full_hidden(
     width, num_completion = prompt_ids.shape[1], completion_ids.shape[1]
     # The last completion position predicts past the completion: it never needs to be run.
     routed = {"output_router_logits": True} if router_logits is not None else {}
-    out = decoder_of(model)(
-        input_ids=input_ids[:, :-1],
-        attention_mask=attention_mask[:, :-1],
-        position_ids=position_ids[:, :-1],
-        use_cache=False,
-        **routed,
-    )
+    with _Routes.call(routes, slice(None), slice(0, -1)) as tape:
+        out = decoder_of(model)(
+            input_ids=input_ids[:, :-1],
+            attention_mask=attention_mask[:, :-1],
+            position_ids=position_ids[:, :-1],
+            use_cache=False,
+            **routed,
+        )
+    if tape is not None:  # the experts this pass used: [B, P+C-1] tokens, the last position unfed
+        (used,) = calls_of(tape)
+        routes.keep([used.view(*input_ids[:, :-1].shape, *used.shape[1:])], attention_mask)
     if router_logits is not None:
         router_logits.append((out.router_logits, attention_mask[:, :-1]))
     return out.last_hidden_state[:, width - 1 : width - 1 + num_completion]  # [B, C, H]
@@ -306,7 +334,7 @@ def _vision_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_ma
 
 
 def _shared_prefix_hidden(
-    model, prompt_ids, prompt_mask, completion_ids, completion_mask, group
+    model, prompt_ids, prompt_mask, completion_ids, completion_mask, group, routes=None
 ) -> torch.Tensor:
     """Prompt once per group, its keys/values repeated to the G rows, completions on top -> [B, C, H].
 
@@ -317,14 +345,24 @@ def _shared_prefix_hidden(
     num_completion = completion_ids.shape[1]
     p_ids, p_mask = prompt_ids[::group], prompt_mask[::group]  # [B/G, P]
     p_pos = (p_mask.cumsum(dim=1) - 1).clamp(min=0)
+    width = prompt_ids.shape[1]
     recording = RecordingCache(model.config.get_text_config(decoder=True).num_hidden_layers)
     with replay_safe_layers(decoder):
-        out = decoder(
-            input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, use_cache=True,
-            **cache_argument(decoder, recording),
-        )  # fmt: skip
+        # (a group's prompt routes as its first row's did)
+        with _Routes.call(routes, slice(None, None, group), slice(0, width)) as prompt_tape:
+            out = decoder(
+                input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, use_cache=True,
+                **cache_argument(decoder, recording),
+            )  # fmt: skip
         first = out.last_hidden_state[:, -1:].repeat_interleave(group, dim=0)  # [B, 1, H] predicts token 0
+        used = []
+        if prompt_tape is not None:  # [B/G, P] tokens, each group's for its G rows
+            (prompt_used,) = calls_of(prompt_tape)
+            prompt_used = prompt_used.view(*p_ids.shape, *prompt_used.shape[1:])  # [B/G, P, L, k]
+            used.append(prompt_used.repeat_interleave(group, dim=0))
         if num_completion == 1:
+            if used:
+                routes.keep(used, torch.cat([prompt_mask, completion_mask], dim=1))
             return first
         # Each prompt's keys/values repeated to its G rows; the backward of the repeat sums the G gradients.
         prefix = recording.repeated(group)
@@ -333,8 +371,60 @@ def _shared_prefix_hidden(
         c_pos = lengths + c_mask.cumsum(dim=1) - 1  # [B, C-1] (only real tokens matter)
         c_pos = torch.maximum(c_pos, lengths)  # keep padded positions in range
         attention_mask = torch.cat([prompt_mask, c_mask], dim=1)  # [B, P+C-1]
-        out = decoder(
-            input_ids=c_ids, attention_mask=attention_mask, position_ids=c_pos, use_cache=True,
-            **cache_argument(decoder, prefix),
-        )  # fmt: skip
+        with _Routes.call(routes, slice(None), slice(width, width + num_completion - 1)) as completion_tape:
+            out = decoder(
+                input_ids=c_ids, attention_mask=attention_mask, position_ids=c_pos, use_cache=True,
+                **cache_argument(decoder, prefix),
+            )  # fmt: skip
+        if completion_tape is not None:
+            (completion_used,) = calls_of(completion_tape)
+            used.append(completion_used.view(*c_ids.shape, *completion_used.shape[1:]))
+            routes.keep(used, torch.cat([prompt_mask, completion_mask], dim=1))
     return torch.cat([first, out.last_hidden_state], dim=1)  # [B, C, H]
+
+
+class _Routes:
+    """A pass's ``RoutingUse`` on the model's ``ExpertRouting``: per backbone call, the given experts of
+    that call's tokens (replayed or compared) and a recording of the experts used."""
+
+    def __init__(self, routing: ExpertRouting, use: RoutingUse) -> None:
+        self.routing, self.use = routing, use
+
+    @classmethod
+    def of(cls, model: torch.nn.Module, use: RoutingUse | None) -> _Routes | None:
+        if use is None or (use.experts is None and not use.record):
+            return None
+        routing = routing_of(model)
+        if routing is None:
+            raise ValueError(f"routing replay: {type(model).__name__} has no mixture-of-experts routers")
+        return cls(routing, use)
+
+    @staticmethod
+    @contextmanager
+    def call(routes: _Routes | None, rows: slice, tokens: slice) -> Iterator[list[list[torch.Tensor]] | None]:
+        """Around one backbone call over ``rows`` x ``tokens`` of the batch's [B, P+C] layout; yields the
+        recording (or None)."""
+        if routes is None:
+            yield None
+            return
+        with ExitStack() as stack:
+            given = routes.use.experts
+            if given is not None:
+                stack.enter_context(routes.routing.replaying(
+                    given.experts[rows, tokens], given.recorded[rows, tokens],
+                    replay=routes.use.replay, tag=routes.use.tag,
+                ))  # fmt: skip
+            yield stack.enter_context(routes.routing.recording()) if routes.use.record else None
+
+    def keep(self, used: list[torch.Tensor], attention_mask: torch.Tensor) -> None:
+        """The experts the pass used ([B, P+C-1, L, k] in pieces along the tokens) as ``RoutedExperts`` of the
+        [B, P+C] layout (the last token unfed), recorded on the attended tokens."""
+        experts = torch.cat(used, dim=1)  # [B, P+C-1, L, k]
+        batch, _, layers, k = experts.shape
+        last = torch.arange(k, device=experts.device, dtype=experts.dtype).expand(batch, 1, layers, k)
+        experts = torch.cat([experts, last], dim=1).to(
+            storage_dtype(self.routing.num_experts)
+        )  # [B, P+C, L, k]
+        recorded = attention_mask.bool().clone()
+        recorded[:, -1] = False
+        self.routing.push_recorded(RoutedExperts(experts, recorded))

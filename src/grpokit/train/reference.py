@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from grpokit.models.routing_replay import RoutingUse
 from grpokit.rollout.records import RolloutBatch
 from grpokit.train.batch import LogprobPass
 from grpokit.train.forward import PolicyLogprobs
@@ -129,16 +130,18 @@ class Reference:
             self.model.to(self.device)
         return self
 
-    def logprobs(self, batch: RolloutBatch, logprob_pass: LogprobPass) -> torch.Tensor:
-        """log pi_ref of the batch's completions, [N, C]."""
+    def logprobs(
+        self, batch: RolloutBatch, logprob_pass: LogprobPass, routing: RoutingUse | None = None
+    ) -> torch.Tensor:
+        """log pi_ref of the batch's completions, [N, C], routed as ``routing`` says (an MoE policy)."""
         if self.model is None:
             with self.policy.disable_adapter():
-                return logprob_pass(self.runner or self.policy, batch)
+                return logprob_pass(self.runner or self.policy, batch, routing)
         if not self.offload:
-            return logprob_pass(self.runner or self.model, batch)
+            return logprob_pass(self.runner or self.model, batch, routing)
         self.model.to(self.device)
         try:
-            return logprob_pass(self.model, batch)
+            return logprob_pass(self.model, batch, routing)
         finally:
             self.model.to("cpu")
 

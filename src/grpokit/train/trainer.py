@@ -36,6 +36,7 @@ from grpokit.envs.factories import EMPTY_PROMPT, EnvironmentFactories
 from grpokit.envs.sampler import EpisodeSampler, sample_groups, start_episodes, template_kwargs
 from grpokit.models.moe import router_loss_for
 from grpokit.models.policy import check_special_tokens, load_policy, processing_class_of
+from grpokit.models.routing_replay import TAGS, RoutingUse, replayed_tags, routing_for_run
 from grpokit.models.vision import (
     PromptImages,
     is_processor,
@@ -257,6 +258,19 @@ class GRPOTrainer:
         check_rows_per_step(len(self.train_rows), self.plan.prompts)
         self.model = load_policy(model, self.args, peft_config)
         self.router_loss = router_loss_for(self.model, self.args.router_aux_loss_coef)  # MoE policies
+        # an MoE policy's routing: recorded while sampling, compared (routing/*), replayed (routing_replay);
+        # installed before the reference and the sampler copy the policy, which then share it
+        replay = self.args.routing_replay
+        self.routing = routing_for_run(self.model, replay, {
+            "with images: a mixture-of-experts vision-language model is not supported": self.image_prompts
+            is not None,
+            "with use_vllm for R3: grpokit does not receive the experts vLLM chose; use the fast sampler or "
+            "model.generate, or R2": replay == "R3" and self.args.use_vllm,
+            "with rollout_backend for R3: an outside sampler reports no experts; use R2":
+                replay == "R3" and rollout_backend is not None,
+            "with an environment for R3: episodes record no experts yet; use R2":
+                replay == "R3" and self.episodes is not None,
+        })  # fmt: skip
         self.reference = Reference.for_run(self.model, self.args, adapter_disabled=peft_config is not None)
         self.schedule = RunSchedule.from_config(self.args, len(self.train_rows), self.plan)
         self.max_steps = self.schedule.max_steps
@@ -307,6 +321,7 @@ class GRPOTrainer:
         self.update_context = UpdateContext.from_accelerator(
             self.accelerator, self.loss, placed, self.generator, entropy=self.entropy_control,
             off_policy_sampler=self.correction.off_policy, router=self.router_loss,
+            routing_replay=None if self.routing is None else replay,
         )  # fmt: skip
         self.hooks = StepHooks(run_hooks(
             self.args, episodes=episode_hook, process=self.process, reference=self.reference,
@@ -635,17 +650,19 @@ class GRPOTrainer:
             #    pi_old / pi_sampler); pi_ref if beta > 0. (vLLM's sleep mode: the engine's memory to them)
             self.weight_sync.release()
             with timer.phase("old_logprobs"), self.accelerator.autocast():
-                off_policy = self.plan.optimizer_steps > 1 or self.correction.applies(batch)
+                replay = self.args.routing_replay  # R2 replays the experts of the old-policy pass
+                off_policy = self.plan.optimizer_steps > 1 or self.correction.applies(batch) or replay == "R2"
                 batch.old_logps, old = self.old_logprobs(batch) if off_policy else (None, {})
                 correction = {**self.correction(batch), **old}  # batch.importance_weights [n, C], metrics
             with timer.phase("reference"), self.accelerator.autocast():
-                ref = self.reference
-                batch.ref_logps = ref.logprobs(batch, self.logprob_pass) if ref is not None else None
+                ref, routing = self.reference, self._routing("reference", batch)
+                batch.ref_logps = ref.logprobs(batch, self.logprob_pass, routing) if ref is not None else None
             # 6. mu epochs of clipped policy-gradient updates on the same samples
             with timer.phase("update"):
                 update = {**run_update(batch, self.args, self.update_context), **correction}
             self.weight_sync.push(timer)  # vLLM: the updated weights into the engine, once (time/weight_push)
             num_tokens = batch.num_completion_tokens()
+        update = {**update, **self.routing_metrics()}  # an MoE policy's routing/* (every process's counts)
         # 7. what follows the update (reference reset, RM update), then metrics describing the whole batch
         with timer.phase("after_update"):
             self.hooks.after_update(step)
@@ -660,10 +677,30 @@ class GRPOTrainer:
     def old_logprobs(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """log pi_old [n, C] of ``batch``: the sampler's own where they are pi_old's
         (``reuse_sampler_logprobs``), else the old-policy pass; and ``old_logprobs/from_sampler`` (1 or 0)."""
-        reused = self.sampler_logprobs(batch, self.backend)
+        reused = None if self.args.routing_replay == "R2" else self.sampler_logprobs(batch, self.backend)
         if reused is not None:
             return reused, {"old_logprobs/from_sampler": 1.0}
-        return self.logprob_pass(self.placed.scorer, batch), {"old_logprobs/from_sampler": 0.0}
+        logps = self.logprob_pass(self.placed.scorer, batch, self._routing("old", batch))
+        if self.routing is not None:  # the experts the pass used (R2 replays them in the update)
+            batch.old_experts = self.routing.take_recorded()
+        return logps, {"old_logprobs/from_sampler": 0.0}
+
+    def _routing(self, name: str, batch: RolloutBatch) -> RoutingUse | None:
+        """How pass ``name`` routes an MoE policy (``RoutingUse.for_pass``); None for a dense one."""
+        if self.routing is None:
+            return None
+        return RoutingUse.for_pass(self.args.routing_replay, name, batch.routed_experts, batch.old_experts)
+
+    def routing_metrics(self) -> dict[str, float]:
+        """``routing/*`` of the step's passes over every process's tokens (``ExpertRouting.metrics``); {} for
+        a dense policy. Every process calls it (a collective)."""
+        if self.routing is None:
+            return {}
+        counts = self.routing.take_counts()
+        empty = torch.zeros(self.routing.num_layers, 2, dtype=torch.long)
+        stacked = torch.stack([counts.get(tag, empty) for tag in TAGS])  # [tags, L, 2]
+        summed = self.accelerator.reduce(stacked.to(self.accelerator.device), "sum").cpu()
+        return self.routing.metrics(dict(zip(TAGS, summed)), replayed_tags(self.args.routing_replay))
 
     def draw_round(
         self, count: int | None, timer: PhaseTimer, backend: RolloutBackend | None = None
@@ -689,7 +726,8 @@ class GRPOTrainer:
     def rollout_batch(self, samples: Samples, advantages: torch.Tensor) -> RolloutBatch:
         """Step 4: prompts left-padded, completions right-padded, ``advantages`` [n] (this process's);
         the hooks may then change them (process supervision: per-token advantages [n, C])."""
-        batch = pad_samples(samples, advantages, **self._padding())
+        experts = None if self.routing is None else self.routing.num_experts
+        batch = pad_samples(samples, advantages, **self._padding(), num_experts=experts)
         self.hooks.on_batch(batch)
         return batch
 

@@ -14,6 +14,7 @@ import torch
 from grpokit.config import GRPOConfig
 from grpokit.core import PolicyLoss, off_policy_sequence_mask, top_entropy_mask
 from grpokit.models.moe import RouterLoss
+from grpokit.models.routing_replay import RoutingUse
 from grpokit.parallel.fsdp import unwrap_tensor
 from grpokit.rollout.records import RolloutBatch
 from grpokit.train.batch import micro_batch_indices
@@ -41,6 +42,8 @@ class UpdateContext:
     off_policy_sampler: bool = False  # the sampler is not pi_old (vLLM, a dtype copy, drawn ahead): the
     # off-policy mask compares pi_theta with the sampler's own log-probs
     router: RouterLoss | None = None  # a mixture-of-experts policy's load-balancing loss (models.moe)
+    routing_replay: str | None = None  # an MoE policy's routing_replay ("off", "R2", "R3": how the update
+    # routes, models.routing_replay); None: a dense policy
 
     @classmethod
     def from_accelerator(
@@ -53,6 +56,7 @@ class UpdateContext:
         entropy: EntropyControl | None = None,
         off_policy_sampler: bool = False,
         router: RouterLoss | None = None,
+        routing_replay: str | None = None,
     ) -> UpdateContext:
         """Backward, gradient clipping (the pre-clip global norm, a plain tensor also when the gradients
         are sharded), the optimizer and scheduler steps and cross-process sums through ``accelerator``;
@@ -76,6 +80,7 @@ class UpdateContext:
             entropy=entropy,
             off_policy_sampler=off_policy_sampler,
             router=router,
+            routing_replay=routing_replay,
         )
 
 
@@ -201,6 +206,10 @@ def _micro_batch_loss(
     entropy H over the tokens trained on, with its gradient) and ``entropy_totals`` ([sum of H, count])."""
     mask = batch.completion_mask.float()  # [n, C]
     routed: list[Any] | None = [] if ctx.router is not None else None  # receives an MoE's router logits
+    routing = {}  # an MoE policy: the experts the update replays (R2, R3) or compares with (routing/update_*)
+    if ctx.routing_replay is not None:
+        use = RoutingUse.for_pass(ctx.routing_replay, "update", batch.routed_experts, batch.old_experts)
+        routing["routing"] = use
     logps, entropy = ctx.policy(  # PolicyLogprobs: completion_logprobs through the (DDP) module's forward
         batch.prompt_ids,
         batch.prompt_mask,
@@ -212,6 +221,7 @@ def _micro_batch_loss(
         context_mask=batch.context_mask,
         router_logits=routed,
         **({} if batch.images is None else {"images": batch.images}),
+        **routing,
     )
     token_weights = None  # [n, C] masks of the policy term (not of the KL), or None
     trained = mask  # [n, C] the tokens the entropy bonus acts on
