@@ -95,8 +95,8 @@ class EvalArgs:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Weights' dtype; auto keeps the checkpoint's own."""
     generation_backend: Literal["auto", "fast", "transformers"] = "auto"
-    """auto: grpokit's fast sampler where it supports the model (llama, qwen2, qwen3, mistral), else
-    transformers' model.generate."""
+    """auto: grpokit's fast sampler where it supports the model (llama, qwen2, qwen3, mistral, and the
+    mixtures of experts qwen2_moe, qwen3_moe, mixtral), else transformers' model.generate."""
     batch_size: int = 64
     """Prompts per generation call (each with its num_samples completions)."""
     seed: int = 0

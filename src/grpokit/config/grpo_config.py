@@ -342,7 +342,8 @@ class GRPOConfigBase(metaclass=RefusesMovedFields):
     max_completion_length). Other keys are refused: the fast sampler has no other knobs."""
     generation_backend: GenerationBackend = "auto"
     """auto: the fast sampler where its shared-prefix decode supports the model (Llama, Qwen2/3, Mistral
-    without a sliding window, plain or LoRA, any dtype), else ``model.generate``; the choice is logged
+    without a sliding window, the mixtures of experts Qwen2-MoE, Qwen3-MoE and Mixtral; plain or LoRA, any
+    dtype), else ``model.generate``; the choice is logged
     once. transformers: ``model.generate``. fast: grpokit's sampler (shared prompt prefill, KV cache)."""
     generation_micro_batch_size: int | None = None
     """Prompts per generation call (>= 1; None: all prompts of the step at once)."""

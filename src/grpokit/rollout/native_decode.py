@@ -13,7 +13,10 @@ from grpokit.models.parts import decoder_of, linear_weight
 
 __all__ = ["NATIVE_MODEL_TYPES", "NativeDecoder", "native_supported"]
 
-NATIVE_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+NATIVE_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "qwen2_moe", "qwen3_moe", "mixtral")
+"""Decoders the native decode runs: the Llama family, and its mixtures of experts (Qwen2-MoE, Qwen3-MoE,
+Mixtral), whose expert blocks run as the model's own modules (``transformers``' grouped expert matmul: one
+call over the N rows per layer, no loop over tokens)."""
 
 
 class NativeDecoder:
