@@ -1,6 +1,6 @@
 """The fast sampler's native decode on mixture-of-experts decoders (Qwen3-MoE, Mixtral, Qwen2-MoE): greedy
-output equal to ``generate``, sampling equal in distribution, each reported log-prob equal to a full forward's,
-and ``generation_backend="auto"`` choosing it."""
+output equal to ``generate``, sampling equal in distribution, each reported log-prob equal to a full
+forward's, and ``generation_backend="auto"`` choosing it."""
 
 import pytest
 import torch

@@ -26,7 +26,12 @@ from tests.train.test_multiprocess import run_two_processes
 from ._moe_worker import MODES, PLACEMENTS, PRECISIONS, cell_name, mismatched
 
 WORKER = Path(__file__).with_name("_moe_worker.py")
-CELLS = [(p, precision, mode) for p in PLACEMENTS[1] + PLACEMENTS[2] for precision in PRECISIONS for mode in MODES]
+CELLS = [
+    (placement, precision, mode)
+    for placement in PLACEMENTS[1] + PLACEMENTS[2]
+    for precision in PRECISIONS
+    for mode in MODES
+]
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ def moe(request):
     return model, install_routing(model)
 
 
-# ---- the gate weights at given experts ----------------------------------------------------------------------
+# ---- the gate weights at given experts ---------------------------------------------------------------------
 class _Router:
     def __init__(self, **attrs):
         self.__dict__.update(attrs)
@@ -57,15 +57,17 @@ SOFTMAX_ALL = torch.softmax(LOGITS, dim=-1)[0]  # e^l / (e + e^2 + e^3 + 1)
             "Glm4MoeTopkRouter", {"norm_topk_prob": True, "routed_scaling_factor": 2.5},
             [2.5 * (1 / (1 + 1 / E)) / (1 / (1 + 1 / E) + 0.5), 2.5 * 0.5 / (1 / (1 + 1 / E) + 0.5)],
         ),
-        ("Glm4MoeTopkRouter", {"norm_topk_prob": False, "routed_scaling_factor": 1.0}, [1 / (1 + 1 / E), 0.5]),
+        ("Glm4MoeTopkRouter", {"norm_topk_prob": False, "routed_scaling_factor": 1.0},
+         [1 / (1 + 1 / E), 0.5]),
     ],
 )  # fmt: skip
 def test_gate_weights_at_given_experts_by_hand(router, attrs, expected):
     weights = GATES[router](_Router(**attrs), LOGITS, CHOSEN)
-    torch.testing.assert_close(weights[0].double(), torch.tensor(expected, dtype=torch.float64), rtol=1e-6, atol=0)
+    expected = torch.tensor(expected, dtype=torch.float64)
+    torch.testing.assert_close(weights[0].double(), expected, rtol=1e-6, atol=0)
 
 
-# ---- replay on every architecture ------------------------------------------------------------------------------
+# ---- replay on every architecture --------------------------------------------------------------------------
 def test_replaying_a_pass_own_routing_reproduces_it_bit_for_bit(moe):
     """Record a forward's experts, replay them: the same logits, bit for bit (the gate weights recomputed at
     the replayed experts are the router's own); replaying other experts changes the output, and every
@@ -107,7 +109,7 @@ def test_replay_keeps_the_router_learning(moe):
     routing.take_counts()
 
 
-# ---- the samplers' routing, aligned with the trainer's tokens --------------------------------------------------
+# ---- the samplers' routing, aligned with the trainer's tokens ----------------------------------------------
 @pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
 @pytest.mark.parametrize("sampler", ["fast", "generate"])
 def test_the_samplers_routing_is_the_trainers_at_the_same_precision(arch, sampler):
@@ -162,17 +164,18 @@ def test_a_pass_records_the_routing_it_used_in_the_batch_layout():
         attended[:, -1] = False
         assert torch.equal(used.recorded, attended)
         with torch.no_grad():
+            replay = RoutingUse(used, replay=True)
             again, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, num_generations=2,
-                                           shared_prefix=shared, routing=RoutingUse(used, replay=True))  # fmt: skip
+                                           shared_prefix=shared, routing=replay)  # fmt: skip
         assert torch.equal(again, own)
         assert routing.take_counts()["pass"][:, 0].sum() == 0
 
 
-# ---- which runs get it ----------------------------------------------------------------------------------------
+# ---- which runs get it -------------------------------------------------------------------------------------
 def test_routing_for_run_refuses_what_it_cannot_replay():
     dense = build_tiny_model(TOKENIZER, hidden_size=16, num_layers=1, num_heads=2)
     assert routing_for_run(dense, "off", {}) is None
-    with pytest.raises(ValueError, match=r"routing_replay='R3', but LlamaForCausalLM has no mixture-of-experts"):
+    with pytest.raises(ValueError, match=r"'R3', but LlamaForCausalLM has no mixture-of-experts routers"):
         routing_for_run(dense, "R3", {})
     moe = build_tiny_moe(TOKENIZER, "mixtral")
     with pytest.raises(ValueError, match="routing_replay='R3' is refused with use_vllm"):

@@ -32,7 +32,8 @@ def resolve_backend_name(name: str, model: torch.nn.Module) -> str:
         else:
             logger.warning(
                 "generation_backend=auto: model.generate for this %s model (the fast sampler's decode "
-                "supports llama, qwen2, qwen3, mistral without a sliding window, qwen2_moe, qwen3_moe and mixtral)",
+                "supports llama, qwen2, qwen3, mistral without a sliding window, qwen2_moe, qwen3_moe and "
+                "mixtral)",
                 model_type,
             )
     return chosen

@@ -106,7 +106,8 @@ class FastSampler:
         if compile_decode and self.impl != "native":
             raise ValueError(
                 f"compile_decode compiles the native decode step, which does not support "
-                f"{type(model).__name__} (llama, qwen2, qwen3, mistral without a sliding window, and their MoE kin)"
+                f"{type(model).__name__} (llama, qwen2, qwen3, mistral without a sliding window, qwen2_moe, "
+                "qwen3_moe, mixtral)"
             )
         self.accepts_images = self.impl == "native"
         """Whether ``generate`` takes ``images`` (a vision-language model, native decode only)."""

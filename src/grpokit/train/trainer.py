@@ -317,8 +317,8 @@ class GRPOTrainer:
         self.generator = torch.Generator().manual_seed(self.args.seed + self.accelerator.process_index)
         self.loss = self.args.policy_loss()
         self.logprob_pass = LogprobPass.from_config(self.args)
-        if self.router_loss is not None:  # the update runs an MoE with its load-balancing loss over whole rows:
-            # the no-grad passes too, so that at equal weights they compute the update's numbers exactly
+        if self.router_loss is not None:  # the update runs an MoE with its load-balancing loss over whole
+            # rows: the no-grad passes too, so that at equal weights they compute the update's numbers exactly
             self.logprob_pass = dataclasses.replace(self.logprob_pass, num_generations=None)
         self.entropy_control = EntropyControl.from_config(self.args)  # entropy_coef, adaptive or not
         self.update_context = UpdateContext.from_accelerator(
