@@ -665,3 +665,93 @@ def test_a_colocated_vllm_engine_takes_its_share_and_forces_the_old_policy_pass(
     assert "logprobs" not in small_plan(uncorrected, device_bytes=80 * GIB).phases
     # no device size given: the reservation cannot be counted (and is not guessed)
     assert small_plan(small_args(beta=0.0, use_vllm=True)).vllm_engine == 0
+
+
+# ---------------------------------------------------------------------------------------- mixtures of experts
+MOE = {
+    "qwen3_moe": dict(moe_intermediate_size=40, num_experts=8, num_experts_per_tok=2),
+    "mixtral": dict(intermediate_size=40, num_local_experts=8, num_experts_per_tok=2),
+    "qwen2_moe": dict(moe_intermediate_size=40, shared_expert_intermediate_size=56, num_experts=8,
+                      num_experts_per_tok=2),
+}  # fmt: skip
+
+
+def moe_config(arch: str, layers: int = 2, **overrides):
+    return tiny_config(arch, num_hidden_layers=layers, head_dim=16, **{**MOE[arch], **overrides})
+
+
+@pytest.mark.parametrize(
+    "arch, extra",
+    [("qwen3_moe", {}), ("qwen3_moe", {"mlp_only_layers": [0]}), ("qwen3_moe", {"decoder_sparse_step": 2}),
+     ("mixtral", {}), ("qwen2_moe", {})],
+)  # fmt: skip
+def test_moe_parameter_counts_equal_the_models_and_the_active_ones_by_hand(arch, extra):
+    """Every expert resident; a token computes with its top-k experts (and the shared one): per MoE layer,
+    (E - k) experts of 3 * H * I_e idle (H 64, I_e 40: 7680 each)."""
+    config = moe_config(arch, layers=3, **extra)
+    model = AutoModelForCausalLM.from_config(config)
+    shape = ModelShape.from_config(config)
+    assert count_parameters(config) == sum(p.numel() for p in model.parameters())
+    moe_layers = sum(1 for layer in model.model.layers if hasattr(layer.mlp, "experts"))
+    assert shape.moe_layers == moe_layers == {"mlp_only_layers": 2, "decoder_sparse_step": 1}.get(
+        next(iter(extra), ""), 3)  # fmt: skip
+    assert shape.total_parameters() - shape.active_parameters() == moe_layers * (8 - 2) * 3 * 64 * 40
+
+
+def test_the_published_qwen3_30b_a3b_sizes():
+    """Qwen3-30B-A3B (shipped config): 30.5B parameters, 3.3B active per token, counted by hand from its
+    config: untied embeddings 2 x 151936 x 2048, per layer attention q/o 2048 x 4096, k/v 2048 x 512, norms
+    2 x 2048 + 2 x 128, router 128 x 2048, 128 experts of 3 x 2048 x 768."""
+    from grpokit.cli.plan_command import MODEL_CONFIGS_DIR
+
+    config = json.loads((MODEL_CONFIGS_DIR / "Qwen--Qwen3-30B-A3B.json").read_text())
+    shape = ModelShape.from_config(config)
+    attention = 2 * 2048 * 4096 + 2 * 2048 * 512 + 2 * 2048 + 2 * 128
+    expert = 3 * 2048 * 768
+    root = 2 * 151936 * 2048 + 2048
+    assert shape.total_parameters() == root + 48 * (attention + 128 * 2048 + 128 * expert) == 30_532_122_624
+    assert shape.active_parameters() == root + 48 * (attention + 128 * 2048 + 8 * expert) == 3_353_032_704
+
+
+@pytest.mark.parametrize("arch", sorted(MOE))
+@pytest.mark.parametrize(
+    "dtype, autocast", [(torch.float32, False), (torch.bfloat16, False), (torch.float32, True)]
+)
+def test_moe_layer_activation_bytes_within_two_percent_of_what_autograd_saves(
+    arch, dtype, autocast, monkeypatch
+):
+    """One more MoE layer adds ``layer_activation_bytes`` per token (an estimate for the experts' grouped
+    matmul: its per-expert bookkeeping is not per token) within 2% (sdpa without key/value copies, as CPU
+    runs attend), plus the autocast copies of its attention, router and shared-expert weights."""
+    monkeypatch.setenv(FORCE_GQA, "1")
+    batch, seq = 2, 24
+    measured = saved_bytes(moe_config(arch, 2), dtype, autocast, "sdpa") - saved_bytes(
+        moe_config(arch, 1), dtype, autocast, "sdpa")  # fmt: skip
+    r = 4 if dtype == torch.float32 else 2
+    c = 2 if autocast else r
+    shape = ModelShape.from_config(moe_config(arch, 1))
+    copies = c * shape.layer_linear_parameters() if c != r else 0
+    estimate = batch * seq * layer_activation_bytes(shape, seq, residual_bytes=r, compute_bytes=c,
+                                                    kv_copies=False)  # fmt: skip
+    assert estimate + copies == pytest.approx(measured, rel=0.02)
+
+
+def test_moe_lora_counts_equal_peft():
+    """LoRA on attention (and on qwen2_moe's shared expert, an MoE layer's MLP linears): peft's count."""
+    peft = pytest.importorskip("peft")
+    cases = (("qwen3_moe", ["q_proj", "v_proj", "o_proj"]), ("qwen2_moe", ["k_proj", "up_proj"]))
+    for arch, targets in cases:
+        config = moe_config(arch, layers=2)
+        model = AutoModelForCausalLM.from_config(config)
+        lora = peft.LoraConfig(r=4, target_modules=targets, task_type="CAUSAL_LM")
+        trainable = [p for p in peft.get_peft_model(model, lora).parameters() if p.requires_grad]
+        assert count_lora_parameters(config, 4, targets) == sum(p.numel() for p in trainable)
+
+
+def test_the_plan_of_an_moe_states_its_experts():
+    plan = plan_memory(moe_config("qwen3_moe", layers=2), small_args())
+    assert plan.experts == "8 experts, 2 per token, in 2 of 2 layers"
+    assert plan.active_parameters < plan.num_parameters
+    assert "8 experts, 2 per token, in 2 of 2 layers:" in plan.table().splitlines()[0]
+    dense = small_plan()
+    assert dense.experts == "" and dense.active_parameters == dense.num_parameters

@@ -87,8 +87,10 @@ def layer_activation_bytes(
     compute_bytes: int,
     attention: str = "sdpa",
     kv_copies: bool = True,
+    moe: bool | None = None,
 ) -> int:
-    """Bytes one decoder layer keeps for its backward, per token of a [rows, seq_len] training forward.
+    """Bytes one decoder layer keeps for its backward, per token of a [rows, seq_len] training forward
+    (``moe``: of an MoE layer, ``moe_mlp_bytes``; None: the model's largest layer).
 
     Counted from ``transformers``' Llama layer (the same for qwen2/qwen3/mistral), with r = the residual
     stream's bytes (the weights' dtype) and c = the compute dtype's (autocast's, else r):
@@ -110,7 +112,30 @@ def layer_activation_bytes(
     else:  # sdpa / flash kernels: no [T, T] probabilities
         attn += 4 * heads + seq_len * c
     qk_norm = (heads + kv) * (d * (4 + c) + 4) if shape.qk_norm else 0
+    if moe if moe is not None else shape.is_moe:  # the router's casts replace gate's and up's
+        linear_inputs = 2 * r * hidden if c == r else 4 * c * hidden
+        return (
+            norms + linear_inputs + attn + qk_norm + moe_mlp_bytes(shape, residual_bytes=r, compute_bytes=c)
+        )
     return norms + linear_inputs + attn + qk_norm + 4 * shape.intermediate_size * c
+
+
+def moe_mlp_bytes(shape: ModelShape, *, residual_bytes: int, compute_bytes: int) -> int:
+    """Bytes an MoE block keeps for its backward, per token (an estimate, within a few percent of what
+    autograd saves in ``transformers``' grouped-matmul experts: tests/train/test_memory_plan.py): the
+    router's logits [E] (c) and float32 probabilities [E], the top-k weights and ids; per routed copy of
+    the token (k of them) its gathered input [H], gate/up [2 I_e], act(gate) and the product [2 I_e] and the
+    weighted output [H], in the weights' dtype (the grouped matmul runs in it, also under autocast); the
+    shared expert (qwen2_moe) as a dense MLP [4 I_s] (c), its output [H] for the sigmoid gate's product and,
+    under autocast, the casts of its three linears' input [H]."""
+    r, c, k = residual_bytes, compute_bytes, shape.experts_per_token
+    router = shape.num_experts * (c + 4) + k * (4 + 8)
+    routed = k * (2 * shape.hidden_size + 4 * shape.expert_intermediate_size) * r
+    shared = 0
+    if shape.shared_expert_intermediate_size:
+        shared = 4 * shape.shared_expert_intermediate_size * c + shape.hidden_size * c + 2 * c
+        shared += 3 * shape.hidden_size * c if c != r else 0
+    return router + routed + shared
 
 
 def _pass_bytes_per_token(shape: ModelShape, seq_len: int, r: int, c: int, attention: str) -> int:
@@ -118,7 +143,15 @@ def _pass_bytes_per_token(shape: ModelShape, seq_len: int, r: int, c: int, atten
     act(gate), up and their product [I] (eager: the [heads, T] scores)."""
     hidden, heads, d = shape.hidden_size, shape.num_heads, shape.head_dim
     scores = heads * seq_len * (4 + c) if attention == "eager" else 0
-    return 2 * r * hidden + 4 * hidden + 4 * heads * d * c + 3 * shape.intermediate_size * c + scores
+    mlp = 3 * shape.intermediate_size * c
+    if shape.is_moe:  # the routed copies of the token and their expert activations, the shared expert
+        k = shape.experts_per_token
+        mlp = max(
+            mlp,
+            k * (hidden + 3 * shape.expert_intermediate_size) * r
+            + 3 * shape.shared_expert_intermediate_size * c,
+        )
+    return 2 * r * hidden + 4 * hidden + 4 * heads * d * c + mlp + scores
 
 
 def _count(number: int) -> str:
@@ -136,6 +169,8 @@ class MemoryPlan:
 
     model_type: str
     num_parameters: int
+    active_parameters: int  # per token: all of a dense model; a mixture of experts' top-k experts only
+    experts: str  # "" (dense), or e.g. "8 experts, 2 per token, in 2 of 2 layers"
     trainable_parameters: int
     strategy: str
     num_processes: int
@@ -193,8 +228,11 @@ class MemoryPlan:
         """Human-readable: what was planned, then one line per part and per phase, in GiB."""
         n = self.num_processes
         checkpointing = "on" if self.gradient_checkpointing else "off"
+        experts = ""
+        if self.experts:  # every expert is resident; a token computes with its top k
+            experts = f", {self.experts}: {_count(self.active_parameters)} active per token"
         lines = [
-            f"memory plan: {self.model_type}, {_count(self.num_parameters)} parameters "
+            f"memory plan: {self.model_type}, {_count(self.num_parameters)} parameters{experts} "
             f"({_count(self.trainable_parameters)} trainable{', LoRA' if self.lora else ''}); "
             f"{self.strategy} over {n} process{'es' if n > 1 else ''}; weights {self.weights_dtype}, "
             f"compute {self.compute_dtype}; micro-batch {self.micro_batch_rows} x {self.tokens_per_row} "
@@ -300,6 +338,11 @@ def plan_memory(
     compute_name = {"bf16": "bfloat16", "fp16": "float16"}.get(args.mixed_precision, w_name)
     attention = str((args.model_init_kwargs or {}).get("attn_implementation", "sdpa"))
     total, linear_layer = shape.total_parameters(), shape.layer_linear_parameters()
+    dense_layers = layers - shape.moe_layers
+    linear_all = dense_layers * shape.layer_linear_parameters(False) + shape.moe_layers * linear_layer
+    # the largest single tensor: the embedding, a dense MLP's weight, or an MoE layer's gate/up experts
+    largest_tensor = max(vocab * hidden, shape.intermediate_size * hidden)
+    largest_tensor = max(largest_tensor, shape.num_experts * 2 * shape.expert_intermediate_size * hidden)
     p: dict[str, int] = {}  # the parts, bytes per device
 
     # --- parameters, gradients, optimizer state, reference ---------------------------------------------
@@ -308,10 +351,9 @@ def plan_memory(
     trainable_bytes = trainable * grad_bytes
     full_weights = total * w + (trainable_bytes if lora else 0)
     zero, zero3 = strategy == "zero", strategy == "zero3"
-    if lora:  # the largest trainable tensor
-        largest = 4 * lora_r * max(max(s) for s in shape.linear_shapes().values())
-    else:
-        largest = w * max(vocab * hidden, shape.intermediate_size * hidden)
+    # the largest trainable tensor (LoRA: an adapter's)
+    lora_largest = 4 * lora_r * max(max(s) for s in shape.linear_shapes().values()) if lora else 0
+    largest = lora_largest if lora else w * largest_tensor
     fused = args.optim == "adamw_torch_fused"  # one pass per tensor, no temporaries
     # plain AdamW: foreach on CUDA (one temporary per parameter), per tensor on the CPU (two of one tensor)
     temporaries = 0 if fused else {"cuda": 1, "cpu": 2}[device_type]
@@ -356,8 +398,14 @@ def plan_memory(
     layer = layer_activation_bytes(
         shape, seq, residual_bytes=w, compute_bytes=c, attention=attention, kv_copies=copies
     )
+    every_layer = layers * layer
+    if shape.is_moe:  # its dense layers keep their own
+        dense_layer = layer_activation_bytes(
+            shape, seq, residual_bytes=w, compute_bytes=c, attention=attention, kv_copies=copies, moe=False
+        )
+        every_layer = shape.moe_layers * layer + dense_layers * dense_layer
     outside = 8 + 2 * shape.head_dim * w + (4 * hidden + w * hidden + 4)  # ids, cos/sin, final norm
-    full = rows * seq * (layers * layer + outside)
+    full = rows * seq * (every_layer + outside)
     # checkpointing: each layer's input [T, H], one layer recomputed, the mask [T, T] passed to every layer
     checkpointed = rows * seq * (layers * w * hidden + outside + layer) + rows * seq * seq * w
     kept = {True: checkpointed, False: full}
@@ -368,7 +416,7 @@ def plan_memory(
     # autocast over float32 weights: the backward keeps each linear's low-precision weight (FSDP under mixed
     # precision gathers the weights in c for the forward and again for the backward: nothing to cast)
     if c != w and strategy != "fsdp":
-        p["autocast_copies"] = c * linear_layer * (1 if args.gradient_checkpointing else layers)
+        p["autocast_copies"] = c * (linear_layer if args.gradient_checkpointing else linear_all)
     completion_tokens = rows * completion
     chunk = min(head_chunk_rows(vocab), completion_tokens)
     p["head"] = 2 * completion_tokens * hidden * w + 2 * chunk * vocab * 4  # h, grad_h; z and e (or coef)
@@ -385,7 +433,7 @@ def plan_memory(
     )
     # FSDP under mixed precision gathers the weights in the compute dtype (no autocast casts needed then)
     g = c if strategy == "fsdp" else w  # bytes per gathered / generation weight
-    policy_casts = c * (layers * linear_layer + vocab * hidden) if c != g and not lora else 0
+    policy_casts = c * (linear_all + vocab * hidden) if c != g and not lora else 0
     if strategy == "fsdp":  # the root (embeddings, head) and two layers gathered, one layer's gradients
         p["gathered"] = g * (shape.root_parameters() + (2 if lora else 3) * shape.layer_parameters())
     # pi_old's pass: off-policy updates, or a sampler that is not pi_old (another dtype, vLLM) with the
@@ -412,18 +460,26 @@ def plan_memory(
     if strategy == "fsdp":
         full_copy = total * g + (trainable_bytes if lora else 0)
     elif zero3:
-        full_copy = full_weights + w * max(vocab * hidden, shape.intermediate_size * hidden)
+        full_copy = full_weights + w * largest_tensor
     p["generation_weights"] = full_copy
     if sampler_dtype not in ("auto", w_name) and not vllm:  # the sampler's copy (sampling.off_policy)
         p["generation_copy"] = total * DTYPE_BYTES[sampler_dtype]
-    # fast (and auto, which picks it for the architectures planned here): fused [q; k; v] and [gate; up];
-    # each prompt's cache once
+    # fast (and auto, which picks it for the architectures planned here): fused [q; k; v] and, in a dense
+    # layer, [gate; up] (an MoE block runs as its own module); each prompt's cache once
     if args.generation_backend in ("fast", "auto"):
-        shapes = shape.linear_shapes()
-        fused_proj = sum(i * o for name, (i, o) in shapes.items() if name not in ("o_proj", "down_proj"))
-        p["generation_weights"] += layers * fused_proj * g
+
+        def fused(moe: bool) -> int:
+            kept = (
+                ("q_proj", "k_proj", "v_proj")
+                if moe
+                else ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+            )
+            return sum(i * o for name, (i, o) in shape.linear_shapes(moe).items() if name in kept)
+
+        fused_proj = dense_layers * fused(False) + shape.moe_layers * fused(True)
+        p["generation_weights"] += fused_proj * g
         if c != g and not lora:  # autocast caches casts of the weights applied as modules
-            p["generation_weights"] += c * (layers * (linear_layer - fused_proj) + vocab * hidden)
+            p["generation_weights"] += c * (linear_all - fused_proj + vocab * hidden)
         call_prompts = min(args.generation_micro_batch_size or prompts, prompts)  # prompts per call
         prefill_rows = min(FAST_PREFILL_PROMPTS, call_prompts)
         kv_tokens = call_prompts * prompt + call_prompts * group * completion
@@ -481,7 +537,10 @@ def plan_memory(
     )
     compute = compute_name + (" (autocast)" if autocast else "")
     # fmt: off
-    meta = dict(model_type=shape.model_type, num_parameters=total, trainable_parameters=trainable,
+    experts = "" if not shape.is_moe else (f"{shape.num_experts} experts, {shape.experts_per_token} per "
+                                           f"token, in {shape.moe_layers} of {layers} layers")
+    meta = dict(model_type=shape.model_type, num_parameters=total, experts=experts,
+                active_parameters=shape.active_parameters(), trainable_parameters=trainable,
                 strategy=strategy, num_processes=n, lora=lora, weights_dtype=w_name, compute_dtype=compute,
                 gradient_checkpointing=args.gradient_checkpointing, tokens_per_row=seq, micro_batch_rows=rows,
                 reference_offloaded=offloaded)

@@ -1,6 +1,8 @@
-"""The sizes of a Llama-family decoder (``llama``, ``qwen2``, ``qwen3``, ``mistral``) read from its config
-alone, no weights: parameter counts, LoRA adapter counts, the shapes of one layer's linear layers. The
-memory plan (``grpokit.cli.memory_plan``) is built on them; tests check the counts against real models.
+"""The sizes of a Llama-family decoder (``llama``, ``qwen2``, ``qwen3``, ``mistral``, and the mixtures of
+experts built on it: ``qwen2_moe``, ``qwen3_moe``, ``mixtral``) read from its config alone, no weights:
+parameter counts (all resident, and those one token computes with), LoRA adapter counts, the shapes of one
+layer's linear layers. The memory plan (``grpokit.cli.memory_plan``) is built on them; tests check the
+counts against real models.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ __all__ = [
     "dtype_name",
 ]
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "qwen2_moe", "qwen3_moe", "mixtral")
+MOE_MODEL_TYPES = ("qwen2_moe", "qwen3_moe", "mixtral")
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float64": 8}
 
@@ -43,6 +46,11 @@ class ModelShape:
     mlp_bias: bool
     qk_norm: bool  # qwen3: RMSNorm over each head's queries and keys
     config_dtype: str | None
+    num_experts: int = 0  # a mixture of experts: experts per MoE layer (0: every MLP is dense)
+    experts_per_token: int = 0  # the router's top k
+    expert_intermediate_size: int = 0  # each expert's MLP width
+    shared_expert_intermediate_size: int = 0  # qwen2_moe: the always-on shared expert's width
+    moe_layers: int = 0  # layers whose MLP is the experts (the others: a dense MLP of intermediate_size)
 
     @classmethod
     def from_config(cls, config: Any) -> ModelShape:
@@ -61,6 +69,7 @@ class ModelShape:
         hidden, heads = config.hidden_size, config.num_attention_heads
         attention_bias = bool(getattr(config, "attention_bias", False))
         dtype = config.dtype if hasattr(config, "dtype") else getattr(config, "torch_dtype", None)
+        experts = _experts(config, model_type)
         return cls(
             model_type=model_type,
             vocab_size=config.vocab_size,
@@ -72,33 +81,53 @@ class ModelShape:
             head_dim=getattr(config, "head_dim", None) or hidden // heads,
             max_positions=getattr(config, "max_position_embeddings", 0) or 0,
             tied=bool(getattr(config, "tie_word_embeddings", False)),
-            qkv_bias=model_type == "qwen2" or attention_bias,
+            qkv_bias=model_type in ("qwen2", "qwen2_moe") or attention_bias,
             o_bias=model_type in ("llama", "qwen3") and attention_bias,
             mlp_bias=model_type == "llama" and bool(getattr(config, "mlp_bias", False)),
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
             config_dtype=None if dtype is None else dtype_name(dtype),
+            **experts,
         )
 
-    def linear_shapes(self) -> dict[str, tuple[int, int]]:
-        """(in, out) features of each linear layer of one decoder layer."""
+    @property
+    def is_moe(self) -> bool:
+        return self.moe_layers > 0
+
+    def linear_shapes(self, moe: bool | None = None) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each linear layer of one decoder layer: a dense layer's, or (``moe``; None:
+        the model's largest layer) an MoE layer's attention and, where it has one, its shared expert's MLP
+        (qwen2_moe). The experts themselves are 3-D parameters, not linear layers, and the router too
+        (transformers 5)."""
         h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        i = self.intermediate_size
-        sizes = [(h, q), (h, kv), (h, kv), (q, h), (h, i), (h, i), (i, h)]
+        moe = self.is_moe if moe is None else moe
+        i = self.shared_expert_intermediate_size if moe else self.intermediate_size
+        sizes = [(h, q), (h, kv), (h, kv), (q, h)] + ([(h, i), (h, i), (i, h)] if i else [])
         return dict(zip(LINEARS, sizes))
 
-    def layer_linear_parameters(self) -> int:
-        """Weights of one layer's linear layers (what autocast casts and the fast sampler fuses)."""
-        return sum(i * o for i, o in self.linear_shapes().values())
+    def layer_linear_parameters(self, moe: bool | None = None) -> int:
+        """Weights of one layer's linear layers and, in an MoE layer, its router (the weights autocast casts:
+        the experts run their grouped matmul in the weights' own dtype)."""
+        shared_gate = self.hidden_size * bool(self.shared_expert_intermediate_size)  # qwen2_moe: [1, H]
+        router = self.num_experts * self.hidden_size + shared_gate
+        moe = self.is_moe if moe is None else moe
+        return sum(i * o for i, o in self.linear_shapes(moe).values()) + (router if moe else 0)
 
-    def layer_parameters(self) -> int:
-        """All parameters of one decoder layer: linear weights and biases, RMSNorm weights."""
-        shapes = self.linear_shapes()
+    def expert_parameters(self) -> int:
+        """One expert's weights: gate, up and down, 3 * H * I_e."""
+        return 3 * self.hidden_size * self.expert_intermediate_size
+
+    def layer_parameters(self, moe: bool | None = None) -> int:
+        """All parameters of one decoder layer (None: the largest): linear weights and biases, RMSNorm
+        weights, and in an MoE layer its router and every expert."""
+        moe = self.is_moe if moe is None else moe
+        shapes = self.linear_shapes(moe)
         biases = (shapes["q_proj"][1] + 2 * shapes["k_proj"][1]) * self.qkv_bias
-        biases += (
-            self.hidden_size * self.o_bias + (2 * self.intermediate_size + self.hidden_size) * self.mlp_bias
-        )
+        biases += self.hidden_size * self.o_bias
+        if not moe:
+            biases += (2 * self.intermediate_size + self.hidden_size) * self.mlp_bias
         norms = 2 * self.hidden_size + 2 * self.head_dim * self.qk_norm
-        return self.layer_linear_parameters() + biases + norms
+        experts = self.num_experts * self.expert_parameters() if moe else 0
+        return self.layer_linear_parameters(moe) + biases + norms + experts
 
     def root_parameters(self) -> int:
         """Embeddings, final norm and the LM head (counted once when tied)."""
@@ -106,7 +135,38 @@ class ModelShape:
         return embedding * (1 if self.tied else 2) + self.hidden_size
 
     def total_parameters(self) -> int:
-        return self.num_layers * self.layer_parameters() + self.root_parameters()
+        """Every parameter: all experts of every MoE layer are resident."""
+        dense = self.num_layers - self.moe_layers
+        return dense * self.layer_parameters(False) + self.moe_layers * self.layer_parameters(True) + (
+            self.root_parameters())  # fmt: skip
+
+    def active_parameters(self) -> int:
+        """The parameters one token computes with: in each MoE layer its router, its top-k experts and the
+        shared expert, not the others (the embedding row it reads counts whole, as usual)."""
+        idle = (self.num_experts - self.experts_per_token) * self.expert_parameters()
+        return self.total_parameters() - self.moe_layers * idle
+
+
+def _experts(config: Any, model_type: str) -> dict[str, int]:
+    """The mixture-of-experts fields of ``ModelShape`` for a config (nothing for a dense one)."""
+    if model_type not in MOE_MODEL_TYPES:
+        return {}
+    if model_type == "mixtral":
+        count, width, layers = config.num_local_experts, config.intermediate_size, config.num_hidden_layers
+    else:  # qwen2_moe / qwen3_moe: every decoder_sparse_step-th layer, but mlp_only_layers
+        count, width = config.num_experts, config.moe_intermediate_size
+        dense = set(getattr(config, "mlp_only_layers", None) or [])
+        step = getattr(config, "decoder_sparse_step", 1) or 1
+        layers = sum(
+            1 for i in range(config.num_hidden_layers) if i not in dense and count and (i + 1) % step == 0
+        )
+    return {
+        "num_experts": count,
+        "experts_per_token": config.num_experts_per_tok,
+        "expert_intermediate_size": width,
+        "shared_expert_intermediate_size": getattr(config, "shared_expert_intermediate_size", 0) or 0,
+        "moe_layers": layers,
+    }
 
 
 def _check_model_type(model_type: Any) -> None:
@@ -151,9 +211,14 @@ def count_lora_parameters(model_config: Any, r: int, target_modules: list[str] |
             f"lora_target_modules: {unknown} are not modules of a {shape.model_type} decoder "
             f"(known: {', '.join(sorted(known))})"
         )
-    shapes = shape.linear_shapes()
-    per_layer = sum(r * sum(shapes[name]) for name in set(targets) & set(LINEARS))
+
+    def per_layer(moe: bool) -> int:
+        shapes = shape.linear_shapes(moe)
+        return sum(r * sum(shapes[name]) for name in set(targets) & set(shapes))
+
+    dense = shape.num_layers - shape.moe_layers
+    layers = dense * per_layer(False) + shape.moe_layers * per_layer(True)
     edges = sum(
         r * (shape.vocab_size + shape.hidden_size) for t in ("lm_head", "embed_tokens") if t in targets
     )
-    return shape.num_layers * per_layer + edges
+    return layers + edges

@@ -169,18 +169,22 @@ def build_tiny_moe(
     num_layers: int = 2,
     num_heads: int = 4,
     num_kv_heads: int = 2,
+    expert_size: int | None = None,
     seed: int = 0,
     **overrides: object,
 ) -> PreTrainedModel:
     """A randomly initialised mixture-of-experts causal LM of ``arch`` (``MOE_ARCHITECTURES``) sized for
     ``tokenizer``, with the experts as ``transformers`` stores them (3-D expert weights, its grouped matmul).
-    ``overrides``: further config fields (e.g. ``num_experts_per_tok``). Weights from ``torch.manual_seed(
-    seed)`` (the global RNG restored afterwards); bos/eos/pad ids in the config and generation config."""
+    ``expert_size``: each expert's MLP width (default 16). ``overrides``: further config fields (e.g.
+    ``num_experts_per_tok``). Weights from ``torch.manual_seed(seed)`` (the global RNG restored afterwards);
+    bos/eos/pad ids in the config and generation config."""
     if arch not in MOE_ARCHITECTURES:
         raise ValueError(f"arch must be one of {sorted(MOE_ARCHITECTURES)}, got {arch!r}")
-    fields = {
-        "intermediate_size": 2 * hidden_size, **MOE_ARCHITECTURES[arch], **overrides,
-    }  # fmt: skip
+    fields = {"intermediate_size": 2 * hidden_size, **MOE_ARCHITECTURES[arch]}
+    if expert_size is not None:  # the experts' width: its own field where the model has a dense MLP too
+        width = "moe_intermediate_size" if "moe_intermediate_size" in fields else "intermediate_size"
+        fields[width] = expert_size
+    fields.update(overrides)
     config = AutoConfig.for_model(
         arch,
         vocab_size=len(tokenizer),

@@ -33,7 +33,13 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from grpokit.core import pad_right
 from grpokit.eval import evaluate_accuracy
-from grpokit.models.tiny import DEFAULT_TAGS, build_char_tokenizer, build_tiny_model
+from grpokit.models.tiny import (
+    DEFAULT_TAGS,
+    MOE_ARCHITECTURES,
+    build_char_tokenizer,
+    build_tiny_model,
+    build_tiny_moe,
+)
 from grpokit.tasks.evaluation import task_episode_accuracy
 from grpokit.tasks.registry import get_task
 
@@ -68,7 +74,8 @@ class ColdStartSettings:
 
     # model
     arch: str = "llama"
-    """"qwen2" or "llama"."""
+    """"qwen2" or "llama", or a mixture of experts of ``grpokit.models.tiny.MOE_ARCHITECTURES`` (8 experts,
+    2 per token, each ``intermediate_size`` wide)."""
     hidden_size: int = 128
     """Model width."""
     num_layers: int = 2
@@ -76,7 +83,7 @@ class ColdStartSettings:
     num_heads: int = 4
     """Attention heads."""
     intermediate_size: int | None = None
-    """MLP width; None = 4 x hidden_size."""
+    """MLP width; None = 4 x hidden_size (a mixture of experts: each expert's, None = hidden_size)."""
     # data
     task_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the task's ``make_splits`` (difficulty); the defaults of the task otherwise."""
@@ -240,6 +247,12 @@ def cold_start_blueprint(task_name: str = "arithmetic", seed: int = 0, **sft: An
 
 def _untrained(task: Any, seed: int, s: ColdStartSettings) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     tokenizer = build_char_tokenizer(tags=(*DEFAULT_TAGS, *task.tokenizer_tags))
+    if s.arch in MOE_ARCHITECTURES:
+        model = build_tiny_moe(
+            tokenizer, s.arch, hidden_size=s.hidden_size, num_layers=s.num_layers, num_heads=s.num_heads,
+            num_kv_heads=s.num_heads, expert_size=s.intermediate_size or s.hidden_size, seed=seed,
+        )  # fmt: skip
+        return model, tokenizer
     model = build_tiny_model(
         tokenizer,
         arch=s.arch,
