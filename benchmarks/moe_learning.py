@@ -57,6 +57,11 @@ def train(model: Path, out: Path, seed: int, sampler: str) -> dict:
                *SAMPLERS[sampler]]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run(command, check=True, env=env, capture_output=True, text=True)
+    return summarise(out, seed, sampler)
+
+
+def summarise(out: Path, seed: int, sampler: str) -> dict:
+    """A finished run's held-out accuracy before and after, and the means over its steps of its metrics."""
     summary = json.loads((out / "eval_summary.json").read_text())
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [s for s in steps if "reward" in s]
@@ -72,6 +77,7 @@ def train(model: Path, out: Path, seed: int, sampler: str) -> dict:
         "after": summary["after"]["accuracy"],
         "routing_mismatch": average("routing/sampler_mismatch"),
         "routing_overridden": average("routing/sampler_overridden"),
+        "update_mismatch": average("routing/update_mismatch"),  # the update against the sampler's (mu 1)
         "logp_difference": average("sampling/sampling_logp_difference/mean"),
         "step_time_s": average("time/step"),
         "reward_last10": mean(s["reward"] for s in steps[-10:]),
@@ -85,11 +91,16 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--runs", type=Path, default=Path("runs/moe-learning"))
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/moe-learning.json"))
+    parser.add_argument("--summarise-only", action="store_true", help="read the runs already in --runs")
     args = parser.parse_args()
-    models = {seed: policy(seed, args.runs / "cold-start") for seed in args.seeds}
     jobs = [(seed, sampler) for seed in args.seeds for sampler in SAMPLERS]
+    if not args.summarise_only:
+        models = {seed: policy(seed, args.runs / "cold-start") for seed in args.seeds}
+
     def run(job: tuple[int, str]) -> dict:
         seed, sampler = job
+        if args.summarise_only:
+            return summarise(args.runs / f"{sampler}-seed{seed}", seed, sampler)
         return train(models[seed], args.runs / f"{sampler}-seed{seed}", seed, sampler)
 
     with ThreadPoolExecutor(2) as pool:
@@ -104,11 +115,13 @@ def main() -> None:
     record = {"cold_start": COLD_START, "recipe": "arithmetic-tiny", "runs": results, "mean": by_sampler}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")
-    for r in results:
-        routing = r["routing_mismatch"] if r["routing_mismatch"] is not None else r["routing_overridden"]
-        gap = "-" if r["logp_difference"] is None else f"{r['logp_difference']:.5f}"
+    def shown(value: float | None) -> str:
+        return "-" if value is None else f"{value:.5f}"
+
+    for r in results:  # the sampler's experts against the old-policy pass's choice: used, or overridden (R3)
         print(f"seed {r['seed']} {r['sampler']:<8} held-out {r['before']:.3f} -> {r['after']:.3f}  "
-              f"routing differs {routing if routing is not None else 0:.4f}  logp gap {gap}  "
+              f"routing: mismatch {shown(r['routing_mismatch'])} overridden {shown(r['routing_overridden'])}"
+              f"  update mismatch {shown(r['update_mismatch'])}  logp gap {shown(r['logp_difference'])}  "
               f"step {r['step_time_s']:.2f} s")  # fmt: skip
     print(json.dumps(by_sampler, indent=2))
 

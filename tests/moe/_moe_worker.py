@@ -95,9 +95,10 @@ def run(policy_dir: str, out: Path, placement: str, precision: str, mode: str, r
     trainer.accelerator.wait_for_everyone()
 
 
-def main(policy_dir: str, out: str, processes: str) -> None:
+def main(policy_dir: str, out: str, processes: str, placements: str = "all") -> None:
     torch.set_num_threads(1)
-    for placement in PLACEMENTS[int(processes)]:
+    chosen = PLACEMENTS[int(processes)] if placements == "all" else placements.split(",")
+    for placement in chosen:
         for precision in PRECISIONS:
             for mode in MODES:
                 cell = Path(out) / cell_name(placement, precision, mode)

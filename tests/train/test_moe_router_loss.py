@@ -86,3 +86,34 @@ def test_the_trainer_adds_the_weighted_router_loss(tmp_path):
     dense = GRPOTrainer(str(path), [length], small_config(tmp_path / "b", router_aux_loss_coef=0.0),
                         train_dataset=rows)  # fmt: skip
     assert not dense.aux_loss_enabled
+
+
+def test_the_shared_prefix_forward_gives_the_same_router_loss_and_gradients():
+    """Two groups of G=3 rows sharing a prompt each: with the prompt run once per group, its router logits
+    repeated to the G rows, the load-balancing loss and every parameter's gradient equal the whole-row
+    forward's (the model's own routing of every token)."""
+    model = tiny_moe()
+    prompt_ids = torch.tensor([[0, 5, 6, 7]] * 3 + [[8, 9, 10, 11]] * 3)
+    prompt_mask = torch.tensor([[0, 1, 1, 1]] * 3 + [[1, 1, 1, 1]] * 3)
+    completion_ids = torch.tensor(
+        [[12, 13, 14], [15, 16, 0], [17, 0, 0], [18, 19, 20], [21, 22, 0], [9, 9, 9]]
+    )
+    completion_mask = (completion_ids > 0).long()
+    router = router_loss_for(model, None)
+    results = []
+    for shared in (False, True):
+        model.zero_grad()
+        routed = []
+        logps, _ = completion_logprobs(
+            model, prompt_ids, prompt_mask, completion_ids, completion_mask, num_generations=3,
+            shared_prefix=shared, router_logits=routed,
+        )  # fmt: skip
+        aux = router(*routed[0])
+        (logps.sum() + aux).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        results.append((logps.detach(), aux.detach(), grads))
+    (plain_logps, plain_aux, plain_grads), (logps, aux, grads) = results
+    torch.testing.assert_close(logps, plain_logps, rtol=0, atol=1e-5)
+    torch.testing.assert_close(aux, plain_aux, rtol=1e-6, atol=1e-7)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, plain_grads[name], rtol=1e-4, atol=1e-6, msg=name)

@@ -96,8 +96,8 @@ def completion_logprobs(
     counted in positions) when that differs from the scored ones: an episode's observation tokens are
     context (``context_mask`` 1) but not scored (``completion_mask`` 0). None: ``completion_mask``.
     ``router_logits``: a list to receive ``(router logits, attention mask)`` of a mixture-of-experts
-    backbone (``grpokit.models.moe``); the whole sequence then runs per row, as the model's own forward
-    routes it (no shared prefix).
+    backbone (``grpokit.models.moe``), each token's as the model's own forward routes it (with the shared
+    prefix, a prompt's router logits repeated to its G rows).
     ``images``: the rows' image inputs (a vision-language policy, ``grpokit.models.vision``): the model's
     own multimodal backbone runs over each whole row, its vision encoder once per distinct prompt.
     ``routing``: a mixture-of-experts policy's routing (``grpokit.models.routing_replay``): the experts
@@ -120,9 +120,9 @@ def completion_logprobs(
         shared_prefix = False  # a checkpointed layer replays within its call's routing context only
     if images is not None:
         hidden = _vision_hidden(model, prompt_ids, prompt_mask, completion_ids, context, images)
-    elif router_logits is None and _choose_shared(model, *shapes, shared_prefix):
+    elif _choose_shared(model, *shapes, shared_prefix):
         hidden = _shared_prefix_hidden(
-            model, prompt_ids, prompt_mask, completion_ids, context, num_generations, routes
+            model, prompt_ids, prompt_mask, completion_ids, context, num_generations, routes, router_logits
         )
     else:
         hidden = _full_hidden(model, prompt_ids, prompt_mask, completion_ids, context, router_logits, routes)
@@ -334,12 +334,15 @@ def _vision_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_ma
 
 
 def _shared_prefix_hidden(
-    model, prompt_ids, prompt_mask, completion_ids, completion_mask, group, routes=None
+    model, prompt_ids, prompt_mask, completion_ids, completion_mask, group, routes=None, router_logits=None
 ) -> torch.Tensor:
     """Prompt once per group, its keys/values repeated to the G rows, completions on top -> [B, C, H].
 
     The caches are replay-safe (``grpokit.models.prefix_cache``), so this is exact under gradient
-    checkpointing too: a checkpointed layer keeps them instead of dropping the prompt.
+    checkpointing too: a checkpointed layer keeps them instead of dropping the prompt. With a
+    ``router_logits`` list (an MoE's load-balancing loss), each layer's router logits of the [B, P+C-1] tokens
+    the plain forward routes are appended as it would return them: the prompt's repeated to its G rows
+    (``repeat_interleave``: their gradients sum into the one prompt computation), then the completions'.
     """
     decoder = decoder_of(model)
     num_completion = completion_ids.shape[1]
@@ -347,13 +350,17 @@ def _shared_prefix_hidden(
     p_pos = (p_mask.cumsum(dim=1) - 1).clamp(min=0)
     width = prompt_ids.shape[1]
     recording = RecordingCache(model.config.get_text_config(decoder=True).num_hidden_layers)
+    routed = {"output_router_logits": True} if router_logits is not None else {}
     with replay_safe_layers(decoder):
         # (a group's prompt routes as its first row's did)
         with _Routes.call(routes, slice(None, None, group), slice(0, width)) as prompt_tape:
             out = decoder(
                 input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, use_cache=True,
-                **cache_argument(decoder, recording),
+                **cache_argument(decoder, recording), **routed,
             )  # fmt: skip
+        logits = None if router_logits is None else [  # per layer [B, P, E]: each prompt's, to its G rows
+            layer.view(*p_ids.shape, -1).repeat_interleave(group, dim=0) for layer in out.router_logits
+        ]  # fmt: skip
         first = out.last_hidden_state[:, -1:].repeat_interleave(group, dim=0)  # [B, 1, H] predicts token 0
         used = []
         if prompt_tape is not None:  # [B/G, P] tokens, each group's for its G rows
@@ -363,6 +370,8 @@ def _shared_prefix_hidden(
         if num_completion == 1:
             if used:
                 routes.keep(used, torch.cat([prompt_mask, completion_mask], dim=1))
+            if logits is not None:  # the plain forward routes the prompt only
+                router_logits.append((tuple(x.flatten(0, 1) for x in logits), prompt_mask))
             return first
         # Each prompt's keys/values repeated to its G rows; the backward of the repeat sums the G gradients.
         prefix = recording.repeated(group)
@@ -374,8 +383,12 @@ def _shared_prefix_hidden(
         with _Routes.call(routes, slice(None), slice(width, width + num_completion - 1)) as completion_tape:
             out = decoder(
                 input_ids=c_ids, attention_mask=attention_mask, position_ids=c_pos, use_cache=True,
-                **cache_argument(decoder, prefix),
+                **cache_argument(decoder, prefix), **routed,
             )  # fmt: skip
+        if logits is not None:  # per layer [B, P+C-1, E] -> [B * (P+C-1), E], as the plain forward's
+            pairs = zip(logits, out.router_logits)
+            joined = [torch.cat([p, c.view(*c_ids.shape, -1)], dim=1).flatten(0, 1) for p, c in pairs]
+            router_logits.append((tuple(joined), attention_mask))
         if completion_tape is not None:
             (completion_used,) = calls_of(completion_tape)
             used.append(completion_used.view(*c_ids.shape, *completion_used.shape[1:]))

@@ -36,7 +36,7 @@ from grpokit.envs.factories import EMPTY_PROMPT, EnvironmentFactories
 from grpokit.envs.sampler import EpisodeSampler, sample_groups, start_episodes, template_kwargs
 from grpokit.models.moe import router_loss_for
 from grpokit.models.policy import check_special_tokens, load_policy, processing_class_of
-from grpokit.models.routing_replay import TAGS, RoutingUse, replayed_tags, routing_for_run
+from grpokit.models.routing_replay import TAGS, RoutingUse, replayed_tags, routers_of, routing_for_run
 from grpokit.models.vision import (
     PromptImages,
     is_processor,
@@ -264,8 +264,9 @@ class GRPOTrainer:
         self.routing = routing_for_run(self.model, replay, {
             "with images: a mixture-of-experts vision-language model is not supported": self.image_prompts
             is not None,
-            "with use_vllm for R3: grpokit does not receive the experts vLLM chose; use the fast sampler or "
-            "model.generate, or R2": replay == "R3" and self.args.use_vllm,
+            "with use_vllm for R3: vLLM returns the experts it chose only with enable_return_routed_experts "
+            "on its V2 model runner, which needs Triton (not its CPU engine), and grpokit does not read them "
+            "yet; use the fast sampler or model.generate, or R2": replay == "R3" and self.args.use_vllm,
             "with rollout_backend for R3: an outside sampler reports no experts; use R2":
                 replay == "R3" and rollout_backend is not None,
             "with an environment for R3: episodes record no experts yet; use R2":
@@ -317,14 +318,19 @@ class GRPOTrainer:
         self.generator = torch.Generator().manual_seed(self.args.seed + self.accelerator.process_index)
         self.loss = self.args.policy_loss()
         self.logprob_pass = LogprobPass.from_config(self.args)
-        if self.router_loss is not None:  # the update runs an MoE with its load-balancing loss over whole
-            # rows: the no-grad passes too, so that at equal weights they compute the update's numbers exactly
+        # An MoE's expert matmuls round differently with the number of tokens an expert gets, which the
+        # shared prefix's prompt call changes with the micro-batch's groups: every pass runs whole rows, so
+        # that passes over the same weights compute the same numbers (ratio 1 at lr 0) and never flip a
+        # near-tied expert among themselves (docs/moe.md; under ZeRO-3 the two calls also break its
+        # gradient reduction)
+        whole_rows = bool(routers_of(self.model))
+        if whole_rows:
             self.logprob_pass = dataclasses.replace(self.logprob_pass, num_generations=None)
         self.entropy_control = EntropyControl.from_config(self.args)  # entropy_coef, adaptive or not
         self.update_context = UpdateContext.from_accelerator(
             self.accelerator, self.loss, placed, self.generator, entropy=self.entropy_control,
             off_policy_sampler=self.correction.off_policy, router=self.router_loss,
-            routing_replay=None if self.routing is None else replay,
+            routing_replay=None if self.routing is None else replay, shared_prefix=not whole_rows,
         )  # fmt: skip
         self.hooks = StepHooks(run_hooks(
             self.args, episodes=episode_hook, process=self.process, reference=self.reference,

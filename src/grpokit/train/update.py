@@ -44,6 +44,7 @@ class UpdateContext:
     router: RouterLoss | None = None  # a mixture-of-experts policy's load-balancing loss (models.moe)
     routing_replay: str | None = None  # an MoE policy's routing_replay ("off", "R2", "R3": how the update
     # routes, models.routing_replay); None: a dense policy
+    shared_prefix: bool = True  # whole groups in a micro-batch run their prompt once (False: whole rows)
 
     @classmethod
     def from_accelerator(
@@ -57,6 +58,7 @@ class UpdateContext:
         off_policy_sampler: bool = False,
         router: RouterLoss | None = None,
         routing_replay: str | None = None,
+        shared_prefix: bool = True,
     ) -> UpdateContext:
         """Backward, gradient clipping (the pre-clip global norm, a plain tensor also when the gradients
         are sharded), the optimizer and scheduler steps and cross-process sums through ``accelerator``;
@@ -81,6 +83,7 @@ class UpdateContext:
             off_policy_sampler=off_policy_sampler,
             router=router,
             routing_replay=routing_replay,
+            shared_prefix=shared_prefix,
         )
 
 
@@ -217,7 +220,7 @@ def _micro_batch_loss(
         batch.completion_mask,
         temperature=config.temperature,
         with_entropy=True,
-        num_generations=config.num_generations if keeps_whole_groups(config) else None,
+        num_generations=config.num_generations if keeps_whole_groups(config) and ctx.shared_prefix else None,
         context_mask=batch.context_mask,
         router_logits=routed,
         **({} if batch.images is None else {"images": batch.images}),
