@@ -212,6 +212,7 @@ def test_python_values_are_typed_by_the_field_too():
         ({"temperature": float("nan")}, "GRPOConfig.temperature must be a number, got nan"),
         ({"loss_type": "ppo"}, "GRPOConfig.loss_type must be one of 'grpo', 'bnpo', 'dr_grpo', 'dapo', "
          "'cispo', 'sapo', 'luspo', 'vespo', got 'ppo'"),
+        ({"routing_replay": "r3"}, "GRPOConfig.routing_replay must be one of 'off', 'R2', 'R3', got 'r3'"),
     ],
 )  # fmt: skip
 def test_a_value_that_does_not_convert_is_refused_naming_the_field(values, message):

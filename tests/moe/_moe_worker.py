@@ -2,6 +2,7 @@
 rounding flips experts) in every placement x precision x (full fine-tuning, LoRA on attention and experts),
 one ``GRPOTrainer`` step at learning rate 0 (mu 2, beta 0.04) with the real fast sampler, routing_replay R3;
 and in the cells whose sampler computes in another precision than the trainer, the same step without replay.
+A tiny Mixtral runs the mismatched cells of one process, FSDP2 and ZeRO-3 (``MIXTRAL_CELLS``).
 
 The sampler: a bfloat16 copy of the policy (``generation_dtype``) where the trainer is fp32 and the placement
 allows a copy (not FSDP, whose sharded weights are gathered for generation); under FSDP with bf16 the sampler
@@ -95,7 +96,11 @@ def run(policy_dir: str, out: Path, placement: str, precision: str, mode: str, r
     trainer.accelerator.wait_for_everyone()
 
 
-def main(policy_dir: str, out: str, processes: str, placements: str = "all") -> None:
+MIXTRAL_CELLS = {1: [("single", "fp32")], 2: [("fsdp", "bf16"), ("zero3", "fp32")]}
+"""Where the Mixtral policy runs too (full fine-tuning, R3 and without replay): the mismatched cells."""
+
+
+def main(policy_dir: str, mixtral_dir: str, out: str, processes: str, placements: str = "all") -> None:
     torch.set_num_threads(1)
     chosen = PLACEMENTS[int(processes)] if placements == "all" else placements.split(",")
     for placement in chosen:
@@ -105,6 +110,11 @@ def main(policy_dir: str, out: str, processes: str, placements: str = "all") -> 
                 run(policy_dir, cell, placement, precision, mode, "R3")
                 if mode == "full" and mismatched(placement, precision):
                     run(policy_dir, cell, placement, precision, mode, "off")
+    for placement, precision in MIXTRAL_CELLS[int(processes)]:
+        if placement in chosen:
+            cell = Path(out) / f"mixtral-{cell_name(placement, precision, 'full')}"
+            for replay in ("R3", "off"):
+                run(mixtral_dir, cell, placement, precision, "full", replay)
 
 
 if __name__ == "__main__":

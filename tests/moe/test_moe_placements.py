@@ -5,6 +5,7 @@ and the experts.
 
 - With R3 the ratio is exactly 1, the KL exactly 0, nothing clipped, and no token uses other experts than
   the sampler chose (``routing/sampler_mismatch`` and ``routing/update_mismatch`` 0);
+- a tiny Mixtral, in the mismatched cells of one process, FSDP2 and ZeRO-3, the same;
 - where the sampler computes in another precision (a bf16 copy feeding an fp32 trainer; FSDP's bf16
   gathered weights), the same step without replay routes tokens differently from the sampler
   (``routing/sampler_mismatch`` > 0), R3 overrode those tokens, and the sampler-vs-trainer log-prob gap with
@@ -23,7 +24,7 @@ import pytest
 
 from tests.train.test_multiprocess import run_two_processes
 
-from ._moe_worker import MODES, PLACEMENTS, PRECISIONS, cell_name, mismatched
+from ._moe_worker import MIXTRAL_CELLS, MODES, PLACEMENTS, PRECISIONS, cell_name, mismatched
 
 WORKER = Path(__file__).with_name("_moe_worker.py")
 CELLS = [
@@ -37,12 +38,12 @@ CELLS = [
 @pytest.fixture(scope="module")
 def moe_matrix(close_moe_dirs, tmp_path_factory) -> tuple[Path, str | None]:
     out = tmp_path_factory.mktemp("moe-matrix")
-    policy = str(close_moe_dirs["qwen3_moe"])
+    policies = [str(close_moe_dirs["qwen3_moe"]), str(close_moe_dirs["mixtral"])]
     try:
-        single = subprocess.run([sys.executable, str(WORKER), policy, str(out), "1"],
+        single = subprocess.run([sys.executable, str(WORKER), *policies, str(out), "1"],
                                 capture_output=True, text=True, timeout=900)  # fmt: skip
         assert single.returncode == 0, single.stderr[-4000:]
-        run_two_processes(WORKER, policy, str(out), "2", timeout=1200)
+        run_two_processes(WORKER, *policies, str(out), "2", timeout=1200)
     except (AssertionError, subprocess.TimeoutExpired) as failure:
         return out, f"{type(failure).__name__}: {failure}"
     return out, None
@@ -52,9 +53,10 @@ def test_every_moe_cell_ran(moe_matrix):
     assert moe_matrix[1] is None, moe_matrix[1]
 
 
-def records(out: Path, cell: tuple, replay: str) -> list[dict]:
+def records(out: Path, cell: tuple, replay: str, arch: str = "") -> list[dict]:
     ranks = 1 if cell[0] == "single" else 2
-    return [json.loads((out / cell_name(*cell) / f"{replay}-rank{k}.json").read_text()) for k in range(ranks)]
+    folder = out / ((f"{arch}-" if arch else "") + cell_name(*cell))  # arch "": the Qwen3-MoE cells
+    return [json.loads((folder / f"{replay}-rank{k}.json").read_text()) for k in range(ranks)]
 
 
 @pytest.fixture
@@ -76,14 +78,18 @@ def test_r3_at_learning_rate_zero_keeps_ratio_one_kl_zero_and_the_samplers_exper
             assert metrics["routing/sampler_overridden"] > 0.05  # R3 imposed the sampler's other experts
 
 
-MISMATCHED = [c for c in CELLS if c[2] == "full" and mismatched(c[0], c[1])]
+MISMATCHED = [("", c) for c in CELLS if c[2] == "full" and mismatched(c[0], c[1])]
+MISMATCHED += [("mixtral", (*c, "full")) for cells in MIXTRAL_CELLS.values() for c in cells]
+IDS = [f"{arch or 'qwen3_moe'}-{cell_name(*cell)}" for arch, cell in MISMATCHED]
 
 
-@pytest.mark.parametrize("cell", MISMATCHED, ids=[cell_name(*c) for c in MISMATCHED])
-def test_without_replay_the_trainer_routes_otherwise_and_r3_narrows_the_logprob_gap(matrix, cell):
-    for off, r3 in zip(records(matrix, cell, "off"), records(matrix, cell, "R3")):
+@pytest.mark.parametrize(("arch", "cell"), MISMATCHED, ids=IDS)
+def test_without_replay_the_trainer_routes_otherwise_and_r3_narrows_the_logprob_gap(matrix, arch, cell):
+    for off, r3 in zip(records(matrix, cell, "off", arch), records(matrix, cell, "R3", arch)):
         assert off["routing/sampler_mismatch"] > 0.05, off
         gap = "sampling/sampling_logp_difference/mean"  # logged where the sampler is not pi_old (a bf16 copy)
         assert (gap in off) == (gap in r3) == (cell[0] != "fsdp")
         if gap in off:
             assert r3[gap] <= off[gap], (r3[gap], off[gap])
+        assert r3["ratio_mean"] == 1.0 and r3["kl"] == 0.0  # lr 0
+        assert r3["routing/sampler_mismatch"] == 0.0 and r3["routing/sampler_overridden"] > 0.05

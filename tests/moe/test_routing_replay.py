@@ -202,3 +202,32 @@ def test_copies_of_the_policy_share_its_routing():
     routing = install_routing(model)
     assert install_routing(model) is routing  # idempotent
     assert routing_of(copy.deepcopy(model)) is routing
+
+
+def test_a_checkpointed_backward_recomputes_with_the_replayed_experts():
+    """Gradient checkpointing recomputes each layer in the backward, after the forward's replay context
+    closed: within ``in_backward`` the routers route as the forward replayed, so the gradients equal the
+    un-checkpointed replay's (without it they would follow the router's own experts)."""
+    model = build_tiny_moe(TOKENIZER, "qwen3_moe").train()
+    routing = install_routing(model)
+    p_ids, p_mask = pad_left([TOKENIZER.encode("1+2=")] * 2, 0, "cpu")
+    c_ids, c_mask = pad_right([TOKENIZER.encode(s) for s in ("345", "67")], 0, "cpu")
+    with torch.no_grad():
+        completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, routing=RoutingUse(record=True))
+    own = routing.take_recorded()
+    shifted = RoutedExperts((own.experts + 1) % routing.num_experts, own.recorded)  # other experts
+    grads = []
+    for checkpointing in (False, True):
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.zero_grad()
+        logps, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask,
+                                       routing=RoutingUse(shifted, replay=True, tag="gc"))  # fmt: skip
+        with routing.in_backward():
+            logps.sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    model.gradient_checkpointing_disable()
+    routing.take_counts()
+    assert grads[0].keys() == grads[1].keys()
+    for name, grad in grads[1].items():
+        torch.testing.assert_close(grad, grads[0][name], rtol=1e-5, atol=1e-7, msg=name)

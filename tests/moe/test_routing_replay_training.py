@@ -61,3 +61,8 @@ def test_r2_replays_the_old_policys_experts_in_the_update(close_moe_dirs, tmp_pa
     assert r2["routing/update_mismatch"] == 0.0
     assert r2["routing/update_overridden"] > 0
     assert "routing/sampler_mismatch" in r2  # the old-policy pass ran (R2 needs its experts), compared too
+
+
+def test_replay_on_a_dense_policy_is_refused_naming_the_field(tiny_model_dir, tmp_path):
+    with pytest.raises(ValueError, match=r"routing_replay='R2', but LlamaForCausalLM has no mixture"):
+        one_step(tiny_model_dir, tmp_path / "dense", routing_replay="R2")

@@ -135,7 +135,9 @@ def test_one_precision_changes_nothing(tiny_model_dir, tmp_path, monkeypatch):
     trainer = build(tiny_model_dir, tmp_path / "a")
     passes = []
     logprob_pass = trainer.logprob_pass
-    trainer.logprob_pass = lambda model, batch: passes.append(model) or logprob_pass(model, batch)
+    trainer.logprob_pass = lambda model, batch, routing=None: passes.append(model) or logprob_pass(
+        model, batch, routing
+    )
     metrics, batch = train_and_capture(trainer, monkeypatch)
     assert isinstance(trainer.backend, FastSampler) and not trainer.correction.active
     assert batch.sampling_logps is not None  # reported, but pi_old's own: nothing to correct

@@ -72,9 +72,9 @@ class Counting:
         self.passes, self.forwards = 0, 0
         logprob_pass = trainer.logprob_pass
 
-        def counted_pass(model, batch):
+        def counted_pass(model, batch, routing=None):
             self.passes += 1
-            return logprob_pass(model, batch)
+            return logprob_pass(model, batch, routing)
 
         trainer.logprob_pass = counted_pass
         decoder = trainer.unwrapped_model.model

@@ -24,8 +24,8 @@ Replaying a pass's own routing reproduces that pass bit for bit (tests/models/te
 
 Mechanics: :func:`install_routing` puts a forward hook on every router of a model (the routers return
 ``(logits, weights, experts)``), all sharing one :class:`ExpertRouting`; copies of the model (the sampler's
-dtype copy, the reference) share it too. Outside a ``recording`` or ``replaying`` context the hooks do
-nothing. Routing travels as :class:`RoutedExperts`: expert ids ``[n, T, L, k]`` (one byte each up to 256
+dtype copy, the reference) share it too. Outside a ``recording`` or ``replaying`` context (or, for a
+gradient-checkpointing recomputation, ``in_backward``) the hooks do nothing. Routing travels as :class:`RoutedExperts`: expert ids ``[n, T, L, k]`` (one byte each up to 256
 experts) aligned with the batch's ``[left-padded prompt | right-padded completion]`` tokens.
 """
 
@@ -238,6 +238,7 @@ class ExpertRouting:
         self._counts: dict[str, torch.Tensor] = {}  # tag -> [L, 2]: tokens that differ, tokens counted
         self._recorded: list[RoutedExperts] = []
         self._lock = threading.Lock()
+        self._backward: _Replay | None = None  # replayed in a backward's recomputation (``in_backward``)
 
     # ---- contexts
     @contextmanager
@@ -257,13 +258,33 @@ class ExpertRouting:
         """Within: router calls over ``experts.shape[0] * experts.shape[1]`` tokens (``experts`` [B, S, L, k],
         the tokens of a backbone call in order) compare their own choice with ``experts`` at the ``counted``
         [B, S] tokens, and with ``replay`` route to ``experts`` instead. The context stays readable by a
-        gradient-checkpointing replay of the same call only while it is open."""
+        gradient-checkpointing replay of the same call within ``in_backward`` (the last such context of
+        this thread)."""
         flat = _Replay(experts.reshape(-1, *experts.shape[2:]).long(), counted.reshape(-1), replay, tag)
         previous, self._state.replay = getattr(self._state, "replay", None), flat
         try:
             yield
         finally:
             self._state.replay = previous
+            self._state.last = flat
+
+    def forget_last(self) -> None:
+        """A new pass starts: no earlier ``replaying`` call is for its backward."""
+        self._state.last = None
+
+    @contextmanager
+    def in_backward(self) -> Iterator[None]:
+        """Around a backward: gradient checkpointing recomputes a layer's forward there (on a GPU in
+        autograd's own thread), and its routers route as the last ``replaying`` call of this thread did (a
+        forward over whole rows: one backbone call), uncounted. Only passes with gradients see it: a
+        sampler drawing meanwhile (inference mode) routes by its own."""
+        last = getattr(self._state, "last", None)
+        self._backward = None if last is None else dataclasses.replace(last, tag="")
+        try:
+            yield
+        finally:
+            self._backward = None
+            self._state.last = None
 
     # ---- what the passes leave
     def take_counts(self) -> dict[str, torch.Tensor]:
@@ -302,6 +323,8 @@ class ExpertRouting:
     def _routed(self, module: Any, layer: int, output: Any) -> Any:
         tape = getattr(self._state, "tape", None)
         plan: _Replay | None = getattr(self._state, "replay", None)
+        if plan is None and self._backward is not None and torch.is_grad_enabled():  # a recomputation
+            plan = self._backward
         if tape is None and plan is None:
             return None
         logits, weights, experts = output
@@ -314,7 +337,8 @@ class ExpertRouting:
                 )
             differ = (given.sort(dim=-1).values != experts.sort(dim=-1).values).any(dim=-1)  # [tokens]
             counted = plan.counted.to(experts.device)
-            self._count(plan.tag, layer, (differ & counted).sum(), counted.sum())
+            if plan.tag:  # (a recomputation is not counted again)
+                self._count(plan.tag, layer, (differ & counted).sum(), counted.sum())
             if plan.replay:
                 weights = GATES[type(module).__name__](module, logits, given)
                 experts = given.to(experts.dtype)

@@ -405,12 +405,13 @@ class _Routes:
 
     @classmethod
     def of(cls, model: torch.nn.Module, use: RoutingUse | None) -> _Routes | None:
-        if use is None or (use.experts is None and not use.record):
+        if use is None:
             return None
         routing = routing_of(model)
         if routing is None:
             raise ValueError(f"routing replay: {type(model).__name__} has no mixture-of-experts routers")
-        return cls(routing, use)
+        routing.forget_last()  # this pass's backward recomputes with this pass's routing, or its own
+        return cls(routing, use) if use.experts is not None or use.record else None
 
     @staticmethod
     @contextmanager

@@ -330,7 +330,8 @@ class GRPOTrainer:
         self.update_context = UpdateContext.from_accelerator(
             self.accelerator, self.loss, placed, self.generator, entropy=self.entropy_control,
             off_policy_sampler=self.correction.off_policy, router=self.router_loss,
-            routing_replay=None if self.routing is None else replay, shared_prefix=not whole_rows,
+            routing_replay=None if self.routing is None else replay, routing=self.routing,
+            shared_prefix=not whole_rows,
         )  # fmt: skip
         self.hooks = StepHooks(run_hooks(
             self.args, episodes=episode_hook, process=self.process, reference=self.reference,

@@ -14,7 +14,7 @@ import torch
 from grpokit.config import GRPOConfig
 from grpokit.core import PolicyLoss, off_policy_sequence_mask, top_entropy_mask
 from grpokit.models.moe import RouterLoss
-from grpokit.models.routing_replay import RoutingUse
+from grpokit.models.routing_replay import ExpertRouting, RoutingUse
 from grpokit.parallel.fsdp import unwrap_tensor
 from grpokit.rollout.records import RolloutBatch
 from grpokit.train.batch import micro_batch_indices
@@ -44,6 +44,7 @@ class UpdateContext:
     router: RouterLoss | None = None  # a mixture-of-experts policy's load-balancing loss (models.moe)
     routing_replay: str | None = None  # an MoE policy's routing_replay ("off", "R2", "R3": how the update
     # routes, models.routing_replay); None: a dense policy
+    routing: ExpertRouting | None = None  # that policy's routers (a backward's recomputation replays too)
     shared_prefix: bool = True  # whole groups in a micro-batch run their prompt once (False: whole rows)
 
     @classmethod
@@ -58,6 +59,7 @@ class UpdateContext:
         off_policy_sampler: bool = False,
         router: RouterLoss | None = None,
         routing_replay: str | None = None,
+        routing: ExpertRouting | None = None,
         shared_prefix: bool = True,
     ) -> UpdateContext:
         """Backward, gradient clipping (the pre-clip global norm, a plain tensor also when the gradients
@@ -83,6 +85,7 @@ class UpdateContext:
             off_policy_sampler=off_policy_sampler,
             router=router,
             routing_replay=routing_replay,
+            routing=routing,
             shared_prefix=shared_prefix,
         )
 
@@ -167,7 +170,8 @@ def _optimizer_step(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext)
             if aux is not None:  # scaled for accumulation like the loss (TRL: / gradient_accumulation_steps)
                 loss = loss + ctx.router.coefficient * aux / len(micro_batches)
                 metrics["aux_loss"] = aux.detach()
-            ctx.backward(loss)
+            with ctx.routing.in_backward() if ctx.routing is not None else nullcontext():
+                ctx.backward(loss)  # (gradient checkpointing recomputes with the routing just replayed)
         metric_sums["loss"] += float(loss.detach())
         for name, value in metrics.items():
             metric_sums[name] += float(value) / len(micro_batches)
