@@ -4,9 +4,9 @@ one ``GRPOTrainer`` step at learning rate 0 (mu 2, beta 0.04) with the real fast
 and in the cells whose sampler computes in another precision than the trainer, the same step without replay.
 A tiny Mixtral runs the mismatched cells of one process, FSDP2 and ZeRO-3 (``MIXTRAL_CELLS``).
 
-The sampler: a bfloat16 copy of the policy (``generation_dtype``) where the trainer is fp32 and the placement
-allows a copy (not FSDP, whose sharded weights are gathered for generation); under FSDP with bf16 the sampler
-reads the bf16 gathered weights. Writes ``<out>/<cell>/<run>-rank<k>.json`` with the step's metrics.
+The sampler: a bfloat16 copy of the policy (``generation_dtype``) where the trainer is fp32; under FSDP with
+bf16 the sampler reads the bf16 gathered weights. Writes ``<out>/<cell>/<run>-rank<k>.json`` with the step's
+metrics.
 """
 
 from __future__ import annotations
@@ -37,8 +37,9 @@ def cell_name(placement: str, precision: str, mode: str) -> str:
 
 
 def bf16_sampler_copy(placement: str, precision: str) -> bool:
-    """Whether the cell samples from a bfloat16 copy of an fp32 trainer's weights."""
-    return precision == "fp32" and placement != "fsdp"
+    """Whether the cell samples from a bfloat16 copy of an fp32 trainer's weights (FSDP: made before the
+    weights are sharded, refreshed from the gathered ones)."""
+    return precision == "fp32"
 
 
 def mismatched(placement: str, precision: str) -> bool:
@@ -96,7 +97,7 @@ def run(policy_dir: str, out: Path, placement: str, precision: str, mode: str, r
     trainer.accelerator.wait_for_everyone()
 
 
-MIXTRAL_CELLS = {1: [("single", "fp32")], 2: [("fsdp", "bf16"), ("zero3", "fp32")]}
+MIXTRAL_CELLS = {1: [("single", "fp32")], 2: [("fsdp", "fp32"), ("zero3", "fp32")]}
 """Where the Mixtral policy runs too (full fine-tuning, R3 and without replay): the mismatched cells."""
 
 

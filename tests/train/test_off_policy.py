@@ -232,7 +232,7 @@ def test_a_dtype_copy_of_sharded_weights_is_refused(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     config = GRPOConfig(num_generations=2, generation_dtype="bfloat16")
     with pytest.raises(
-        ValueError, match=r"GRPOConfig.generation_dtype='bfloat16' is not supported with fsdp"
+        ValueError, match=r"GRPOConfig.generation_dtype='bfloat16' with fsdp needs the copy made before"
     ):
         make_sampler(config, model, None, "fsdp")
     backend, correction = make_sampler(

@@ -20,13 +20,14 @@ learns, through the weights of the experts the token uses). Per router class (``
 - sigmoid scores with group-limited selection (GLM-4-MoE): ``sigmoid(logits)[experts]``, renormalised where
   ``norm_topk_prob``, times ``routed_scaling_factor`` (the selection bias only ever chose experts).
 
-Replaying a pass's own routing reproduces that pass bit for bit (tests/models/test_routing_replay.py).
+Replaying a pass's own routing reproduces that pass bit for bit (tests/moe/test_routing_replay.py).
 
 Mechanics: :func:`install_routing` puts a forward hook on every router of a model (the routers return
 ``(logits, weights, experts)``), all sharing one :class:`ExpertRouting`; copies of the model (the sampler's
 dtype copy, the reference) share it too. Outside a ``recording`` or ``replaying`` context (or, for a
-gradient-checkpointing recomputation, ``in_backward``) the hooks do nothing. Routing travels as :class:`RoutedExperts`: expert ids ``[n, T, L, k]`` (one byte each up to 256
-experts) aligned with the batch's ``[left-padded prompt | right-padded completion]`` tokens.
+gradient-checkpointing recomputation, ``in_backward``) the hooks do nothing. Routing travels as
+:class:`RoutedExperts`: expert ids ``[n, T, L, k]`` (one byte each up to 256 experts) aligned with the
+batch's ``[left-padded prompt | right-padded completion]`` tokens.
 """
 
 from __future__ import annotations

@@ -42,11 +42,13 @@ __all__ = [
     "OffPolicyCorrection",
     "SamplerLogprobs",
     "WeightSync",
+    "copy_dtype",
     "correction_metrics",
     "generation_copy",
     "make_sampler",
     "policy_dtype",
     "refresh_copy",
+    "sampler_copy",
 ]
 
 logger = logging.getLogger(__name__)
@@ -60,6 +62,20 @@ def policy_dtype(model: nn.Module) -> torch.dtype:
         if param.is_floating_point():
             counts[param.dtype] += param.numel()
     return counts.most_common(1)[0][0] if counts else torch.float32
+
+
+def copy_dtype(args: Any, model: nn.Module) -> torch.dtype | None:
+    """The dtype of the sampler's copy of ``model`` (``generation_dtype``), or None when the sampler reads the
+    policy itself (auto, or the policy's own dtype)."""
+    dtype = None if args.generation_dtype == "auto" else getattr(torch, args.generation_dtype)
+    return None if dtype is None or dtype == policy_dtype(model) else dtype
+
+
+def sampler_copy(args: Any, model: nn.Module) -> nn.Module | None:
+    """The ``generation_dtype`` copy of ``model`` where the sampler needs one (else None), for a policy about
+    to be sharded (FSDP): made now, from the whole weights."""
+    dtype = None if args.use_vllm else copy_dtype(args, model)
+    return None if dtype is None else generation_copy(model, dtype)
 
 
 def generation_copy(model: nn.Module, dtype: torch.dtype) -> nn.Module:
@@ -112,6 +128,7 @@ def make_sampler(
     *,
     step_sync: bool = False,
     drawn_ahead: bool = False,
+    copied: nn.Module | None = None,
 ) -> tuple[RolloutBackend, OffPolicyCorrection]:
     """The run's generation backend and its off-policy correction.
 
@@ -124,7 +141,9 @@ def make_sampler(
     trainer pushes the weights into a vLLM backend itself at step boundaries (``sync_weights()``, within the
     full-weights context), instead of the backend pushing them at every ``generate`` call. ``drawn_ahead``:
     steps' samples are drawn ahead from older copies of the policy (``sampling.async_draw``), so they are
-    off-policy whatever the sampler."""
+    off-policy whatever the sampler. ``copied``: the ``generation_dtype`` copy, made before the policy was
+    sharded (``sampler_copy``): FSDP's weights cannot be copied once sharded; the copy is refreshed from the
+    gathered weights before each generation."""
     if args.use_vllm:
         if rollout_backend is not None:
             raise ValueError(
@@ -138,16 +157,16 @@ def make_sampler(
     if rollout_backend is not None:
         return rollout_backend, OffPolicyCorrection.from_config(args, off_policy=True)
     size, compiled = args.generation_micro_batch_size, args.compile_decode
-    dtype = None if args.generation_dtype == "auto" else getattr(torch, args.generation_dtype)
-    if dtype is None or dtype == policy_dtype(model):
+    dtype = copy_dtype(args, model)
+    if dtype is None:
         backend = make_backend(args.generation_backend, model, micro_batch_size=size, compile_decode=compiled)
         return backend, OffPolicyCorrection.from_config(args, off_policy=drawn_ahead)
-    if strategy == "fsdp":
+    if strategy == "fsdp" and copied is None:
         raise ValueError(
-            f"GRPOConfig.generation_dtype={args.generation_dtype!r} is not supported with fsdp: the policy's "
-            "weights are sharded; use generation_dtype='auto' (or mixed_precision for bf16 compute)"
+            f"GRPOConfig.generation_dtype={args.generation_dtype!r} with fsdp needs the copy made before the "
+            "policy's weights are sharded (make_sampler(copied=sampler_copy(...)), as GRPOTrainer does)"
         )
-    copied = generation_copy(model, dtype)
+    copied = generation_copy(model, dtype) if copied is None else copied
     inner = make_backend(args.generation_backend, copied, micro_batch_size=size, compile_decode=compiled)
     return CopiedWeightsBackend(model, copied, inner), OffPolicyCorrection.from_config(args, off_policy=True)
 

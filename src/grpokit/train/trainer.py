@@ -74,7 +74,7 @@ from grpokit.rollout.records import RolloutBatch, Samples
 from grpokit.rollout.vllm_common import require_vllm
 from grpokit.sampling.async_draw import AsyncDrawer, check_async_generation, draws_ahead
 from grpokit.sampling.groups import DrawSettings, GroupDrawer, GroupSizes, Round, prompt_statistics
-from grpokit.sampling.off_policy import SamplerLogprobs, WeightSync, make_sampler
+from grpokit.sampling.off_policy import SamplerLogprobs, WeightSync, make_sampler, sampler_copy
 from grpokit.train.batch import LogprobPass, pad_samples, score_samples
 from grpokit.train.entropy_control import EntropyControl
 from grpokit.train.evaluation import eval_advantages, eval_loss
@@ -277,6 +277,9 @@ class GRPOTrainer:
         self.max_steps = self.schedule.max_steps
         self.strategy = placement(self.args, self.accelerator.num_processes)  # ddp, fsdp or zero
         total = self.max_steps * self.plan.optimizer_steps  # optimizer steps of the run
+        # FSDP shards the policy's weights: the sampler's generation_dtype copy is made before, whole
+        fsdp_copy = self.strategy == "fsdp" and rollout_backend is None
+        copied = sampler_copy(self.args, self.model) if fsdp_copy else None
         self.placed = prepare_policy(
             self.model, PolicyLogprobs(self.model), self.args, self.accelerator, self.reference, total,
             self.strategy, optimizers, find_unused_parameters=trains_vision_encoder(self.model),
@@ -294,7 +297,7 @@ class GRPOTrainer:
         with self.placed.generation_weights():  # full weights for a sampler that copies them (ZeRO-3: filled)
             self.backend, self.correction = make_sampler(
                 self.args, self.generation_model, rollout_backend, self.strategy, step_sync=True,
-                drawn_ahead=ahead,
+                drawn_ahead=ahead, copied=copied,
             )  # fmt: skip
         if self.image_prompts is not None and not getattr(self.backend, "accepts_images", False):
             raise InputError(
