@@ -110,13 +110,14 @@ def test_replay_keeps_the_router_learning(moe):
 
 
 # ---- the samplers' routing, aligned with the trainer's tokens ----------------------------------------------
-@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "olmoe", "gpt_oss"])
 @pytest.mark.parametrize("sampler", ["fast", "generate"])
 def test_the_samplers_routing_is_the_trainers_at_the_same_precision(arch, sampler):
     """An fp32 sampler and the fp32 training forward route every fed token alike (prompts of different
     lengths, completions ending at different EOS): the recorded rows land on the batch's tokens, and a
     trainer pass that compares them counts 0 differences over exactly the tokens the sampler fed; replaying
-    them gives the trainer's own log-probs."""
+    them gives the trainer's own log-probs. (The fast sampler decodes OLMoE and GPT-OSS through the model's
+    own forward with a cache, its "hf" path; Qwen3-MoE and Mixtral natively.)"""
     model = build_tiny_moe(TOKENIZER, arch).eval()
     routing = install_routing(model)
     prompts = [TOKENIZER.encode("12+3="), TOKENIZER.encode("4+5+67=")]
