@@ -25,6 +25,8 @@ from grpokit.parallel.distributed import end_processes
 PLACEMENTS = {1: ["single"], 2: ["ddp", "fsdp", "zero2", "zero3"]}
 PRECISIONS = ["fp32", "bf16"]
 MODES = ["full", "lora"]
+MODES_OF = {"fp32": MODES, "bf16": ["full"]}
+"""LoRA (on attention and the experts) with fp32 weights; LoRA under bf16 autocast is the dense matrix's."""
 ROWS = [{"prompt": f"{a}+{b}+{a}{b}=", "solution": str(a + b)} for a in range(4) for b in range(4)]
 
 
@@ -106,7 +108,7 @@ def main(policy_dir: str, mixtral_dir: str, out: str, processes: str, placements
     chosen = PLACEMENTS[int(processes)] if placements == "all" else placements.split(",")
     for placement in chosen:
         for precision in PRECISIONS:
-            for mode in MODES:
+            for mode in MODES_OF[precision]:
                 cell = Path(out) / cell_name(placement, precision, mode)
                 run(policy_dir, cell, placement, precision, mode, "R3")
                 if mode == "full" and mismatched(placement, precision):

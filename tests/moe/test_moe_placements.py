@@ -24,14 +24,14 @@ import pytest
 
 from tests.train.test_multiprocess import run_two_processes
 
-from ._moe_worker import MIXTRAL_CELLS, MODES, PLACEMENTS, PRECISIONS, cell_name, mismatched
+from ._moe_worker import MIXTRAL_CELLS, MODES_OF, PLACEMENTS, PRECISIONS, cell_name, mismatched
 
 WORKER = Path(__file__).with_name("_moe_worker.py")
 CELLS = [
     (placement, precision, mode)
     for placement in PLACEMENTS[1] + PLACEMENTS[2]
     for precision in PRECISIONS
-    for mode in MODES
+    for mode in MODES_OF[precision]
 ]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import string
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models
@@ -129,13 +130,7 @@ def build_tiny_model(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    rng_state = torch.random.get_rng_state()
-    try:
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    finally:
-        torch.random.set_rng_state(rng_state)
-    return with_generation_ids(model, tokenizer)
+    return seeded_model(config, tokenizer, seed)
 
 
 MOE_ARCHITECTURES: dict[str, dict[str, object]] = {
@@ -202,6 +197,12 @@ def build_tiny_moe(
     )
     if arch == "gpt_oss":  # its default YaRN scaling assumes a 4k original context
         config.rope_parameters = {"rope_type": "default", "rope_theta": 150000.0}
+    return seeded_model(config, tokenizer, seed)
+
+
+def seeded_model(config: Any, tokenizer: PreTrainedTokenizerFast, seed: int) -> PreTrainedModel:
+    """A float32 causal LM of ``config`` with weights from ``torch.manual_seed(seed)`` (the global RNG
+    restored afterwards) and the tokenizer's ids in its generation config."""
     rng_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)
