@@ -1,7 +1,7 @@
 """Mixture-of-experts cells of the placement matrix (``_moe_worker.py``): a tiny Qwen3-MoE with close router
 logits, one step at learning rate 0 with routing replay R3 and the real fast sampler, in one process and on
-two CPU processes under DDP, FSDP2, ZeRO-2 and ZeRO-3, fp32 and bf16, full fine-tuning and LoRA on attention
-and the experts.
+two CPU processes under DDP, FSDP2, ZeRO-2 and ZeRO-3, fp32 and bf16, full fine-tuning and (fp32 weights)
+LoRA on attention and the experts.
 
 - With R3 the ratio is exactly 1, the KL exactly 0, nothing clipped, and no token uses other experts than
   the sampler chose (``routing/sampler_mismatch`` and ``routing/update_mismatch`` 0);
