@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["RouterLoss", "router_loss_for"]
+__all__ = ["RouterLoss", "is_mixture_of_experts", "router_loss_for"]
 
 logger = logging.getLogger("grpokit")
 
@@ -40,6 +40,13 @@ class RouterLoss:
         return self.loss_function(router_logits, self.num_experts, self.top_k, attention_mask)
 
 
+def is_mixture_of_experts(config: Any) -> bool:
+    """Whether a model config (a multimodal model's text config) is a mixture of experts': it declares
+    ``output_router_logits``."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return hasattr(text, "output_router_logits")
+
+
 def router_loss_for(model: torch.nn.Module, coefficient: float | None) -> RouterLoss | None:
     """The load-balancing loss a run adds for ``model`` (a causal LM, possibly a PEFT model), or None.
 
@@ -51,7 +58,7 @@ def router_loss_for(model: torch.nn.Module, coefficient: float | None) -> Router
     config = causal.config.get_text_config() if hasattr(causal.config, "get_text_config") else causal.config
     coef = getattr(config, "router_aux_loss_coef", 0.0) if coefficient is None else coefficient
     name = type(causal).__name__
-    if not hasattr(config, "output_router_logits"):
+    if not is_mixture_of_experts(config):
         if coefficient:
             raise ValueError(
                 f"GRPOConfig.router_aux_loss_coef={coefficient} but {name} is not a mixture-of-experts model "

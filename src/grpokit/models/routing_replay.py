@@ -128,10 +128,6 @@ class RoutedExperts:
     def __len__(self) -> int:
         return self.experts.shape[0]
 
-    @property
-    def num_layers(self) -> int:
-        return self.experts.shape[2]
-
     @classmethod
     def cat(cls, parts: Sequence[RoutedExperts]) -> RoutedExperts:
         return cls(torch.cat([p.experts for p in parts]), torch.cat([p.recorded for p in parts]))
@@ -401,7 +397,8 @@ def sampled_rows(
 
 
 # ---------------------------------------------------------------------- installing
-_INSTALLED: weakref.WeakKeyDictionary[torch.nn.Module, ExpertRouting | None] = weakref.WeakKeyDictionary()
+_INSTALLED: weakref.WeakKeyDictionary[torch.nn.Module, ExpertRouting] = weakref.WeakKeyDictionary()
+_WITHOUT: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # looked at, no routing hooks found
 
 
 def routers_of(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -432,17 +429,18 @@ def install_routing(model: torch.nn.Module) -> ExpertRouting | None:
     for layer, router in enumerate(routers):
         router.register_forward_hook(_RouterHook(routing, layer))
     _INSTALLED[model] = routing
+    _WITHOUT.discard(model)
     return routing
 
 
 def routing_of(model: torch.nn.Module) -> ExpertRouting | None:
     """The ``ExpertRouting`` whose hooks sit on ``model``'s routers (on a copy of a model, the original's),
-    or None."""
-    try:
-        if model in _INSTALLED:
-            return _INSTALLED[model]
-    except TypeError:
-        pass
+    or None. Both answers are remembered per model (every generation call asks: a dense model's modules are
+    walked once)."""
+    if model in _INSTALLED:
+        return _INSTALLED[model]
+    if model in _WITHOUT:
+        return None
     found = None
     for module in model.modules():
         for hook in module._forward_hooks.values():
@@ -453,6 +451,8 @@ def routing_of(model: torch.nn.Module) -> ExpertRouting | None:
             break
     if found is not None:
         _INSTALLED[model] = found
+    else:
+        _WITHOUT.add(model)
     return found
 
 

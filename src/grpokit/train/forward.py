@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from grpokit.models.moe import is_mixture_of_experts
 from grpokit.models.parts import cache_argument, decoder_of
 from grpokit.models.prefix_cache import RecordingCache, full_attention_only, replay_safe_layers
 from grpokit.models.routing_replay import (
@@ -90,7 +91,8 @@ def completion_logprobs(
     logps[b, t] = log softmax(logits[b, P + t - 1] / temperature)[completion_ids[b, t]]; positions with
     ``completion_mask == 0`` are not computed and hold 0 (so does their entropy).
     ``num_generations``: rows k*G .. k*G+G-1 share one prompt (enables the shared-prefix forward).
-    ``shared_prefix``: None picks by ``shared_prefix_pays``; True/False forces (True needs groups whose
+    ``shared_prefix``: None picks by ``shared_prefix_pays`` (never for a mixture of experts: see
+    ``_choose_shared``); True/False forces (True needs groups whose
     prompts are identical, else ValueError). ``chunk_size``: LM-head rows per chunk (default
     ``head_chunk_rows(V)``). ``context_mask`` [B, C]: the completion tokens that exist (attended to and
     counted in positions) when that differs from the scored ones: an episode's observation tokens are
@@ -260,6 +262,12 @@ def _choose_shared(model, prompt_ids, prompt_mask, num_generations, num_completi
     if shared_prefix is False or not num_generations or num_generations <= 1:
         if shared_prefix:
             raise ValueError("shared_prefix=True needs num_generations > 1")
+        return False
+    if shared_prefix is None and is_mixture_of_experts(model.config):
+        # An expert's matmul rounds differently with the number of tokens it gets, which the prompt call
+        # changes with the groups a micro-batch holds: chosen automatically, two passes over the same weights
+        # would differ by float rounding (ratio 1 at lr 0 broken, near-tied experts flipped between them;
+        # under ZeRO-3 the two calls also break its gradient reduction). Whole rows, unless forced.
         return False
     batch = prompt_ids.shape[0]
     if batch % num_generations:

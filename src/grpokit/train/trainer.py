@@ -36,7 +36,7 @@ from grpokit.envs.factories import EMPTY_PROMPT, EnvironmentFactories
 from grpokit.envs.sampler import EpisodeSampler, sample_groups, start_episodes, template_kwargs
 from grpokit.models.moe import router_loss_for
 from grpokit.models.policy import check_special_tokens, load_policy, processing_class_of
-from grpokit.models.routing_replay import TAGS, RoutingUse, replayed_tags, routers_of, routing_for_run
+from grpokit.models.routing_replay import TAGS, RoutingUse, replayed_tags, routing_for_run
 from grpokit.models.vision import (
     PromptImages,
     is_processor,
@@ -321,20 +321,11 @@ class GRPOTrainer:
         self.generator = torch.Generator().manual_seed(self.args.seed + self.accelerator.process_index)
         self.loss = self.args.policy_loss()
         self.logprob_pass = LogprobPass.from_config(self.args)
-        # An MoE's expert matmuls round differently with the number of tokens an expert gets, which the
-        # shared prefix's prompt call changes with the micro-batch's groups: every pass runs whole rows, so
-        # that passes over the same weights compute the same numbers (ratio 1 at lr 0) and never flip a
-        # near-tied expert among themselves (docs/moe.md; under ZeRO-3 the two calls also break its
-        # gradient reduction)
-        whole_rows = bool(routers_of(self.model))
-        if whole_rows:
-            self.logprob_pass = dataclasses.replace(self.logprob_pass, num_generations=None)
         self.entropy_control = EntropyControl.from_config(self.args)  # entropy_coef, adaptive or not
         self.update_context = UpdateContext.from_accelerator(
             self.accelerator, self.loss, placed, self.generator, entropy=self.entropy_control,
             off_policy_sampler=self.correction.off_policy, router=self.router_loss,
             routing_replay=None if self.routing is None else replay, routing=self.routing,
-            shared_prefix=not whole_rows,
         )  # fmt: skip
         self.hooks = StepHooks(run_hooks(
             self.args, episodes=episode_hook, process=self.process, reference=self.reference,

@@ -45,7 +45,6 @@ class UpdateContext:
     routing_replay: str | None = None  # an MoE policy's routing_replay ("off", "R2", "R3": how the update
     # routes, models.routing_replay); None: a dense policy
     routing: ExpertRouting | None = None  # that policy's routers (a backward's recomputation replays too)
-    shared_prefix: bool = True  # whole groups in a micro-batch run their prompt once (False: whole rows)
 
     @classmethod
     def from_accelerator(
@@ -60,7 +59,6 @@ class UpdateContext:
         router: RouterLoss | None = None,
         routing_replay: str | None = None,
         routing: ExpertRouting | None = None,
-        shared_prefix: bool = True,
     ) -> UpdateContext:
         """Backward, gradient clipping (the pre-clip global norm, a plain tensor also when the gradients
         are sharded), the optimizer and scheduler steps and cross-process sums through ``accelerator``;
@@ -86,7 +84,6 @@ class UpdateContext:
             router=router,
             routing_replay=routing_replay,
             routing=routing,
-            shared_prefix=shared_prefix,
         )
 
 
@@ -224,7 +221,7 @@ def _micro_batch_loss(
         batch.completion_mask,
         temperature=config.temperature,
         with_entropy=True,
-        num_generations=config.num_generations if keeps_whole_groups(config) and ctx.shared_prefix else None,
+        num_generations=config.num_generations if keeps_whole_groups(config) else None,
         context_mask=batch.context_mask,
         router_logits=routed,
         **({} if batch.images is None else {"images": batch.images}),
