@@ -28,7 +28,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from common import PHASES, WORKLOADS, side_name  # noqa: E402
+from common import PHASES, WORKLOADS, length_summary, side_name  # noqa: E402
 
 
 def run_side(python: str, script: str, args: list[str], env: dict, log_path: str) -> None:
@@ -43,7 +43,18 @@ def run_side(python: str, script: str, args: list[str], env: dict, log_path: str
 
 def summarise(results: list[dict]) -> dict:
     steps = [s for r in results for s in r["steps"]]
+    lengths = [step for r in results for step in r.get("lengths") or []]
+    real = {}
+    if len(lengths) == len(steps) and lengths:  # tokens/s over the completions' real tokens, per step
+        real = {
+            "real_tokens_per_s": statistics.median(
+                sum(n["completions"]) / s["step"] for n, s in zip(lengths, steps)
+            ),
+            "completion_lengths": [length_summary(n["completions"]) for n in lengths],
+            "prompt_lengths": [length_summary(n["prompts"]) for n in lengths],
+        }
     return {
+        **real,
         "step_median": statistics.median(s["step"] for s in steps),
         "step_min": min(s["step"] for s in steps),
         "phases": {p: statistics.median(s.get(p, 0.0) for s in steps) for p in PHASES},
@@ -210,6 +221,15 @@ def main() -> None:
             + "".join(f"{entry[s]['peak_rss_mib']:14.0f}" for s in sides)
             + (f"{entry['rss_ratio']:14.3f}" if "rss_ratio" in entry else "")
         )
+        for s in sides:
+            if "real_tokens_per_s" in entry[s]:
+                spread = "; ".join(
+                    f"{c['min']}/{c['median']}/{c['p90']}/{c['max']}" for c in entry[s]["completion_lengths"]
+                )
+                print(
+                    f"  {s}: {entry[s]['real_tokens_per_s']:.1f} real completion tokens/s; completion "
+                    f"lengths per step (min/median/p90/max): {spread}"
+                )
         for pair, ratio in entry["ratios"].items():
             if pair != "grpokit/trl":
                 print(f"  => {pair}: step time ratio {ratio['step']:.3f}, peak RSS ratio {ratio['rss']:.3f}")

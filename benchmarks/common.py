@@ -46,6 +46,12 @@ class Workload:
     model: str = "tiny"
     """"tiny": the random Qwen2 of tiny_model.py, synthetic word prompts; "smollm2": SmolLM2-135M-Instruct
     (smollm2.py), chat prompts (then ``prompt_len`` is unused)."""
+    eos: bool = False
+    """Completions end at the model's EOS (real lengths); False: EOS is suppressed on both sides and every
+    completion runs to ``max_new_tokens``."""
+    prompts: str = "short"
+    """SmolLM2's chat prompts: "short" (``QUESTIONS``: one-line questions) or "varied" (``VARIED_TASKS``:
+    prompts from one line to a paragraph, answers from a number to a story)."""
 
     @property
     def batch(self) -> int:
@@ -79,6 +85,19 @@ WORKLOADS = {
         num_iterations=1,
         model="smollm2",
     ),
+    # W4: real lengths. EOS on, prompts and answers of very different lengths (see VARIED_TASKS)
+    "W4": Workload(
+        "W4",
+        num_prompts=4,
+        num_generations=8,
+        prompt_len=0,
+        max_new_tokens=256,
+        beta=0.04,
+        num_iterations=1,
+        model="smollm2",
+        eos=True,
+        prompts="varied",
+    ),
 }
 
 QUESTIONS = [
@@ -89,9 +108,34 @@ QUESTIONS = [
 ]
 
 
+PASSAGE = (
+    "The lighthouse on the northern cape was built in 1874 after three ships were lost on the rocks in a "
+    "single winter. Its keeper, a former sailor named Tomas, lived there with his daughter for thirty years. "
+    "Every evening he climbed the ninety-two steps to light the lamp, and every morning he wrote the weather "
+    "in a small green notebook. When the lamp was finally automated in 1952, the notebooks were given to the "
+    "town library, where they are still read by students who study the climate of the coast."
+)
+
+VARIED_TASKS = [
+    "What is {a} + {b}? Answer with the number only.",
+    "Write a long story about a {animal} who wants to become a {job}. Give it a beginning, a middle and an "
+    "end, with names for every character.",
+    "Name a fruit whose name starts with the letter {c}.",
+    "Read this passage:\n\n" + PASSAGE + "\n\nSummarize the passage in one sentence.",
+    "Explain to a child, in several paragraphs, how a {thing} works.",
+    "Is {a} larger than {b}? Answer yes or no.",
+    "Read this passage:\n\n" + PASSAGE + "\n\nWrite ten questions a teacher could ask about it, and answer "
+    "each of them.",
+    "Give a synonym of the word '{word}'.",
+]
+"""W4's chat prompts: a prompt of one line or of a paragraph, an answer of a word or of a whole story, so that
+completion lengths in one step spread from a few tokens to ``max_new_tokens`` (stated per run:
+``lengths`` in each side's result)."""
+
+
 def benchmark_rows(wl: Workload, num_rows: int, seed: int) -> list[dict]:
-    """The workload's prompt rows: synthetic word prompts of ``prompt_len`` tokens (tiny model), or short
-    chat questions as conversational prompts (SmolLM2)."""
+    """The workload's prompt rows: synthetic word prompts of ``prompt_len`` tokens (tiny model), or chat
+    questions as conversational prompts (SmolLM2: ``QUESTIONS`` or ``VARIED_TASKS``)."""
     import random
 
     if wl.model == "tiny":
@@ -99,11 +143,16 @@ def benchmark_rows(wl: Workload, num_rows: int, seed: int) -> list[dict]:
 
         return [{"prompt": p} for p in synthetic_prompts(num_rows, wl.prompt_len, seed=seed)]
     rng = random.Random(seed)
+    templates = VARIED_TASKS if wl.prompts == "varied" else QUESTIONS
     rows = []
     for k in range(num_rows):
-        text = QUESTIONS[k % len(QUESTIONS)].format(
-            a=rng.randrange(10, 1000), b=rng.randrange(10, 1000), c=chr(ord("A") + rng.randrange(26))
-        )
+        text = templates[k % len(templates)].format(
+            a=rng.randrange(10, 1000), b=rng.randrange(10, 1000), c=chr(ord("A") + rng.randrange(26)),
+            animal=rng.choice(["fox", "whale", "sparrow", "tortoise"]),
+            job=rng.choice(["baker", "pilot", "painter", "doctor"]),
+            thing=rng.choice(["bicycle", "rainbow", "refrigerator", "volcano"]),
+            word=rng.choice(["happy", "quick", "large", "quiet"]),
+        )  # fmt: skip
         rows.append({"prompt": [{"role": "user", "content": text}]})
     return rows
 
@@ -128,9 +177,46 @@ def side_arguments() -> argparse.ArgumentParser:
     return ap
 
 
+LENGTHS: list[dict] = []
+"""Per reward call (one per GRPO step on both sides): each completion's length in tokens and each distinct
+prompt, as ``reward_fn`` saw them (``prompt_lengths`` turns the prompts into token counts)."""
+
+
 def reward_fn(prompts, completions, completion_ids, **kwargs) -> list[float]:
-    """Cheap and deterministic: a function of the completion's token ids only (same on both sides)."""
+    """Cheap and deterministic: a function of the completion's token ids only (same on both sides). Records
+    the step's lengths in ``LENGTHS``."""
+    distinct = []
+    for prompt in prompts:
+        if not distinct or distinct[-1] != prompt:
+            distinct.append(prompt)
+    LENGTHS.append({"prompts": distinct, "completions": [len(ids) for ids in completion_ids]})
     return [float(sum(ids) % 101) / 100.0 for ids in completion_ids]
+
+
+def step_lengths(tokenizer, warmup: int) -> list[dict]:
+    """``LENGTHS`` of the timed steps with each distinct prompt as its number of tokens (chat prompts through
+    the tokenizer's chat template with the generation prompt, as both sides encode them)."""
+
+    def tokens(prompt) -> int:
+        if isinstance(prompt, list):
+            ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+            return len(ids["input_ids"] if hasattr(ids, "keys") else ids)  # (an encoding in transformers 5)
+        return len(tokenizer(prompt)["input_ids"])
+
+    return [
+        {"prompts": [tokens(p) for p in step["prompts"]], "completions": step["completions"]}
+        for step in LENGTHS[warmup:]
+    ]
+
+
+def length_summary(values: list[int]) -> dict:
+    """min, median, p90, max and the sum of a list of lengths."""
+    ordered = sorted(values)
+    p90 = ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
+    median = ordered[len(ordered) // 2] if len(ordered) % 2 else (
+        (ordered[len(ordered) // 2 - 1] + ordered[len(ordered) // 2]) / 2
+    )  # fmt: skip
+    return {"min": ordered[0], "median": median, "p90": p90, "max": ordered[-1], "sum": sum(ordered)}
 
 
 def peak_rss_mib() -> float:

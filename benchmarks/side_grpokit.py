@@ -32,6 +32,7 @@ from common import (
     benchmark_rows,
     reward_fn,
     side_arguments,
+    step_lengths,
     write_result,
 )
 
@@ -103,7 +104,13 @@ def _load_minimal():
 
 
 def run_trainer(
-    model_dir: str, wl: Workload, steps: int, seed: int, timer: PhaseTimer, precision: str = "fp32"
+    model_dir: str,
+    wl: Workload,
+    steps: int,
+    seed: int,
+    timer: PhaseTimer,
+    precision: str = "fp32",
+    warmup: int = 1,
 ) -> dict:
     """The same workload through grpokit.GRPOTrainer (fast backend); phases from its time/* metrics.
     ``precision`` bf16: ``bf16=True``, autocast over the fp32 weights (generation, log-prob passes and
@@ -132,10 +139,10 @@ def run_trainer(
         disable_tqdm=True,
         bf16=precision == "bf16",
     )
-    # No EOS: every completion runs to max_completion_length (TRL side: EOS suppressed).
-    if tokenizer.pad_token is None:  # SmolLM2: pad with its EOS token before EOS is switched off
+    if tokenizer.pad_token is None:  # SmolLM2: pad with its EOS token (before EOS may be switched off)
         tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.eos_token = None
+    if not wl.eos:  # no EOS: every completion runs to max_completion_length (TRL side: EOS suppressed)
+        tokenizer.eos_token = None
     trainer = GRPOTrainer(
         model=model_dir, reward_funcs=[reward_fn], args=args, train_dataset=rows, processing_class=tokenizer
     )
@@ -154,6 +161,7 @@ def run_trainer(
         "torch_threads": torch.get_num_threads(),
         "versions": {"torch": torch.__version__},
         "old_logprobs_from_sampler": reused[-1] if reused else None,
+        "lengths": step_lengths(tokenizer, warmup),
     }
 
 
@@ -169,7 +177,7 @@ def main() -> None:
             raise SystemExit("--precision bf16 runs with --impl trainer (the loop is fp32)")
         extra = run_loop(a.model, wl, a.warmup + a.steps, a.seed, timer)
     else:
-        extra = run_trainer(a.model, wl, a.warmup + a.steps, a.seed, timer, a.precision)
+        extra = run_trainer(a.model, wl, a.warmup + a.steps, a.seed, timer, a.precision, a.warmup)
     extra["wall_s"] = time.perf_counter() - start
     extra["impl"] = a.impl
     extra["precision"] = a.precision

@@ -19,6 +19,7 @@ from common import (
     benchmark_rows,
     reward_fn,
     side_arguments,
+    step_lengths,
     write_result,
 )
 
@@ -34,7 +35,7 @@ def main() -> None:
     wl = WORKLOADS[a.workload]
     tokenizer = PreTrainedTokenizerFast.from_pretrained(a.model)
     tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:  # SmolLM2: pad with EOS (completions never end early: EOS suppressed)
+    if tokenizer.pad_token is None:  # SmolLM2: pad with EOS (TRL's completion mask ends at the first EOS)
         tokenizer.pad_token = tokenizer.eos_token
     rows = benchmark_rows(wl, NUM_DATASET_PROMPTS, a.seed)
     dataset = datasets.Dataset.from_list(rows)
@@ -61,8 +62,8 @@ def main() -> None:
         seed=a.seed,
         disable_tqdm=True,
         dataloader_num_workers=0,
-        # Every completion runs to full length on both sides: EOS can never be sampled.
-        generation_kwargs={"suppress_tokens": [tokenizer.eos_token_id]},
+        # Without wl.eos every completion runs to full length on both sides: EOS can never be sampled.
+        generation_kwargs=None if wl.eos else {"suppress_tokens": [tokenizer.eos_token_id]},
     )
     trainer = trl.GRPOTrainer(
         model=a.model, reward_funcs=[reward_fn], args=args, train_dataset=dataset, processing_class=tokenizer
@@ -123,6 +124,7 @@ def main() -> None:
             },
             "torch_threads": torch.get_num_threads(),
             "precision": a.precision,
+            "lengths": step_lengths(tokenizer, a.warmup),
         },
     )
 

@@ -178,6 +178,7 @@ def run_cell(policy_dir: str, out: Path, placement: str, precision: str, mode: s
     history = trainer.train()
     record["lr0"] = {k: v for k, v in history[-1].items() if isinstance(v, (int, float))}
     record["allreduce_rounds"] = None if rounds is None else rounds[0]
+    record["attention"] = trainer.model.config._attn_implementation  # packed passes ran: grpokit_packed_*
     record["optimizer_steps"] = 2  # mu 2, one optimizer step per generation
     # steps: two real steps, a checkpoint after each (with checkpointing one: the resume is the plain cell's)
     steps = 1 if gc else 2

@@ -42,7 +42,8 @@ def model(tmp_path_factory):
 
 
 def _batch(prompt_lens=(5, 2, 4), completion_lens=(6, 4, 1, 5, 6, 3, 2, 6, 5), seed=0):
-    """Groups of G rows sharing one left-padded prompt; completions right-padded to different lengths."""
+    """Groups of G rows sharing one left-padded prompt; completions right-padded to different lengths (a
+    third of the padded tokens are padding: the automatic choice packs them, ``grpokit.models.packing``)."""
     gen = torch.Generator().manual_seed(seed)
     width, c_width = max(prompt_lens), max(completion_lens)
     rows = len(prompt_lens) * G
@@ -85,9 +86,12 @@ def _grads(model, fn, weights):
     return logps.detach(), entropy.detach(), grads
 
 
+@pytest.mark.parametrize("padding_free", [False, True])
 @pytest.mark.parametrize("shared_prefix", [False, True])
 @pytest.mark.parametrize("chunk_size", [None, 4])
-def test_lean_forward_equals_plain_logprobs_entropy_and_gradients(model, shared_prefix, chunk_size):
+def test_lean_forward_equals_plain_logprobs_entropy_and_gradients(
+    model, shared_prefix, chunk_size, padding_free
+):
     p_ids, p_mask, c_ids, c_mask = _batch()
     weights = torch.randn(c_ids.shape, generator=torch.Generator().manual_seed(1))
     temperature = 0.7
@@ -107,6 +111,7 @@ def test_lean_forward_equals_plain_logprobs_entropy_and_gradients(model, shared_
             num_generations=G,
             shared_prefix=shared_prefix,
             chunk_size=chunk_size,
+            padding_free=padding_free,
         ),
         weights,
     )

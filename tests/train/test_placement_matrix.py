@@ -4,7 +4,8 @@ LoRA x gradient checkpointing off / on, each cell a real ``GRPOTrainer`` on the 
 (``_matrix_worker.py``; one launch for the two-process cells, one for the single-process ones):
 
 - at learning rate 0 (mu 2, beta 0.04): the ratio is exactly 1, the KL exactly 0, no token clipped, and the
-  loss equals the single-process fp32 run's within the precision's tolerance;
+  loss equals the single-process fp32 run's within the precision's tolerance; the completions' lengths
+  differ, so every pass runs padding-free (``grpokit.models.packing``, chosen automatically);
 - one real step: the weights equal the single-process run's of the same precision on the same global
   batch, within the tolerance float sums allow (``assert_same_weights``);
 - save, drop the trainer, resume from the checkpoint: the next step equals the uninterrupted run's, and
@@ -109,6 +110,7 @@ def test_learning_rate_zero_leaves_ratio_one_and_kl_zero(matrix, cell):
     reference = records(matrix, ("single", "fp32", cell[2], False))[0]["lr0"]
     for record in records(matrix, cell):
         metrics = record["lr0"]
+        assert record["attention"] == "grpokit_packed_sdpa"  # the passes ran padding-free (models.packing)
         assert metrics["ratio_mean"] == 1.0, metrics
         assert metrics["kl"] == 0.0, metrics
         assert metrics["clip_ratio/region_mean"] == 0.0, metrics

@@ -545,6 +545,14 @@ class GRPOConfigBase(metaclass=RefusesMovedFields):
     """Keyword arguments of ``torch.utils.checkpoint.checkpoint`` (TRL's name). ``use_reentrant`` must stay
     False (the default): reentrant checkpointing gives no gradient to the prompt keys/values that the
     shared-prefix forward passes from the prompt to the completions."""
+    padding_free: bool | None = None
+    """Run the reference, old-policy and update passes over each row's real tokens packed into one sequence
+    (TRL's name in its SFT trainer; ``grpokit.models.packing``): no padding through the backbone, attention
+    kept within each row (per-row positions and a block-diagonal mask; ``flash-attn``'s variable-length
+    kernel on CUDA where it is installed), combined with the shared-prefix forward. The same log-probs and
+    gradients as the padded passes, up to float rounding. None: wherever the model supports it (Llama,
+    Qwen2, Qwen3, Mistral without a sliding window; text only, no routing replay) and padding is at least
+    10% of a pass's tokens; True: always (refused where it cannot run); False: never."""
     fsdp: str = ""
     """Fully sharded data parallel (TRL/transformers name): ``"full_shard"`` shards the weights, gradients
     and optimizer state of the policy (and the reference) over the processes with PyTorch FSDP2

@@ -370,10 +370,12 @@ def sampled_rows(
     group: int,
     completion_lengths: Sequence[int],
     num_experts: int,
+    fed: Sequence[torch.Tensor] | None = None,
 ) -> list[torch.Tensor]:
     """A sampler's routing per row, from its recording: first the prefill of the P left-padded prompts
     (``prompt_width`` tokens each, ``prompt_lengths`` real; one call or several of whole prompts), then one
-    call per decode step over the N = P * ``group`` rows in prompt order (step j fed completion token j).
+    call per decode step over the N = P * ``group`` rows in prompt order (step j fed completion token j), or
+    over the rows ``fed[j]`` in that order (a sampler whose finished rows leave the decode batch).
     Row i: [p + c_i - 1, L, k] on the CPU, one byte per expert id (its real prompt tokens, then its
     completion tokens but the last, which no pass feeds)."""
     calls = calls_of(tape)
@@ -385,6 +387,8 @@ def sampled_rows(
         seen += prefill[-1].shape[0]
     prompts = torch.cat(prefill).reshape(len(prompt_lengths), prompt_width, layers, k)  # [P, W, L, k]
     rows_count = len(completion_lengths)
+    if fed is not None:  # each call's rows in place among all N (rows that had left: never read)
+        calls = [c.new_zeros(rows_count, layers, k).index_copy(0, rows, c) for c, rows in zip(calls, fed)]
     steps = torch.stack([c.reshape(rows_count, layers, k) for c in calls], dim=1) if calls else None
     dtype, rows = storage_dtype(num_experts), []
     for i, c in enumerate(completion_lengths):

@@ -182,7 +182,7 @@ EVERY_STEP_FIELDS: dict[str, str] = {
     "data settings": "prompt_column column_mapping",
     "precision, devices, memory": (
         "mixed_precision bf16 fp16 use_cpu torch_num_threads cpu_memory_reuse gradient_checkpointing "
-        "gradient_checkpointing_kwargs disable_dropout cast_lm_head_to_fp32 freeze_vision_tower "
+        "gradient_checkpointing_kwargs padding_free disable_dropout cast_lm_head_to_fp32 freeze_vision_tower "
         "trust_remote_code"
     ),
     "process supervision, iterative GRPO": (

@@ -52,6 +52,9 @@ from grpokit.rollout.native_decode import NativeDecoder, native_supported
 
 __all__ = ["FastSampler"]
 
+STAT_NAMES = ("prefill_rows", "prefill_tokens", "decode_steps", "rows", "decoded_rows")
+"""``FastSampler.last_stats``' counters."""
+
 
 @dataclass
 class _Prefill:
@@ -79,6 +82,7 @@ class FastSampler:
             that many prompts' samples at a time.
         compile_decode: run the native decode step through ``torch.compile`` (inductor, dynamic shapes;
             compiled once per process on first use, then per new shape set). Native decode only.
+        compact: let finished rows leave the decode batch (see ``compact``).
     """
 
     def __init__(
@@ -90,6 +94,7 @@ class FastSampler:
         prefill_batch_size: int = 16,
         prompts_per_call: int | None = None,
         compile_decode: bool = False,
+        compact: bool = True,
     ) -> None:
         if impl not in ("auto", "native", "hf"):
             raise ValueError(f"impl must be 'auto', 'native' or 'hf', got {impl!r}")
@@ -109,6 +114,9 @@ class FastSampler:
                 f"{type(model).__name__} (llama, qwen2, qwen3, mistral without a sliding window, qwen2_moe, "
                 "qwen3_moe, mixtral)"
             )
+        self.compact = compact
+        """Whether finished rows leave the decode batch (``_compaction_pays``); False decodes every row until
+        the last one finishes (the same tokens, up to float rounding)."""
         self.accepts_images = self.impl == "native"
         """Whether ``generate`` takes ``images`` (a vision-language model, native decode only)."""
         self.decode_step = compiled_decode_step() if compile_decode else None
@@ -141,7 +149,7 @@ class FastSampler:
         was_training = self.model.training
         self.model.eval()  # no dropout while sampling
         step = self.prompts_per_call or len(prompt_ids)
-        parts, stats = [], dict.fromkeys(("prefill_rows", "prefill_tokens", "decode_steps", "rows"), 0)
+        parts, stats = [], dict.fromkeys(STAT_NAMES, 0)
         try:
             with torch.inference_mode():
                 for start in range(0, len(prompt_ids), step):
@@ -167,12 +175,12 @@ class FastSampler:
         vocab = self.model.get_output_embeddings().weight.shape[0]
         routing = routing_of(self.model)  # a mixture-of-experts model: its routers' choices, recorded
         with routing.recording() if routing is not None else nullcontext() as tape:
-            out = self._sample(prompt_ids, group, params, images, device, vocab)
-        if tape is not None:  # the prefill, then one call per decode step
+            out, fed = self._sample(prompt_ids, group, params, images, device, vocab)
+        if tape is not None:  # the prefill, then one call per decode step over the rows ``fed``
             lengths = [len(p) for p in prompt_ids]
             completion_lengths = [len(ids) for ids in out.completion_ids]
             out.routed_experts = sampled_rows(
-                tape, lengths, max(lengths), group, completion_lengths, routing.num_experts
+                tape, lengths, max(lengths), group, completion_lengths, routing.num_experts, fed
             )
         return out
 
@@ -184,7 +192,8 @@ class FastSampler:
         images: PromptImages | None,
         device: torch.device,
         vocab: int,
-    ) -> GenerationOutput:
+    ) -> tuple[GenerationOutput, list[torch.Tensor]]:
+        """The sampling loop: the output, and the rows each decode call ran (in its order)."""
         num_prompts, rows, max_new = len(prompt_ids), len(prompt_ids) * group, params.max_new_tokens
         pre = self._prefill(prompt_ids, device, keep_hf_cache=self.impl == "hf", images=images)
         if self.impl == "native":
@@ -202,45 +211,56 @@ class FastSampler:
             seen = seen.repeat_interleave(group, dim=0)  # [N, V]
 
         eos = torch.as_tensor(list(params.eos_token_ids) or [-1], device=device)  # [E]
-        tokens = torch.empty(rows, max_new, dtype=torch.long, device=device)  # [N, max_new]
-        logps = torch.empty(rows, max_new, dtype=torch.float32, device=device)
-        finished = torch.zeros(rows, dtype=torch.bool, device=device)
+        tokens = torch.zeros(rows, max_new, dtype=torch.long, device=device)  # [N, max_new]
+        logps = torch.zeros(rows, max_new, dtype=torch.float32, device=device)
         lengths = torch.full((rows,), max_new, dtype=torch.long, device=device)
-        logits = pre.last_logits.repeat_interleave(group, dim=0)  # [N, V]
-        steps = 0
+        finished = torch.zeros(rows, dtype=torch.bool, device=device)
+        live = torch.arange(rows, device=device)  # [n] the rows in the decode batch (all N at first)
+        running = torch.ones(rows, dtype=torch.bool, device=device)  # [n] not finished yet
+        logits = pre.last_logits.repeat_interleave(group, dim=0)  # [n, V]
+        steps, fed = 0, []  # fed: the rows of each decode call, in the call's order
         for t in range(max_new):
-            scores = process_logits(logits.float(), params, seen)  # [N, V]
-            if params.do_sample:
-                next_tok, lse = sample_token(scores, self.generator)
+            scores = process_logits(logits.float(), params, seen)  # [n, V]
+            if params.do_sample:  # one uniform per row of all N, as if none had left: the same stream
+                uniforms = torch.rand(rows, 1, device=device, generator=self.generator)[live]
+                next_tok, lse = sample_token(scores, uniforms=uniforms)
             else:
                 next_tok, lse = scores.argmax(dim=-1), torch.logsumexp(scores, dim=-1)
-            tokens[:, t] = next_tok
-            logps[:, t] = scores.gather(1, next_tok[:, None]).squeeze(1) - lse  # log-softmax at the token
+            tokens[live, t] = next_tok
+            logps[live, t] = scores.gather(1, next_tok[:, None]).squeeze(1) - lse  # log-softmax at the token
             steps = t + 1
             if seen is not None:
                 seen.scatter_(1, next_tok[:, None], True)
-            hit = torch.isin(next_tok, eos) & ~finished  # [N]
-            lengths = torch.where(hit, t + 1, lengths)
-            finished = finished | hit
-            if t + 1 == max_new or bool(finished.all()):
+            hit = torch.isin(next_tok, eos) & running  # [n]
+            lengths[live[hit]] = t + 1
+            finished[live[hit]] = True
+            running = running & ~hit
+            if t + 1 == max_new or not bool(running.any()):
                 break
-            logits = step(next_tok, t)  # [N, V]
+            if self.compact and _compaction_pays(running):  # finished rows leave the decode batch
+                order = step.keep(running, t)  # [n'] old places of the rows that stay
+                live, running, next_tok = live[order], running[order], next_tok[order]
+                seen = None if seen is None else seen[order]
+            logits = step(next_tok, t)  # [n, V]
+            fed.append(live)
 
         self.last_stats = {
             "prefill_rows": num_prompts,
             "prefill_tokens": int(pre.pad_bias.shape[-1]) * num_prompts,
             "decode_steps": steps - 1,
             "rows": rows,
+            "decoded_rows": sum(len(f) for f in fed),
         }
         tokens_l = tokens[:, :steps].tolist()
         logps_l = logps[:, :steps].tolist()
         lengths_l = lengths.clamp(max=steps).tolist()
         finished_l = finished.tolist()
-        return GenerationOutput(
+        out = GenerationOutput(
             completion_ids=[tokens_l[i][: lengths_l[i]] for i in range(rows)],
             logprobs=[logps_l[i][: lengths_l[i]] for i in range(rows)],
             truncated=[not f for f in finished_l],
         )
+        return out, fed
 
     # ------------------------------------------------------------------ prefill
     def _prefill(
@@ -320,6 +340,14 @@ class _HFDecoder:
         )  # [N, L + max_new]
         self.prompt_width = real.shape[1]
 
+    def keep(self, running: torch.Tensor, t: int) -> torch.Tensor:
+        """Only the ``running`` [n] rows stay in the decode batch (see ``NativeDecoder.keep``); returns their
+        old places, in order."""
+        order = running.nonzero().squeeze(1)  # [n']
+        self.cache.batch_select_indices(order)
+        self.positions, self.mask = self.positions[order], self.mask[order]
+        return order
+
     def __call__(self, tokens: torch.Tensor, t: int) -> torch.Tensor:
         out = self.model(
             input_ids=tokens[:, None],
@@ -367,6 +395,17 @@ def _joined(parts: list[GenerationOutput]) -> GenerationOutput:
         if any(p.routed_experts is None for p in parts)
         else [row for part in parts for row in part.routed_experts],
     )
+
+
+COMPACT_FRACTION = 16
+"""Finished rows leave the decode batch once they are at least 1/16 of it (and at least one): each
+compaction copies the generated keys/values of as many rows as left, so it waits for a few."""
+
+
+def _compaction_pays(running: torch.Tensor) -> bool:
+    """Whether enough rows of the decode batch (``running`` [n] bool) have finished to compact it now."""
+    done = int((~running).sum())
+    return done >= max(1, running.shape[0] // COMPACT_FRACTION)
 
 
 def _pad_bias(mask: torch.Tensor) -> torch.Tensor:

@@ -57,7 +57,7 @@ def process_logits(
 
 
 def sample_token(
-    scores: torch.Tensor, generator: torch.Generator | None
+    scores: torch.Tensor, generator: torch.Generator | None = None, *, uniforms: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One categorical draw per row of softmax(scores) [N, V] by inverting the CDF with one uniform per row;
     returns (tokens [N], logsumexp(scores) [N]).
@@ -65,11 +65,14 @@ def sample_token(
     Same distribution as ``torch.multinomial(softmax(scores), 1)`` (what ``generate`` calls), at a fraction of
     the cost: ``multinomial`` draws V exponentials per row (~1 ms per 64k on CPU). A token with probability 0
     is never drawn: it does not raise the CDF, and the search returns the first index whose CDF exceeds u.
+    ``uniforms`` [N, 1]: the rows' uniforms, drawn by the caller (default: drawn here with ``generator``).
     """
     peak = scores.amax(dim=-1, keepdim=True)  # [N, 1]
     cdf = (scores - peak).exp_().cumsum_(dim=-1)  # [N, V] unnormalised CDF
     total = cdf[:, -1:]  # [N, 1]
-    u = torch.rand(cdf.shape[0], 1, dtype=cdf.dtype, device=cdf.device, generator=generator)
+    u = uniforms
+    if u is None:
+        u = torch.rand(cdf.shape[0], 1, dtype=cdf.dtype, device=cdf.device, generator=generator)
     idx = torch.searchsorted(cdf, u * total, right=True)  # [N, 1] first index with cdf > u * total
     lse = (peak + total.log()).squeeze(1)
     return idx.clamp_(max=cdf.shape[1] - 1).squeeze(1), lse

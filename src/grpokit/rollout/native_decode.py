@@ -33,7 +33,6 @@ class NativeDecoder:
         self.base = decoder_of(model)
         self.head = model.get_output_embeddings()
         self.embed = model.get_input_embeddings()
-        self.pre = pre
         self.group = group
         first = self.base.layers[0].self_attn
         self.head_dim = first.head_dim
@@ -48,14 +47,54 @@ class NativeDecoder:
         self.gen_v = [torch.empty(rows, kv_heads, max_new, d, dtype=dtype, device=device) for _ in pre.keys]
         self.positions = pre.lengths.repeat_interleave(group)[:, None]  # [N, 1] next position per row
         self.pad_bias = pre.pad_bias.to(dtype)  # [P, 1, 1, L]
+        self.prompt_keys, self.prompt_values = list(pre.keys), list(pre.values)  # per layer [P, kv, L, d]
+        self.rows = rows  # rows in the decode batch: the first ``rows`` of the buffers
+        self.slots: torch.Tensor | None = None  # [rows] each row's place in the [prompts x G] grid (None:
+        # every row of every prompt, in order: no finished row has left yet)
         # Fused projections (one matmul instead of three, resp. two), rebuilt from the live weights per call.
         self.qkv = [
             _fuse_linear(a.q_proj, a.k_proj, a.v_proj) for a in (lay.self_attn for lay in self.base.layers)
         ]
         self.gate_up = [_fuse_mlp(layer.mlp) for layer in self.base.layers]
 
+    def keep(self, running: torch.Tensor, t: int) -> torch.Tensor:
+        """Let the finished rows leave the decode batch after step ``t``'s tokens were sampled: ``running``
+        [n] bool over the batch's rows. Returns ``order`` [n'], the old place of each row that stays (its new
+        place is its index in ``order``).
+
+        Rows that stay behind the new end move into the places of finished rows before it (their generated
+        keys/values up to step t are copied: only as many rows as left), and a prompt none of whose rows
+        runs any more leaves the prompt cache."""
+        device = running.device
+        stay = int(running.sum())
+        order = torch.arange(stay, device=device)
+        holes = (~running[:stay]).nonzero().squeeze(1)  # places freed before the new end
+        movers = running[stay:].nonzero().squeeze(1) + stay  # running rows behind it
+        order[holes] = movers
+        if len(holes):
+            for buffers in (self.gen_k, self.gen_v):
+                for buffer in buffers:  # [N, kv, max_new, d]
+                    buffer[holes, :, : t + 1] = buffer[movers, :, : t + 1]
+        self.positions = self.positions[order]
+        slots = torch.arange(self.rows, device=device) if self.slots is None else self.slots
+        self.slots, self.rows = slots[order], stay
+        self._drop_finished_prompts()
+        return order
+
+    def _drop_finished_prompts(self) -> None:
+        prompts = self.slots // self.group  # [n] each row's prompt
+        alive = torch.unique(prompts)  # sorted
+        if len(alive) == self.prompt_keys[0].shape[0]:
+            return
+        self.prompt_keys = [k[alive] for k in self.prompt_keys]
+        self.prompt_values = [v[alive] for v in self.prompt_values]
+        self.pad_bias = self.pad_bias[alive]
+        renumbered = torch.searchsorted(alive, prompts)  # [n] place of each row's prompt among the alive
+        self.slots = renumbered * self.group + self.slots % self.group
+
     def __call__(self, tokens: torch.Tensor, t: int) -> torch.Tensor:
-        """Feed the token sampled at step t ([N]); return next-token logits [N, V] (float32)."""
+        """Feed the token sampled at step t ([n], one per row of the decode batch); return next-token logits
+        [n, V] (float32)."""
         h = self.embed(tokens[:, None])  # [N, 1, H]
         cos, sin = self.base.rotary_emb(h, self.positions + t)  # [N, 1, d]
         cos, sin = cos[:, None], sin[:, None]  # [N, 1, 1, d]
@@ -78,7 +117,7 @@ class NativeDecoder:
     def _attention(self, attn: nn.Module, x: torch.Tensor, cos, sin, i: int, t: int) -> torch.Tensor:
         rows = x.shape[0]
         d, kvh, rep = self.head_dim, self.kv_heads, self.n_rep
-        num_prompts = rows // self.group
+        num_prompts = self.prompt_keys[i].shape[0]
         w, b = self.qkv[i]
         q, k, v = torch.nn.functional.linear(x, w, b).split([kvh * rep * d, kvh * d, kvh * d], dim=-1)
         q = q.reshape(rows, 1, kvh * rep, d)  # [N, 1, h, d]
@@ -90,30 +129,45 @@ class NativeDecoder:
         k = k.transpose(1, 2)  # [N, kv, 1, d]
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        self.gen_k[i][:, :, t : t + 1] = k
-        self.gen_v[i][:, :, t : t + 1] = v.transpose(1, 2)
-        gk = self.gen_k[i][:, :, : t + 1]  # [N, kv, t+1, d]
-        gv = self.gen_v[i][:, :, : t + 1]
-        pk, pv = self.pre.keys[i], self.pre.values[i]  # [P, kv, L, d]
+        self.gen_k[i][:rows, :, t : t + 1] = k
+        self.gen_v[i][:rows, :, t : t + 1] = v.transpose(1, 2)
+        gk = self.gen_k[i][:rows, :, : t + 1]  # [N, kv, t+1, d]
+        gv = self.gen_v[i][:rows, :, : t + 1]
+        pk, pv = self.prompt_keys[i], self.prompt_values[i]  # [P, kv, L, d]
         plen = pk.shape[2]
+        if self.slots is not None:  # some rows have left: the prompt part over the [P x G] grid of slots
+            num_prompts = pk.shape[0]
+            grid = q.new_zeros(num_prompts * self.group, *q.shape[1:])  # [P*G, h, 1, d]
+            q_grid = grid.index_copy(0, self.slots, q)
+        else:
+            q_grid = q
         # Query heads h = kv*rep + r share kv head kv (as repeat_kv). Group queries per prompt:
         # [P, kv, G*rep, d].
         qg = (
-            q.view(num_prompts, self.group, kvh, rep, d)
+            q_grid.view(num_prompts, self.group, kvh, rep, d)
             .permute(0, 2, 1, 3, 4)
             .reshape(num_prompts, kvh, self.group * rep, d)
         )
         s_prompt = torch.matmul(qg, pk.transpose(-1, -2)) * self.scaling + self.pad_bias  # [P, kv, G*rep, L]
         s_prompt = s_prompt.view(num_prompts, kvh, self.group, rep, plen).permute(0, 2, 1, 3, 4)
-        s_prompt = s_prompt.reshape(rows, kvh, rep, plen)  # [N, kv, rep, L]
+        s_prompt = s_prompt.reshape(num_prompts * self.group, kvh, rep, plen)  # [P*G, kv, rep, L]
+        if self.slots is not None:
+            s_prompt = s_prompt[self.slots]  # [N, kv, rep, L]
         qn = q.view(rows, kvh, rep, d)
         s_gen = torch.matmul(qn, gk.transpose(-1, -2)) * self.scaling  # [N, kv, rep, t+1]
         probs = torch.softmax(torch.cat([s_prompt, s_gen], dim=-1), dim=-1, dtype=torch.float32).to(q.dtype)
-        p_prompt = probs[..., :plen].reshape(num_prompts, self.group, kvh, rep, plen).permute(0, 2, 1, 3, 4)
+        p_prompt = probs[..., :plen]  # [N, kv, rep, L]
+        if self.slots is not None:
+            p_prompt = p_prompt.new_zeros(num_prompts * self.group, *p_prompt.shape[1:]).index_copy(
+                0, self.slots, p_prompt
+            )  # [P*G, kv, rep, L]
+        p_prompt = p_prompt.reshape(num_prompts, self.group, kvh, rep, plen).permute(0, 2, 1, 3, 4)
         p_prompt = p_prompt.reshape(num_prompts, kvh, self.group * rep, plen)
         o_prompt = torch.matmul(p_prompt, pv)  # [P, kv, G*rep, d]
         o_prompt = o_prompt.view(num_prompts, kvh, self.group, rep, d).permute(0, 2, 1, 3, 4)
-        o_prompt = o_prompt.reshape(rows, kvh, rep, d)
+        o_prompt = o_prompt.reshape(num_prompts * self.group, kvh, rep, d)
+        if self.slots is not None:
+            o_prompt = o_prompt[self.slots]  # [N, kv, rep, d]
         out = o_prompt + torch.matmul(probs[..., plen:], gv)  # [N, kv, rep, d]
         return attn.o_proj(out.reshape(rows, 1, kvh * rep * d))
 

@@ -139,6 +139,7 @@ class LogprobPass:
     temperature: float
     micro_batch_size: int
     num_generations: int | None
+    padding_free: bool | None = None  # GRPOConfig.padding_free: packed passes (None: where they pay)
 
     @classmethod
     def from_config(cls, config: Any) -> LogprobPass:
@@ -146,7 +147,7 @@ class LogprobPass:
         are not cut into equal blocks: no shared-prefix forward then."""
         micro = max(config.per_device_train_batch_size, config.num_generations)
         group = None if config.adaptive_num_generations else config.num_generations
-        return cls(config.temperature, micro, group)
+        return cls(config.temperature, micro, group, config.padding_free)
 
     def __call__(
         self, model: torch.nn.Module, batch: RolloutBatch, routing: RoutingUse | None = None
@@ -165,6 +166,7 @@ class LogprobPass:
             context_mask=batch.context_mask,
             images=batch.images,
             routing=routing,
+            padding_free=self.padding_free,
         )
 
 

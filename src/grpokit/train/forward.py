@@ -33,8 +33,14 @@ from typing import Any
 import torch
 
 from grpokit.models.moe import is_mixture_of_experts
+from grpokit.models.packing import LAYOUT_ARGUMENT, PackedLayout, packing_supported, use_packed_attention
 from grpokit.models.parts import cache_argument, decoder_of
-from grpokit.models.prefix_cache import RecordingCache, full_attention_only, replay_safe_layers
+from grpokit.models.prefix_cache import (
+    PrefixCache,
+    RecordingCache,
+    full_attention_only,
+    replay_safe_layers,
+)
 from grpokit.models.routing_replay import (
     ExpertRouting,
     RoutedExperts,
@@ -66,6 +72,9 @@ MICRO_BATCH_TOKENS = 4608
 SHARED_PREFIX_MIN_SAVING = 0.15
 """Shared-prefix forward is used when it removes at least this fraction of the backbone's tokens."""
 
+PADDING_FREE_MIN_SAVING = 0.1
+"""The packed (padding-free) forward is used when padding is at least this fraction of the padded tokens."""
+
 
 def completion_logprobs(
     model: torch.nn.Module,
@@ -83,6 +92,7 @@ def completion_logprobs(
     router_logits: list[Any] | None = None,
     images: PromptImages | None = None,
     routing: RoutingUse | None = None,
+    padding_free: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of each completion token under ``model``.
 
@@ -106,6 +116,10 @@ def completion_logprobs(
     ([B, P+C] tokens) to replay or to compare with, and whether to record the experts the pass used. Under
     gradient checkpointing with gradients on, replayed rows run whole (no shared prefix), so that a
     checkpointed layer's recomputation routes as its forward did.
+    ``padding_free``: run the backbone over the rows' real tokens packed into one sequence
+    (``grpokit.models.packing``), combined with the shared prefix when that applies. None picks it where the
+    model supports it and padding is at least ``PADDING_FREE_MIN_SAVING`` of the backbone's tokens
+    (``_choose_packed``); True forces it (ValueError where it cannot run); False never.
     """
     context = completion_mask if context_mask is None else context_mask
     batch, num_completion = completion_ids.shape
@@ -120,8 +134,13 @@ def completion_logprobs(
         )
     if routes is not None and torch.is_grad_enabled() and getattr(model, "is_gradient_checkpointing", False):
         shared_prefix = False  # a checkpointed layer replays within its call's routing context only
+    plain = images is None and routes is None and router_logits is None
     if images is not None:
         hidden = _vision_hidden(model, prompt_ids, prompt_mask, completion_ids, context, images)
+    elif _choose_packed(model, prompt_mask, context, padding_free, plain):
+        shared = _choose_shared(model, *shapes, shared_prefix, real_completion=context)
+        ids_and_masks = (prompt_ids, prompt_mask, completion_ids, context)
+        hidden = _packed_hidden(model, *ids_and_masks, num_generations, shared)
     elif _choose_shared(model, *shapes, shared_prefix):
         hidden = _shared_prefix_hidden(
             model, prompt_ids, prompt_mask, completion_ids, context, num_generations, routes, router_logits
@@ -179,12 +198,14 @@ def no_grad_logprobs(
     context_mask: torch.Tensor | None = None,
     images: PromptImages | None = None,
     routing: RoutingUse | None = None,
+    padding_free: bool | None = None,
 ) -> torch.Tensor:
     """Log-probs [B, C] for a pass that needs no gradient (reference model, old policy), under
     ``torch.inference_mode`` and in eval mode, ``micro_batch_size`` rows at a time (a multiple of
     ``num_generations`` keeps groups whole so the shared prefix still applies). ``model``: a causal LM, or
-    a ``PolicyLogprobs`` module (possibly sharded). ``context_mask``, ``images``, ``routing``: as for
-    ``completion_logprobs`` (a recorded routing is left in the model's ``ExpertRouting`` in row order)."""
+    a ``PolicyLogprobs`` module (possibly sharded). ``context_mask``, ``images``, ``routing``,
+    ``padding_free``: as for ``completion_logprobs`` (a recorded routing is left in the model's
+    ``ExpertRouting`` in row order)."""
     batch = completion_ids.shape[0]
     step = micro_batch_size or batch
     # Called as a module (PolicyLogprobs): a sharded (FSDP) root gathers its weights in its forward hooks.
@@ -208,6 +229,7 @@ def no_grad_logprobs(
                     completion_mask[sl],
                     temperature=temperature,
                     num_generations=group,
+                    padding_free=padding_free,
                     context_mask=None if context_mask is None else context_mask[sl],
                     **({} if images is None else {"images": images[sl]}),
                     **({} if routing is None else {"routing": routing.rows(sl)}),
@@ -258,7 +280,11 @@ def micro_batch_rows(
 
 
 # ---------------------------------------------------------------------- backbone passes
-def _choose_shared(model, prompt_ids, prompt_mask, num_generations, num_completion, shared_prefix) -> bool:
+def _choose_shared(
+    model, prompt_ids, prompt_mask, num_generations, num_completion, shared_prefix, real_completion=None
+) -> bool:
+    """Whether to run each group's prompt once (see ``completion_logprobs``). ``real_completion`` [B, C]: the
+    completion tokens a packed call runs; the saving is then counted over real tokens, not padded widths."""
     if shared_prefix is False or not num_generations or num_generations <= 1:
         if shared_prefix:
             raise ValueError("shared_prefix=True needs num_generations > 1")
@@ -274,8 +300,15 @@ def _choose_shared(model, prompt_ids, prompt_mask, num_generations, num_completi
         if shared_prefix:
             raise ValueError(f"batch {batch} is not a multiple of num_generations {num_generations}")
         return False
-    if shared_prefix is None and not shared_prefix_pays(prompt_mask, num_generations, num_completion):
-        return False
+    if shared_prefix is None:
+        if real_completion is None:
+            pays = shared_prefix_pays(prompt_mask, num_generations, num_completion)
+        else:  # packed: B * (p + c) real tokens, or B/G * p + B * c
+            prompt_tokens, completion_tokens = float(prompt_mask.sum()), float(real_completion.sum())
+            saved = prompt_tokens * (1 - 1 / num_generations)
+            pays = saved >= SHARED_PREFIX_MIN_SAVING * (prompt_tokens + completion_tokens)
+        if not pays:
+            return False
     if not full_attention_only(model.config):
         if shared_prefix:
             raise ValueError("shared_prefix=True needs a model whose every layer is full attention")
@@ -286,6 +319,103 @@ def _choose_shared(model, prompt_ids, prompt_mask, num_generations, num_completi
     if not same and shared_prefix:
         raise ValueError("shared_prefix=True but the rows of a group do not share one prompt")
     return same
+
+
+def _choose_packed(model, prompt_mask, context, padding_free, plain) -> bool:
+    """Whether the backbone runs over packed real tokens: rows laid out as the padded forward takes them
+    (prompts left-padded, completions right-padded), a model ``packing_supported`` and a plain text pass
+    (no images, no routing replay or router logits: their tensors are laid out by padded rows); chosen
+    automatically when padding is at least ``PADDING_FREE_MIN_SAVING`` of the padded tokens."""
+    if padding_free is False:
+        return False
+    config = model.config.get_text_config(decoder=True)
+    reasons = []
+    if not plain:
+        reasons.append("images, routing replay and router logits are laid out by padded rows")
+    if not packing_supported(config):
+        reasons.append(f"model type {getattr(config, 'model_type', None)!r} is not one of PACKED_MODEL_TYPES")
+    if not _padded_as_expected(prompt_mask, context):
+        reasons.append("prompts must be left-padded and completions right-padded")
+    if reasons:
+        if padding_free:
+            raise ValueError("padding_free=True cannot run here: " + "; ".join(reasons))
+        return False
+    if padding_free:
+        return True
+    padded = prompt_mask.numel() + context.numel()
+    real = float(prompt_mask.sum()) + float(context.sum())
+    return padded - real >= PADDING_FREE_MIN_SAVING * padded
+
+
+def _padded_as_expected(prompt_mask: torch.Tensor, context: torch.Tensor) -> bool:
+    """Prompts left-padded ([0 .. 0 1 .. 1], at least one token) and completions right-padded."""
+    width, num_completion = prompt_mask.shape[1], context.shape[1]
+    prompt_lengths, lengths = prompt_mask.sum(dim=1), context.sum(dim=1)  # [B]
+    prompt_cols = torch.arange(width, device=prompt_mask.device)
+    cols = torch.arange(num_completion, device=context.device)
+    left = (prompt_mask.bool() == (prompt_cols[None, :] >= width - prompt_lengths[:, None])).all()
+    right = (context.bool() == (cols[None, :] < lengths[:, None])).all()
+    return bool(left) and bool(right) and bool((prompt_lengths > 0).all())
+
+
+def _packed_hidden(model, prompt_ids, prompt_mask, completion_ids, context, group, shared) -> torch.Tensor:
+    """The backbone over each row's real tokens packed into one sequence -> [B, C, H] (the padded forward's
+    hidden states at the completion positions; padded positions hold some row's state, never scored).
+
+    A row's sequence is its real prompt tokens and its completion tokens but the last (which predicts past
+    the completion), positions counting from 0. ``shared``: the prompts of each group of ``group`` rows run
+    once, packed, in a first call whose keys/values the completions read (``PackedLayout.on_prefix``).
+    """
+    decoder = decoder_of(model)
+    use_packed_attention(decoder.config)
+    width, num_completion = prompt_ids.shape[1], completion_ids.shape[1]
+    fed = context[:, 1:].bool()  # [B, C-1] completion token t runs when token t+1 exists
+    if not shared:
+        keep = torch.cat([prompt_mask.bool(), fed], dim=1)  # [B, P+C-1]
+        ids = torch.cat([prompt_ids, completion_ids[:, :-1]], dim=1)  # [B, P+C-1]
+        place = keep.long().cumsum(dim=1) - 1  # [B, P+C-1] a kept token's position in its row
+        lengths = keep.sum(dim=1)  # [B]
+        packed = {"input_ids": ids[keep][None], "position_ids": place[keep][None]}  # [1, T]
+        out = decoder(**packed, use_cache=False, **_packed_call(lengths))
+        hidden = out.last_hidden_state[0]  # [T, H]
+        at = (lengths.cumsum(0) - lengths)[:, None] + place  # [B, P+C-1] packed index of each kept token
+        return hidden[at[:, width - 1 : width - 1 + num_completion].clamp(min=0)]  # [B, C, H]
+    # the prompts, once per group
+    p_mask = prompt_mask[::group].bool()  # [B/G, P]
+    p_lengths = p_mask.sum(dim=1)  # [B/G]
+    p_place = p_mask.long().cumsum(dim=1) - 1
+    recording = RecordingCache(decoder.config.num_hidden_layers)
+    with replay_safe_layers(decoder):
+        out = decoder(
+            input_ids=prompt_ids[::group][p_mask][None], position_ids=p_place[p_mask][None], use_cache=True,
+            **cache_argument(decoder, recording), **_packed_call(p_lengths),
+        )  # fmt: skip
+        last = out.last_hidden_state[0][p_lengths.cumsum(0) - 1]  # [B/G, H] predicts each group's token 0
+        first = last.repeat_interleave(group, dim=0)[:, None]  # [B, 1, H]
+        lengths = fed.sum(dim=1)  # [B]
+        if num_completion == 1 or int(lengths.sum()) == 0:
+            return torch.cat([first, first.new_zeros(first.shape[0], num_completion - 1, first.shape[2])], 1)
+        # the completions, on top of their group's prompt (keys read from the packed prompt call, not copied)
+        prefix = PrefixCache([(layer.keys, layer.values) for layer in recording.layers])  # [1, kv, T_p, d]
+        place = fed.long().cumsum(dim=1) - 1  # [B, C-1]
+        owners = torch.arange(len(lengths), device=lengths.device) // group  # [B]
+        layout = PackedLayout.on_prefix(p_lengths, owners, lengths)
+        out = decoder(
+            input_ids=completion_ids[:, :-1][fed][None],
+            position_ids=(p_lengths[owners][:, None] + place)[fed][None],
+            use_cache=True, **cache_argument(decoder, prefix), **_packed_call(lengths, layout),
+        )  # fmt: skip
+    hidden = out.last_hidden_state[0]  # [T_c, H]
+    at = (lengths.cumsum(0) - lengths)[:, None] + place  # [B, C-1]
+    return torch.cat([first, hidden[at.clamp(min=0)]], dim=1)  # [B, C, H]
+
+
+def _packed_call(lengths: torch.Tensor, layout: PackedLayout | None = None) -> dict[str, Any]:
+    """The keywords of a packed backbone call: its layout (each row causal by default), and a 4D attention
+    mask that stops ``transformers`` from building a [T, T] one (the packed attention never reads it)."""
+    layout = PackedLayout.causal(lengths) if layout is None else layout
+    unused = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=lengths.device)
+    return {LAYOUT_ARGUMENT: layout, "attention_mask": unused}
 
 
 def _full_hidden(

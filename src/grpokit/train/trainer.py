@@ -35,6 +35,7 @@ from grpokit.data.run_folder import claim_run_folder, expand_path, refuse_anothe
 from grpokit.envs.factories import EMPTY_PROMPT, EnvironmentFactories
 from grpokit.envs.sampler import EpisodeSampler, sample_groups, start_episodes, template_kwargs
 from grpokit.models.moe import router_loss_for
+from grpokit.models.packing import refuse_unrunnable
 from grpokit.models.policy import check_special_tokens, load_policy, processing_class_of
 from grpokit.models.routing_replay import TAGS, RoutingUse, replayed_tags, routing_for_run
 from grpokit.models.vision import (
@@ -272,6 +273,9 @@ class GRPOTrainer:
             "with an environment for R3: episodes record no experts yet; use R2":
                 replay == "R3" and self.episodes is not None,
         })  # fmt: skip
+        if self.args.padding_free:  # (None: the passes pack wherever they can)
+            replayed, images = self.routing is not None and replay != "off", self.image_prompts is not None
+            refuse_unrunnable(self.model.config, images=images, routing_replay=replayed)
         self.reference = Reference.for_run(self.model, self.args, adapter_disabled=peft_config is not None)
         self.schedule = RunSchedule.from_config(self.args, len(self.train_rows), self.plan)
         self.max_steps = self.schedule.max_steps

@@ -222,6 +222,7 @@ def _micro_batch_loss(
         temperature=config.temperature,
         with_entropy=True,
         num_generations=config.num_generations if keeps_whole_groups(config) else None,
+        padding_free=config.padding_free,
         context_mask=batch.context_mask,
         router_logits=routed,
         **({} if batch.images is None else {"images": batch.images}),

@@ -1,0 +1,85 @@
+"""The fast sampler lets finished rows leave the decode batch (``FastSampler(compact=True)``, the default).
+
+Against the same sampler decoding every row to the end (``compact=False``, the loop as it was): the same
+tokens for the same seed (the uniforms are drawn for all N rows every step, so the random stream does not
+change), log-probs equal to float rounding, and fewer rows fed to the decode calls. Against the model: greedy
+rows equal ``generate`` token for token when whole groups (and their prompts) leave, and every reported
+log-prob equals a full forward's.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpokit.rollout import FastSampler, SamplingParams
+from grpokit.rollout.logits import process_logits
+
+from .test_fast_sampler import EOS, PAD, PROMPTS, _build, _encode, _hf_greedy
+
+STOPS = (EOS, 5, 7, 11, 13, 17, 19, 23)  # common tokens: rows end at very different steps
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def model_and_tok(request, tmp_path_factory):
+    return _build(tmp_path_factory, request.param)
+
+
+def _sample(model, prompts, params, *, impl, compact, seed=3, group=8):
+    sampler = FastSampler(model, impl=impl, compact=compact, generator=torch.Generator().manual_seed(seed))
+    return sampler.generate(prompts, group, params), sampler.last_stats
+
+
+@pytest.mark.parametrize("impl", ["native", "hf"])
+@pytest.mark.parametrize("penalty", [1.0, 1.3])
+def test_same_tokens_as_decoding_every_row(model_and_tok, impl, penalty):
+    model, tok = model_and_tok
+    prompts = [_encode(tok, p) for p in PROMPTS]
+    params = SamplingParams(max_new_tokens=24, eos_token_ids=STOPS, repetition_penalty=penalty, top_k=20)
+    whole, whole_stats = _sample(model, prompts, params, impl=impl, compact=False)
+    compact, stats = _sample(model, prompts, params, impl=impl, compact=True)
+    assert compact.completion_ids == whole.completion_ids
+    assert compact.truncated == whole.truncated
+    for a, b in zip(compact.logprobs, whole.logprobs):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-5, rtol=0)
+    lengths = sorted(len(c) for c in whole.completion_ids)
+    assert lengths[0] < lengths[-1] // 2  # rows did finish early
+    steps = whole_stats["decode_steps"]
+    assert whole_stats["decoded_rows"] == whole_stats["rows"] * steps
+    # compacted: every decode call feeds at least the rows still running, and fewer than all N
+    running = sum(min(len(c), steps + 1) - 1 for c in whole.completion_ids)
+    assert running <= stats["decoded_rows"] < whole_stats["decoded_rows"]
+
+
+def test_logprobs_equal_a_full_forward(model_and_tok):
+    model, tok = model_and_tok
+    prompts = [_encode(tok, p) for p in PROMPTS[:3]]
+    params = SamplingParams(max_new_tokens=16, eos_token_ids=STOPS, temperature=0.8)
+    out, stats = _sample(model, prompts, params, impl="native", compact=True, group=4)
+    assert stats["decoded_rows"] < stats["rows"] * stats["decode_steps"]
+    for row, (completion, logps) in enumerate(zip(out.completion_ids, out.logprobs)):
+        prompt = prompts[row // 4]
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + completion])).logits[0].float()  # [L, V]
+        scores = process_logits(logits[len(prompt) - 1 : -1], params)  # [C, V]
+        expected = torch.log_softmax(scores, -1).gather(1, torch.tensor(completion)[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(logps), expected, atol=1e-4, rtol=0)
+
+
+def test_whole_groups_leave_and_the_rest_decode_as_generate(model_and_tok):
+    """Greedy rows of one prompt are equal, so a group finishes at once and its prompt leaves the cache; the
+    other prompts' rows still equal ``generate``."""
+    model, tok = model_and_tok
+    prompts = [_encode(tok, p) for p in PROMPTS]
+    greedy = [_hf_greedy(model, p, 12, eos_token_id=None) for p in prompts]
+    stop = greedy[0][1]  # prompt 0 ends at its 2nd token
+    params = SamplingParams(max_new_tokens=12, do_sample=False, eos_token_ids=(stop,), pad_token_id=PAD)
+    sampler = FastSampler(model, compact=True)
+    out = sampler.generate(prompts, 3, params)
+    for row, completion in enumerate(out.completion_ids):
+        expected = greedy[row // 3]
+        end = expected.index(stop) + 1 if stop in expected else len(expected)
+        assert completion == expected[:end], row
+    assert len(out.completion_ids[0]) <= 2 and max(len(c) for c in out.completion_ids) > 2
+    stats = sampler.last_stats
+    assert stats["decoded_rows"] < stats["rows"] * stats["decode_steps"]
