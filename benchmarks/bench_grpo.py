@@ -52,6 +52,7 @@ def summarise(results: list[dict]) -> dict:
             ),
             "completion_lengths": [length_summary(n["completions"]) for n in lengths],
             "prompt_lengths": [length_summary(n["prompts"]) for n in lengths],
+            "lengths": lengths,  # per timed step: each distinct prompt's and each completion's tokens
         }
     return {
         **real,

@@ -98,6 +98,55 @@ def phase_products(shape: Shape, wl: Workload) -> dict[str, list[tuple[int, int,
     return phases
 
 
+def real_phase_products(
+    shape: Shape, wl: Workload, prompts: list[int], completions: list[int]
+) -> dict[str, list[tuple[int, int, int, int]]]:
+    """``phase_products`` over real tokens only, for a step whose distinct prompts have ``prompts`` tokens
+    and whose rows (``num_generations`` per prompt, in order) ``completions`` tokens: what the step must
+    compute when no padding runs (the floor "over real tokens").
+
+    Generation: each prompt prefilled once, then decode call t feeds token t of the rows still running
+    (those with more than t + 1 tokens); its products run at the rows' real count (in fours, to bound the
+    shapes measured). Log-prob passes: each group's prompt once, each row's completion tokens but the last,
+    the LM head at every completion token. Backward: as ``phase_products``."""
+    group, h = wl.num_generations, shape.hidden
+    rows_prompt = [prompts[i // group] for i in range(len(completions))]
+    fed = [max(c - 1, 0) for c in completions]  # completion tokens a pass runs (the last predicts nothing)
+
+    def backbone(m: int, times: int = 1) -> list[tuple[int, int, int, int]]:
+        return [(shape.layers * times, m, k, n) for k, n in shape.backbone_matrices()] if m else []
+
+    def attention(queries: int, context: float) -> list[tuple[int, int, int, int]]:
+        return [(2 * shape.layers, queries, h, max(1, round(context)))] if queries else []
+
+    prompt_tokens = sum(prompts)
+    prompt_context = sum(p * p / 2 for p in prompts) / max(prompt_tokens, 1)  # causal: mean context p/2
+    completion_tokens = sum(fed)
+    completion_context = sum(c * (p + c / 2) for p, c in zip(rows_prompt, fed)) / max(completion_tokens, 1)
+    generate = backbone(prompt_tokens) + attention(prompt_tokens, prompt_context)
+    generate += [(1, len(prompts), h, shape.vocab)]  # the prefill's last-position logits
+    running: dict[int, int] = {}  # rows in a decode call (rounded up to a multiple of 4) -> calls
+    for t in range(max(completions) - 1):
+        n = sum(1 for c in completions if c > t + 1)
+        running[-(-n // 4) * 4] = running.get(-(-n // 4) * 4, 0) + 1
+    for n, calls in sorted(running.items()):
+        generate += [*backbone(n, calls), (calls, n, h, shape.vocab)]
+    generate += attention(completion_tokens, completion_context)
+    forward = backbone(prompt_tokens) + attention(prompt_tokens, prompt_context)
+    forward += backbone(completion_tokens) + attention(completion_tokens, completion_context)
+    forward += [(1, sum(completions), h, shape.vocab)]  # LM head at completion positions only
+    mu = wl.num_iterations
+    phases = {"generate": generate}
+    if wl.beta > 0:
+        phases["ref_logps"] = forward
+    if mu > 1:
+        phases["old_logps"] = forward
+    phases["policy_forward"] = [(c * mu, m, k, n) for c, m, k, n in forward]
+    recompute = (mu, sum(completions), h, shape.vocab)
+    phases["backward"] = [*[(2 * c * mu, m, k, n) for c, m, k, n in forward], recompute]
+    return phases
+
+
 PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 """``--precision`` -> the torch dtype the run's matmuls execute in."""
 
@@ -146,9 +195,13 @@ def roofline(products: list[tuple[int, int, int, int]], rates: Rates, precision:
 
 
 def measured_precisions(device: str, support) -> list[str]:
-    """fp32 and bf16 everywhere; fp16 on GPUs and on CPUs with half-precision matrix or vector units."""
-    half = device.startswith("cuda") or {"amx_fp16", "avx512_fp16"} & set(support.features)
-    return ["fp32", "bf16", *(["fp16"] if half else [])]
+    """fp32; bf16 where the device has some bf16 instruction (a CPU without any emulates it, two orders of
+    magnitude slower: measuring the step's shapes would take hours); fp16 on GPUs and on CPUs with
+    half-precision matrix or vector units."""
+    cuda = device.startswith("cuda")
+    half = cuda or {"amx_fp16", "avx512_fp16"} & set(support.features)
+    bf16 = cuda or bool(support.features)
+    return ["fp32", *(["bf16"] if bf16 else []), *(["fp16"] if half else [])]
 
 
 def model_dir(kind: str, work_dir: str) -> str:
@@ -239,6 +292,15 @@ def main() -> None:
         total_floor = total_time = 0.0
         report[name] = {}
         phases = phase_products(shape, wl)
+        steps = (measured or {}).get("grpokit", {}).get("lengths")
+        if wl.eos and not steps:
+            raise SystemExit(f"{name}: real lengths need --results with the runs' lengths (bench_grpo.py)")
+        if steps:  # real lengths: each timed step's products over its real tokens; the median step's kept
+            per_step = [real_phase_products(shape, wl, s["prompts"], s["completions"]) for s in steps]
+            per_step.sort(key=lambda ph: sum(roofline(v, rates, args.precision)[1] for v in ph.values()))
+            phases = per_step[len(per_step) // 2]
+            print(f"floors over real tokens: completion tokens per timed step "
+                  f"{[sum(s['completions']) for s in steps]}, prompts {steps[0]['prompts']}")  # fmt: skip
         if measured and grpokit.get("policy_forward", 0.0) == 0.0:  # the trainer times the update as one
             phases["backward"] = phases.pop("policy_forward") + phases["backward"]
             trl = {**trl, "backward": trl.get("policy_forward", 0.0) + trl.get("backward", 0.0)}
@@ -274,7 +336,8 @@ def main() -> None:
             ("step", {p: sum(f[p] for f in floors.values()) for p in precisions}),
         ]:
             cells = " | ".join(f"{by[p]:.2f}" for p in precisions)
-            print(f"| {phase} | {cells} | {by['bf16'] / by['fp32']:.2f} |")
+            ratio = f"{by['bf16'] / by['fp32']:.2f}" if "bf16" in by else "-"
+            print(f"| {phase} | {cells} | {ratio} |")
     print(f"\nmeasured matmul GFLOP/s at [m x k] x [k x n], {args.precision}:", rates.gflops(args.precision))
     for precision in precisions:
         if precision != args.precision:

@@ -21,16 +21,21 @@ def model():
     return build_tiny_model(tokenizer, hidden_size=16, num_layers=1, num_heads=2, seed=0).eval()
 
 
-def _generate(model, compiled: bool, do_sample: bool):
+def _generate(model, compiled: bool, do_sample: bool, eos: tuple[int, ...] = ()):
     sampler = FastSampler(model, generator=torch.Generator().manual_seed(0), compile_decode=compiled)
     prompts = [[5, 6, 7, 8], [9, 10, 11]]  # ragged: the prompts are left-padded
-    params = SamplingParams(max_new_tokens=8, temperature=1.0, do_sample=do_sample, eos_token_ids=())
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, do_sample=do_sample, eos_token_ids=eos)
     return sampler.generate(prompts, 3, params)
 
 
-@pytest.mark.parametrize("do_sample", [False, True])
-def test_compiled_decode_gives_the_eager_tokens_and_logprobs(model, do_sample):
-    eager, compiled = _generate(model, False, do_sample), _generate(model, True, do_sample)
+@pytest.mark.parametrize(
+    ("do_sample", "eos"), [(False, ()), (True, ()), (True, tuple(range(3, 24)))]
+)  # the last: rows finish early and leave the compiled step's batch
+def test_compiled_decode_gives_the_eager_tokens_and_logprobs(model, do_sample, eos):
+    eager, compiled = _generate(model, False, do_sample, eos), _generate(model, True, do_sample, eos)
+    if eos:
+        lengths = {len(c) for c in eager.completion_ids}
+        assert min(lengths) < max(lengths)
     assert compiled.completion_ids == eager.completion_ids
     for a, b in zip(compiled.logprobs, eager.logprobs):
         assert a == pytest.approx(b, abs=1e-5)

@@ -20,7 +20,9 @@ def reward(prompts, completions, completion_ids, solution, **kwargs):
     ]
 
 
-def main(policy_dir: str, out: str) -> None:
+def main(policy_dir: str, out: str, decode: str = "compact") -> None:
+    """``decode``: "compact" (the fast sampler's default: finished rows leave the decode batch) or "whole"
+    (every row decoded to the end)."""
     torch.set_num_threads(1)
     rows = [{"prompt": f"{a}+{b}=", "solution": str(a + b)} for a in range(4) for b in range(4)]
     config = GRPOConfig(
@@ -41,6 +43,16 @@ def main(policy_dir: str, out: str) -> None:
     trainer = GRPOTrainer(
         model=policy_dir, reward_funcs=[reward], args=config, train_dataset=rows, eval_dataset=eval_rows
     )
+    trainer.backend.compact = decode == "compact"
+    decoded: list[dict[str, int]] = []
+    generate = trainer.backend.generate
+
+    def counting(*args, **kwargs):
+        out = generate(*args, **kwargs)
+        decoded.append(dict(trainer.backend.last_stats))
+        return out
+
+    trainer.backend.generate = counting
     seen: list[list[str]] = []
     next_local_indices = trainer.prompts.next_local_indices
 
@@ -59,11 +71,12 @@ def main(policy_dir: str, out: str) -> None:
         "prompts": seen,
         "param_checksum": [float(params.sum()), float(params.abs().sum())],
         "history": history,
+        "decoded": decoded,
     }
     with open(f"{out}/rank{rank}.json", "w") as f:
         json.dump(record, f)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:4])
     end_processes()

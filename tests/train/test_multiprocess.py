@@ -99,6 +99,32 @@ def test_two_processes_resume_exactly_each_from_its_own_rng_state(tiny_model_dir
     assert len(step3) == 16 and step3 == completions("split")
 
 
+def test_two_processes_sample_the_same_when_finished_rows_leave(tiny_model_dir, tmp_path):
+    """The fast sampler's compaction (finished rows leave the decode batch) against decoding every row, on
+    two processes: the same completions on each and the same weights after two steps."""
+    for decode in ("compact", "whole"):
+        (tmp_path / decode).mkdir()
+        run_two_processes(WORKER, str(tiny_model_dir), str(tmp_path / decode), decode)
+    runs = {
+        decode: [json.loads((tmp_path / decode / f"rank{k}.json").read_text()) for k in (0, 1)]
+        for decode in ("compact", "whole")
+    }
+    for compact, whole in zip(runs["compact"], runs["whole"]):
+        assert compact["param_checksum"] == pytest.approx(whole["param_checksum"], rel=1e-6)
+        for a, b in zip(compact["decoded"], whole["decoded"]):
+            assert b["decoded_rows"] == b["rows"] * b["decode_steps"]
+            assert a["decode_steps"] == b["decode_steps"] and a["decoded_rows"] <= b["decoded_rows"]
+    fewer = [a["decoded_rows"] < b["decoded_rows"] for r in (0, 1)
+             for a, b in zip(runs["compact"][r]["decoded"], runs["whole"][r]["decoded"])]  # fmt: skip
+    assert any(fewer)  # rows did leave
+
+    def completions(decode: str) -> list[tuple]:
+        lines = (tmp_path / decode / "run" / "completions.jsonl").read_text().splitlines()
+        return [(r["step"], r["prompt"], r["completion"]) for r in map(json.loads, lines)]
+
+    assert completions("compact") == completions("whole")
+
+
 def test_two_processes_train_as_one_batch(tiny_model_dir, tmp_path):
     run_two_processes(WORKER, str(tiny_model_dir), str(tmp_path))
     ranks = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in (0, 1)]

@@ -197,11 +197,12 @@ class FastSampler:
         num_prompts, rows, max_new = len(prompt_ids), len(prompt_ids) * group, params.max_new_tokens
         pre = self._prefill(prompt_ids, device, keep_hf_cache=self.impl == "hf", images=images)
         if self.impl == "native":
-            step = NativeDecoder(self.model, pre, group, max_new)
+            decoder = NativeDecoder(self.model, pre, group, max_new)
+            step = decoder
             if self.decode_step is not None:  # compile_decode
-                step = functools.partial(self.decode_step, step)
+                step = functools.partial(self.decode_step, decoder)
         else:
-            step = _HFDecoder(self.model, pre, group, max_new)
+            decoder = step = _HFDecoder(self.model, pre, group, max_new)
 
         seen = None
         if params.repetition_penalty != 1.0:
@@ -238,7 +239,7 @@ class FastSampler:
             if t + 1 == max_new or not bool(running.any()):
                 break
             if self.compact and _compaction_pays(running):  # finished rows leave the decode batch
-                order = step.keep(running, t)  # [n'] old places of the rows that stay
+                order = decoder.keep(running, t)  # [n'] old places of the rows that stay
                 live, running, next_tok = live[order], running[order], next_tok[order]
                 seen = None if seen is None else seen[order]
             logits = step(next_tok, t)  # [n, V]
