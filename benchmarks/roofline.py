@@ -86,6 +86,15 @@ def phase_products(shape: Shape, wl: Workload) -> dict[str, list[tuple[int, int,
     forward = backbone(P * L) + attention(P * L, L / 2)  # each group's prompt once (shared prefix)
     forward += backbone(rows * new) + attention(rows * new, L + new / 2)
     forward += [(1, rows * new, h, shape.vocab)]  # LM head at completion positions only
+    return step_phases(shape, wl, generate, forward, rows * new)
+
+
+def step_phases(
+    shape: Shape, wl: Workload, generate: list, forward: list, scored: int
+) -> dict[str, list[tuple[int, int, int, int]]]:
+    """A step's phases from its generation and one log-prob forward (``scored`` completion tokens at the
+    LM head): the reference pass (beta > 0), the old-policy pass (mu > 1), mu training forwards, and their
+    backward (twice the forward, plus the LM-head chunks it recomputes)."""
     mu = wl.num_iterations
     phases = {"generate": generate}
     if wl.beta > 0:
@@ -93,7 +102,7 @@ def phase_products(shape: Shape, wl: Workload) -> dict[str, list[tuple[int, int,
     if mu > 1:
         phases["old_logps"] = forward
     phases["policy_forward"] = [(c * mu, m, k, n) for c, m, k, n in forward]
-    recompute = (mu, rows * new, h, shape.vocab)  # the LM-head chunks the backward recomputes
+    recompute = (mu, scored, shape.hidden, shape.vocab)  # the LM-head chunks the backward recomputes
     phases["backward"] = [*[(2 * c * mu, m, k, n) for c, m, k, n in forward], recompute]
     return phases
 
@@ -135,16 +144,7 @@ def real_phase_products(
     forward = backbone(prompt_tokens) + attention(prompt_tokens, prompt_context)
     forward += backbone(completion_tokens) + attention(completion_tokens, completion_context)
     forward += [(1, sum(completions), h, shape.vocab)]  # LM head at completion positions only
-    mu = wl.num_iterations
-    phases = {"generate": generate}
-    if wl.beta > 0:
-        phases["ref_logps"] = forward
-    if mu > 1:
-        phases["old_logps"] = forward
-    phases["policy_forward"] = [(c * mu, m, k, n) for c, m, k, n in forward]
-    recompute = (mu, sum(completions), h, shape.vocab)
-    phases["backward"] = [*[(2 * c * mu, m, k, n) for c, m, k, n in forward], recompute]
-    return phases
+    return step_phases(shape, wl, generate, forward, sum(completions))
 
 
 PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
