@@ -8,7 +8,7 @@ and each player's return are the game's. ``max_turns`` caps a game: one that rea
 ``returns`` say at that point.
 
 A user's own game is a class with these methods (no base class needed), selected by import path as an
-environment is; :class:`TurnGame` gives the move parsing and the turn cap for free. Built in:
+environment is; :class:`TurnGame` gives the move parsing and a turn counter. Built in:
 ``KuhnPoker``, ``TicTacToe``, ``Nim`` (``grpokit.envs.kuhn_poker``, ``tictactoe``, ``nim``). Imports nothing
 of grpokit's outside ``envs``.
 """
@@ -70,8 +70,9 @@ class Game(Protocol):
 
 
 class TurnGame:
-    """Shared parts of the built-in games: moves read from ``\\boxed{...}``, a turn counter and cap.
-    Subclasses set ``roles``, ``max_turns`` and implement the rest of :class:`Game`."""
+    """Shared parts of the built-in games: moves read from ``\\boxed{...}`` and a turn counter.
+    Subclasses set ``roles``, ``max_turns`` (every built-in game ends within it by its rules) and implement
+    the rest of :class:`Game`."""
 
     roles: Sequence[str] = ()
     max_turns: int = 0
@@ -79,20 +80,12 @@ class TurnGame:
     def __init__(self) -> None:
         self.turns = 0
 
-    @property
-    def num_players(self) -> int:
-        return len(self.roles)
-
     def parse_move(self, text: str) -> str | None:
         move = boxed_move(text)
         return move if move is not None and move in self.legal_moves() else None
 
     def legal_moves(self) -> list[str]:  # pragma: no cover - each game's own
         raise NotImplementedError
-
-    def capped(self) -> bool:
-        """Whether the game has reached ``max_turns``."""
-        return bool(self.max_turns) and self.turns >= self.max_turns
 
 
 def play_out(game: Game, players: Sequence, seed: int) -> list[float]:

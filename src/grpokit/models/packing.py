@@ -128,10 +128,6 @@ class PackedLayout:
             max_keys=max_keys,
         )
 
-    @property
-    def num_queries(self) -> int:
-        return int(self.sequence_of.shape[0])
-
 
 def packed_attention(
     module: torch.nn.Module,
