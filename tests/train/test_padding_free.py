@@ -127,21 +127,21 @@ def test_calls_without_a_layout_run_the_models_own_attention():
 def test_automatic_choice_and_refusals():
     model = _model("qwen2")
     p_ids, p_mask, c_ids, c_mask = _batch()
-    assert _choose_packed(model, p_mask, c_mask, None, True)  # a third of the tokens are padding
+    assert _choose_packed(model, p_mask, c_mask, None, ())  # a third of the tokens are padding
     full = torch.ones_like(c_mask)
-    assert not _choose_packed(model, torch.ones_like(p_mask), full, None, True)  # nothing to remove
-    assert _choose_packed(model, torch.ones_like(p_mask), full, True, True)  # forced
-    assert not _choose_packed(model, p_mask, c_mask, False, True)
-    assert not _choose_packed(model, p_mask, c_mask, None, False)  # images / routing: padded rows
+    assert not _choose_packed(model, torch.ones_like(p_mask), full, None, ())  # nothing to remove
+    assert _choose_packed(model, torch.ones_like(p_mask), full, True, ())  # forced
+    assert not _choose_packed(model, p_mask, c_mask, False, ())
+    assert not _choose_packed(model, p_mask, c_mask, None, ["images"])  # laid out by padded rows
     holed = c_mask.clone()
     holed[0, 0] = 0  # a completion that is not right-padded
-    assert not _choose_packed(model, p_mask, holed, None, True)
+    assert not _choose_packed(model, p_mask, holed, None, ())
     with pytest.raises(ValueError, match="right-padded"):
         completion_logprobs(model, p_ids, p_mask, c_ids, holed, padding_free=True)
     moe = build_tiny_moe(build_char_tokenizer(), arch="qwen3_moe")
     assert not packing_supported(moe.config)
     with pytest.raises(ValueError, match="'qwen3_moe' is not one of"):
-        _choose_packed(moe, p_mask, c_mask, True, True)
+        _choose_packed(moe, p_mask, c_mask, True, ())
     with pytest.raises(
         ValueError, match=r"padding_free=True cannot run: model type 'qwen3_moe'.*routing replay"
     ):

@@ -72,7 +72,7 @@ class Game(Protocol):
 class TurnGame:
     """Shared parts of the built-in games: moves read from ``\\boxed{...}`` and a turn counter.
     Subclasses set ``roles``, ``max_turns`` (every built-in game ends within it by its rules) and implement
-    the rest of :class:`Game`."""
+    the rest of :class:`Game` (``legal_moves`` among it, which ``parse_move`` reads)."""
 
     roles: Sequence[str] = ()
     max_turns: int = 0
@@ -83,9 +83,6 @@ class TurnGame:
     def parse_move(self, text: str) -> str | None:
         move = boxed_move(text)
         return move if move is not None and move in self.legal_moves() else None
-
-    def legal_moves(self) -> list[str]:  # pragma: no cover - each game's own
-        raise NotImplementedError
 
 
 def play_out(game: Game, players: Sequence, seed: int) -> list[float]:

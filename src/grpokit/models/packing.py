@@ -24,6 +24,7 @@ Calls without a layout go to the model's own attention unchanged.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,7 @@ __all__ = [
     "PACKED_MODEL_TYPES",
     "PackedLayout",
     "packed_attention",
+    "packing_obstacles",
     "packing_supported",
     "refuse_unrunnable",
     "use_packed_attention",
@@ -192,18 +194,24 @@ def packing_supported(config: object) -> bool:
     return all(kind == "full_attention" for kind in layer_types)
 
 
-def refuse_unrunnable(config: object, *, images: bool, routing_replay: bool) -> None:
-    """``GRPOConfig.padding_free=True`` for a run whose passes cannot be packed: a ValueError saying why.
-    ``config``: the model's (a vision-language model's text config is the one checked)."""
+def packing_obstacles(config: object, padded_inputs: Sequence[str] = ()) -> list[str]:
+    """Why passes of a model with this ``config`` (a vision-language model's text config is the one checked)
+    cannot run packed: its type, and ``padded_inputs``, the names of the pass's inputs laid out by padded
+    rows (images, routing replay, router logits). Empty when they can."""
     config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     reasons = []
     if not packing_supported(config):
         kind = getattr(config, "model_type", None)
         reasons.append(f"model type {kind!r} is not one of {', '.join(PACKED_MODEL_TYPES)} (full attention)")
-    if images:
-        reasons.append("image prompts run through the model's multimodal forward over padded rows")
-    if routing_replay:
-        reasons.append("routing replay's experts are laid out by padded rows")
+    if padded_inputs:
+        reasons.append(f"{', '.join(padded_inputs)}: laid out by padded rows")
+    return reasons
+
+
+def refuse_unrunnable(config: object, *, images: bool, routing_replay: bool) -> None:
+    """``GRPOConfig.padding_free=True`` for a run whose passes cannot be packed: a ValueError saying why."""
+    padded = [name for name, on in (("image prompts", images), ("routing replay", routing_replay)) if on]
+    reasons = packing_obstacles(config, padded)
     if reasons:
         raise ValueError("GRPOConfig.padding_free=True cannot run: " + "; ".join(reasons))
 

@@ -236,9 +236,10 @@ class FastSampler:
             lengths[live[hit]] = t + 1
             finished[live[hit]] = True
             running = running & ~hit
-            if t + 1 == max_new or not bool(running.any()):
+            still = int(running.sum())  # (the one host sync of a step)
+            if t + 1 == max_new or still == 0:
                 break
-            if self.compact and _compaction_pays(running):  # finished rows leave the decode batch
+            if self.compact and _compaction_pays(len(running) - still, len(running)):  # finished rows leave
                 order = decoder.keep(running, t)  # [n'] old places of the rows that stay
                 live, running, next_tok = live[order], running[order], next_tok[order]
                 seen = None if seen is None else seen[order]
@@ -403,10 +404,9 @@ COMPACT_FRACTION = 16
 compaction copies the generated keys/values of as many rows as left, so it waits for a few."""
 
 
-def _compaction_pays(running: torch.Tensor) -> bool:
-    """Whether enough rows of the decode batch (``running`` [n] bool) have finished to compact it now."""
-    done = int((~running).sum())
-    return done >= max(1, running.shape[0] // COMPACT_FRACTION)
+def _compaction_pays(finished: int, rows: int) -> bool:
+    """Whether enough of the decode batch's ``rows`` have ``finished`` to compact it now."""
+    return finished >= max(1, rows // COMPACT_FRACTION)
 
 
 def _pad_bias(mask: torch.Tensor) -> torch.Tensor:

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from grpokit.models.moe import is_mixture_of_experts
-from grpokit.models.packing import LAYOUT_ARGUMENT, PackedLayout, packing_supported, use_packed_attention
+from grpokit.models.packing import LAYOUT_ARGUMENT, PackedLayout, packing_obstacles, use_packed_attention
 from grpokit.models.parts import cache_argument, decoder_of
 from grpokit.models.prefix_cache import (
     PrefixCache,
@@ -134,10 +134,14 @@ def completion_logprobs(
         )
     if routes is not None and torch.is_grad_enabled() and getattr(model, "is_gradient_checkpointing", False):
         shared_prefix = False  # a checkpointed layer replays within its call's routing context only
-    plain = images is None and routes is None and router_logits is None
+    padded_inputs = [
+        name
+        for name, given in (("images", images), ("routing replay", routes), ("router logits", router_logits))
+        if given is not None
+    ]
     if images is not None:
         hidden = _vision_hidden(model, prompt_ids, prompt_mask, completion_ids, context, images)
-    elif _choose_packed(model, prompt_mask, context, padding_free, plain):
+    elif _choose_packed(model, prompt_mask, context, padding_free, padded_inputs):
         shared = _choose_shared(model, *shapes, shared_prefix, real_completion=context)
         ids_and_masks = (prompt_ids, prompt_mask, completion_ids, context)
         hidden = _packed_hidden(model, *ids_and_masks, num_generations, shared)
@@ -321,19 +325,14 @@ def _choose_shared(
     return same
 
 
-def _choose_packed(model, prompt_mask, context, padding_free, plain) -> bool:
+def _choose_packed(model, prompt_mask, context, padding_free, padded_inputs=()) -> bool:
     """Whether the backbone runs over packed real tokens: rows laid out as the padded forward takes them
-    (prompts left-padded, completions right-padded), a model ``packing_supported`` and a plain text pass
-    (no images, no routing replay or router logits: their tensors are laid out by padded rows); chosen
-    automatically when padding is at least ``PADDING_FREE_MIN_SAVING`` of the padded tokens."""
+    (prompts left-padded, completions right-padded), a model ``packing_supported`` and no input laid out by
+    padded rows (``padded_inputs``: images, routing replay, router logits); chosen automatically when
+    padding is at least ``PADDING_FREE_MIN_SAVING`` of the padded tokens."""
     if padding_free is False:
         return False
-    config = model.config.get_text_config(decoder=True)
-    reasons = []
-    if not plain:
-        reasons.append("images, routing replay and router logits are laid out by padded rows")
-    if not packing_supported(config):
-        reasons.append(f"model type {getattr(config, 'model_type', None)!r} is not one of PACKED_MODEL_TYPES")
+    reasons = packing_obstacles(model.config, padded_inputs)
     if not _padded_as_expected(prompt_mask, context):
         reasons.append("prompts must be left-padded and completions right-padded")
     if reasons:
