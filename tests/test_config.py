@@ -118,6 +118,7 @@ def test_each_enumerated_field_is_made_from_its_one_source_list():
         MULTI_REWARD_AGGREGATIONS,
         SCALES,
     )
+    from grpokit.envs.selfplay import OPPONENTS
     from grpokit.rewards.scoring import ON_ERROR
     from grpokit.rollout.choices import GENERATION_BACKENDS, VLLM_MODEL_IMPLS, VLLM_MODES
 
@@ -134,6 +135,8 @@ def test_each_enumerated_field_is_made_from_its_one_source_list():
         "max_steps_unit": choices.MAX_STEPS_UNITS, "prompt_truncation": choices.PROMPT_TRUNCATIONS,
         "reward_failure": ON_ERROR,  # rewards' list, mirrored by choices.REWARD_FAILURES
         "routing_replay": choices.ROUTING_REPLAYS,
+        "game_opponent": OPPONENTS,  # self-play's list (config.choices.GAME_OPPONENTS)
+        "role_advantage": choices.ROLE_ADVANTAGES,
     }  # fmt: skip
 
     def choices_of(annotation):

@@ -1,11 +1,16 @@
 """Run by tests/train/test_crash_safety.py in a subprocess: a GRPO run of ``max_steps`` steps with a
 checkpoint every step, slowed by its reward (0.3 s per step) so that a test can signal or kill it midway.
-``resume``: continue from the latest checkpoint. Writes the final weights to ``<out>/weights.pt``."""
+``resume``: continue from the latest checkpoint; ``selfplay``: a two-player game (the ``Dialogue`` of
+``tests/envs/test_selfplay.py``) played against itself with SPIRAL's role baselines, whose
+state goes through the checkpoint. Writes the final weights to ``<out>/weights.pt`` (self-playing, also the
+role baselines to ``<out>/baselines.json``)."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -19,9 +24,21 @@ def slow_reward(prompts, completions, completion_ids, solution, **kwargs):
     return [(1.0 if s in c else 0.0) + 0.1 * len(c) for c, s in zip(completions, solution)]
 
 
-def run(policy_dir: str, out: str, max_steps: int, resume: bool) -> GRPOTrainer:
+def slow_game_reward(prompts, completions, completion_ids, env_reward, **kwargs):
+    time.sleep(0.3)
+    return env_reward
+
+
+def run(policy_dir: str, out: str, max_steps: int, resume: bool, selfplay: bool = False) -> GRPOTrainer:
     torch.set_num_threads(1)
-    config = GRPOConfig(
+    game = dict(role_advantage="rae", rae_decay=0.5, max_completion_length=64, max_turn_tokens=4)
+    environment = None
+    if selfplay:
+        sys.path.insert(0, str(Path(__file__).parents[2]))  # the repository: its tests package
+        from tests.envs.test_selfplay import Dialogue
+
+        environment = Dialogue
+    values = dict(
         output_dir=out,
         max_steps=max_steps,
         save_steps=1,
@@ -34,12 +51,18 @@ def run(policy_dir: str, out: str, max_steps: int, resume: bool) -> GRPOTrainer:
         generation_backend="fast",
         seed=0,
     )
-    trainer = GRPOTrainer(policy_dir, [slow_reward], config, train_dataset=ROWS)
+    config = GRPOConfig(**{**values, **(game if selfplay else {})})
+    rows = [{"prompt": "Talk.\n", "game_seed": deal} for deal in range(6)] if selfplay else ROWS
+    reward = slow_game_reward if selfplay else slow_reward
+    trainer = GRPOTrainer(policy_dir, [reward], config, train_dataset=rows, environment=environment)
     trainer.train(resume_from_checkpoint="latest" if resume else None)
     if trainer.stopped_by is None:
         torch.save({k: v.clone() for k, v in trainer.model.state_dict().items()}, f"{out}/weights.pt")
+        if selfplay:
+            Path(out, "baselines.json").write_text(json.dumps(trainer.selfplay.baselines.state_dict()))
     return trainer
 
 
 if __name__ == "__main__":
-    run(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:] == ["resume"])
+    extra = sys.argv[4:]
+    run(sys.argv[1], sys.argv[2], int(sys.argv[3]), "resume" in extra, "selfplay" in extra)

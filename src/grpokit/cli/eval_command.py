@@ -226,6 +226,7 @@ def plan_eval(args: EvalArgs) -> EvalPlan:
     naming the option, before the model loads."""
     from grpokit.eval import resolve_extractor, validate_grading
     from grpokit.rewards import resolve_rewards
+    from grpokit.tasks.evaluation import task_game
 
     task_name = args.task or (DEFAULT_TASK if args.eval_dataset is None else None)
     task = None
@@ -256,6 +257,8 @@ def plan_eval(args: EvalArgs) -> EvalPlan:
         pass_k=args.pass_k or (),
     )
     max_new = args.max_new_tokens
+    if max_new is None and task is not None and task_game(task) is not None:  # a whole game's budget
+        max_new = task.cold_start.get("max_new_tokens")
     if max_new is None:
         max_new = TASK_MAX_NEW_TOKENS if args.eval_dataset is None else DATASET_MAX_NEW_TOKENS
     if max_new < 1:
@@ -334,12 +337,21 @@ def run_eval(args: EvalArgs, plan: EvalPlan | None = None) -> dict[str, Any]:
     """Plan (:func:`plan_eval`, unless given), load the model, evaluate; print the metrics (``records`` too
     only when no output file takes them) and write the whole result as JSON to ``output``."""
     from grpokit.eval import evaluate_model
+    from grpokit.tasks.evaluation import game_evaluation
 
     if plan is None:
         check_options(args)
         plan = plan_eval(args)
     path = resolve_model(args.model, seed=args.task_seed)
     model, tokenizer = load_eval_model(path, args.device, args.dtype)
+    make_game = _game(args, plan)
+    if make_game is not None:  # a game: its policy against the scripted players (and its exploitability)
+        result = game_evaluation(
+            make_game, model, tokenizer, plan.rows, max_new_tokens=plan.max_new_tokens,
+            max_turn_tokens=args.max_turn_tokens, temperature=plan.temperature, seed=args.seed,
+        )  # fmt: skip
+        return _report(args, {"model": args.model, "eval_dataset": args.eval_dataset, "task": plan.task,
+                              "game": type(make_game()).__name__, **result})  # fmt: skip
     template = {k: typed_value(v) for k, v in (args.chat_template_kwargs or {}).items()}
     result = evaluate_model(
         model,
@@ -365,11 +377,34 @@ def run_eval(args: EvalArgs, plan: EvalPlan | None = None) -> dict[str, Any]:
         episodes=_episode_runner(args, plan, tokenizer),
     )
     result = {"model": args.model, "eval_dataset": args.eval_dataset, "task": plan.task, **result}
+    return _report(args, result)
+
+
+def _report(args: EvalArgs, result: dict[str, Any]) -> dict[str, Any]:
+    """Print the result (``records`` only when no output file takes them) and write it to ``output``."""
     shown = {k: v for k, v in result.items() if k != "records"} if args.output else result
     print(json.dumps(shown, indent=2))
     if args.output:
         _write_output(Path(args.output), result)
     return result
+
+
+def _game(args: EvalArgs, plan: EvalPlan) -> Any:
+    """A factory of the evaluated game (``environment``, or the task's environment) when it is a game;
+    None otherwise."""
+    from grpokit.envs import make_environment_factory
+    from grpokit.envs.game import is_game
+    from grpokit.tasks import TASKS
+
+    task = TASKS.get(plan.task) if plan.task is not None else None
+    spec = args.environment or (task.environment if task is not None else None)
+    if spec is None:
+        return None
+    kwargs = args.environment_kwargs
+    if kwargs is None and task is not None and spec == task.environment:
+        kwargs = task.environment_kwargs
+    make = make_environment_factory(spec, kwargs)
+    return make if is_game(make()) else None
 
 
 def _episode_runner(args: EvalArgs, plan: EvalPlan, tokenizer: Any) -> Any:

@@ -23,6 +23,7 @@ from grpokit.rollout.choices import GENERATION_BACKENDS, VLLM_MODEL_IMPLS, VLLM_
 
 __all__ = [
     "DTYPES",
+    "GAME_OPPONENTS",
     "GENERATION_BACKENDS",
     "HUB_STRATEGIES",
     "IMPORTANCE_SAMPLING_LEVELS",
@@ -36,6 +37,7 @@ __all__ = [
     "OPTIMIZERS",
     "PROMPT_TRUNCATIONS",
     "REWARD_FAILURES",
+    "ROLE_ADVANTAGES",
     "ROUTING_REPLAYS",
     "SCALE_REWARDS",
     "SINKS",
@@ -74,6 +76,10 @@ PROMPT_TRUNCATIONS = ("left", "error")
 ROUTING_REPLAYS = ("off", "R2", "R3")
 """``routing_replay``: a mixture-of-experts policy's passes route by their own routers, or replay the old
 policy's experts in the update (R2), or the sampler's in every pass (R3) (``models.routing_replay``)."""
+GAME_OPPONENTS = ("self", "random", "expert")
+"""``game_opponent``: who plays a game's other seats (``grpokit.envs.selfplay``)."""
+ROLE_ADVANTAGES = ("group", "rae")
+"""``role_advantage``: a game's advantages by role groups, or SPIRAL's role-conditioned baselines."""
 REWARD_FAILURES = ("raise", "none")
 """``reward_failure``: the failure policies of ``grpokit.rewards.scoring.score_completions`` (its
 ``ON_ERROR``; importing it here would load the reward functions, so a test checks the two agree)."""
@@ -97,6 +103,8 @@ MaxStepsUnit = Literal[MAX_STEPS_UNITS]
 PromptTruncation = Literal[PROMPT_TRUNCATIONS]
 RewardFailure = Literal[REWARD_FAILURES]
 RoutingReplay = Literal[ROUTING_REPLAYS]
+GameOpponent = Literal[GAME_OPPONENTS]
+RoleAdvantage = Literal[ROLE_ADVANTAGES]
 
 LITERALS = {
     "loss_type": LossType,
@@ -119,6 +127,8 @@ LITERALS = {
     "prompt_truncation": PromptTruncation,
     "reward_failure": RewardFailure,
     "routing_replay": RoutingReplay,
+    "game_opponent": GameOpponent,
+    "role_advantage": RoleAdvantage,
 }
 """Each enumerated field -> its ``Literal`` type (a test checks every GRPOConfig field with a Literal type is
 here and uses it)."""

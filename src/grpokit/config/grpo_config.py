@@ -48,6 +48,7 @@ from grpokit.config.batch_plan import BatchPlan, plan_batch
 from grpokit.config.choices import (
     LEGACY_BOOLEANS,
     Dtype,
+    GameOpponent,
     GenerationBackend,
     HubStrategy,
     ImportanceSamplingLevel,
@@ -60,6 +61,7 @@ from grpokit.config.choices import (
     Optimizer,
     PromptTruncation,
     RewardFailure,
+    RoleAdvantage,
     RoutingReplay,
     ScaleRewards,
     Strategy,
@@ -594,10 +596,11 @@ class GRPOConfigBase(metaclass=RefusesMovedFields):
 
     # ---- multi-turn environments (docs/environments.md) ----------------------------------------------------
     environment: str | None = None
-    """The environment each prompt's G episodes run in: a built-in name (``maze``, ``calculator``) or an
-    import path (``my_envs.Grid``: a class with ``reset(row)``/``step(action)``, or a function
-    ``step(row, actions)``). None: single-turn completions (``GRPOTrainer(environment=...)`` also takes a
-    class, factory or function)."""
+    """The environment each prompt's G episodes run in: a built-in name (``maze``, ``calculator``; the games
+    ``kuhn_poker``, ``tictactoe``, ``nim``) or an import path (``my_envs.Grid``: a class with
+    ``reset(row)``/``step(action)``, a function ``step(row, actions)``, or a game class:
+    docs/selfplay.md). None: single-turn completions (``GRPOTrainer(environment=...)`` also takes a class,
+    factory or function)."""
     environment_kwargs: ScalarMapping | str | None = field(default_factory=dict)
     """Keyword arguments the environment class is built with (one instance per episode)."""
     max_turns: int = 8
@@ -611,6 +614,20 @@ class GRPOConfigBase(metaclass=RefusesMovedFields):
     max_tool_calling_iterations: int | None = None
     """TRL's name, with ``GRPOTrainer(tools=...)``: tool-calling turns per episode at most (``max_turns`` is
     then this + 1, the answer's turn); None: ``max_turns``."""
+    game_opponent: GameOpponent = "self"
+    """A game's seats the policy does not play (docs/selfplay.md): ``"self"`` (the policy plays every seat
+    of a game, each seat's turns trained), ``"random"`` (a uniformly random legal move) or ``"expert"``
+    (the game's exact player: minimax, a Nash strategy). A prompt's ``num_generations`` episodes are its
+    roles' seats, ``num_generations / R`` per role."""
+    illegal_move_reward: float = -1.5
+    """A game's return for the seat whose turn names no legal move (the game ends there; the other seats
+    get 0). SPIRAL's -1.5: worse than any loss."""
+    role_advantage: RoleAdvantage = "group"
+    """How a game's returns become advantages: ``"group"`` (each role's episodes of a prompt are their own
+    group, normalised as ``scale_rewards`` says) or ``"rae"`` (SPIRAL's role-conditioned advantage
+    estimation: return minus an exponential moving average per game x role, ``rae_decay``)."""
+    rae_decay: float = 0.95
+    """``role_advantage="rae"``: the weight of the old baseline in each update (SPIRAL's 0.95)."""
     turn_advantages: bool = False
     """Per-turn environment rewards as process supervision (each policy turn a step): token advantages from
     the group-normalised turn rewards (``process_advantage_weight``) plus the outcome advantage
@@ -798,6 +815,8 @@ class GRPOConfigBase(metaclass=RefusesMovedFields):
             on_error=self.reward_failure,
             chat_template_kwargs=self.chat_template_kwargs,
             max_tool_calling_iterations=self.max_tool_calling_iterations,
+            game_opponent=self.game_opponent,
+            illegal_move_reward=self.illegal_move_reward,
         )
 
     def vllm_settings(self) -> VLLMSettings:

@@ -456,6 +456,13 @@ def _check_environment(c: Any) -> None:
         f"must be > 0 seconds (or None: unbounded), got {timeout}",
     )
     _at_least(c, "max_tool_calling_iterations", 0, none="max_turns")
+    require(0.0 <= c.rae_decay < 1.0, "rae_decay", f"must be in [0, 1), got {c.rae_decay}")
+    require(
+        c.role_advantage == "group" or not (c.dynamic_sampling or c.adaptive_num_generations),
+        "role_advantage",
+        "'rae' takes each return against a running baseline, not a group: dynamic_sampling and "
+        "adaptive_num_generations (which select and size groups) do not apply; drop them or use 'group'",
+    )
 
 
 def _check_process_supervision(c: Any) -> None:

@@ -33,7 +33,7 @@ _HOMES = {
     ),
     "padding": ("pad_left", "pad_right", "trim_at_eos"),
     "ragged": ("group_mean_std", "pad_groups", "resolve_group_sizes", "unpad_groups"),
-    "role_advantages": ("RoleBaselines", "role_group_advantages"),
+    "role_advantages": ("RoleBaselines", "role_group_sizes"),
     "token_weights": (
         "entropy_threshold", "importance_sampling_weights", "off_policy_sequence_mask", "top_entropy_mask",
     ),

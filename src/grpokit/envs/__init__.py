@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from grpokit.envs.base import Environment, FunctionEnvironment, Observation, Turn, as_turn, environment_reward
+from grpokit.envs.game import is_game
 
 __all__ = [
     "ENVIRONMENTS",
@@ -35,8 +36,12 @@ __all__ = [
 ENVIRONMENTS: dict[str, str] = {
     "maze": "grpokit.envs.maze:MazeEnvironment",
     "calculator": "grpokit.envs.calculator:CalculatorEnvironment",
+    "kuhn_poker": "grpokit.envs.kuhn_poker:KuhnPoker",
+    "tictactoe": "grpokit.envs.tictactoe:TicTacToe",
+    "nim": "grpokit.envs.nim:Nim",
 }
-"""Built-in environments by name -> ``module:Class`` (imported when used)."""
+"""Built-in environments and games (``grpokit.envs.game``, played by ``grpokit.envs.selfplay``) by name ->
+``module:Class`` (imported when used)."""
 
 
 def make_environment_factory(spec: Any, kwargs: dict[str, Any] | None = None) -> Callable[[], Any]:
@@ -44,13 +49,16 @@ def make_environment_factory(spec: Any, kwargs: dict[str, Any] | None = None) ->
 
     - a built-in name (``"maze"``, ``"calculator"``) or an import path (``"my_envs.Grid"``,
       ``"my_envs:Grid"``, resolved from the working directory too);
-    - a class with ``reset``/``step`` (called with ``kwargs``);
+    - a class with ``reset``/``step`` (called with ``kwargs``), or a game's class (``grpokit.envs.game.Game``:
+      the factory then makes games, which ``grpokit.envs.selfplay`` plays);
     - a plain function ``step(row, actions)`` (wrapped in :class:`FunctionEnvironment`);
     - any other callable returning an environment (a factory; called with ``kwargs``).
     """
     kwargs = dict(kwargs or {})
     target = _resolve(spec) if isinstance(spec, str) else spec
     if inspect.isclass(target):
+        if is_game(target):
+            return lambda: target(**kwargs)
         if not (hasattr(target, "reset") and hasattr(target, "step")):
             raise TypeError(f"environment {target.__name__} needs reset(row) and step(action) methods")
         return lambda: target(**kwargs)

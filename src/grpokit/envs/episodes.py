@@ -68,6 +68,8 @@ class Episode:
     """Cut by ``max_turns`` or the token budget before the environment ended it."""
     failure: str | None = None
     """Why the environment failed (raised or hung), or None."""
+    seat: str | None = None
+    """The role the policy played (a game's episode: ``grpokit.envs.selfplay``), or None."""
 
     @property
     def reward(self) -> float | None:

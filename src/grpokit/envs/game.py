@@ -1,11 +1,14 @@
 """The game protocol: turn-based games of two or more players, the policy playing one or every role.
 
 Beside :class:`grpokit.envs.base.Environment` (one policy against a world), a :class:`Game` is played by
-several players, each with its own view of it: a player's ``observation`` shows what that player may know
-and nothing else (a poker hand never appears in the opponent's prompt). Whose turn it is, the legal moves,
-how a move is read from the text of a turn (``parse_move``: the last ``\\boxed{...}`` by default), the end
-and each player's return are the game's. ``max_turns`` caps a game: one that reaches it ends as the game's
-``returns`` say at that point.
+several players, each with its own view of it. ``rules`` is the text every player's prompt holds (the
+same for every seat and every deal: it holds no private information); before each of its moves a player
+sees its ``observation``: its seat, what only it may know, the public state and its legal moves (a poker
+hand never appears in the opponent's context). Whose turn it is, the legal moves, how a move is read from
+the text of a turn (``parse_move``: the last ``\\boxed{...}`` by default), the end and each player's return
+are the game's. ``max_turns`` caps a game: one that reaches it ends as the game's ``returns`` say at that
+point. ``expert_move`` (optional) is the game's exact player: a scripted opponent and an evaluation
+yardstick (``grpokit.envs.selfplay``).
 
 A user's own game is a class with these methods (no base class needed), selected by import path as an
 environment is; :class:`TurnGame` gives the move parsing and a turn counter. Built in:
@@ -15,11 +18,12 @@ of grpokit's outside ``envs``.
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Game", "TurnGame", "boxed_move", "play_out"]
+__all__ = ["Game", "TurnGame", "boxed_move", "is_game", "play_out"]
 
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 
@@ -36,6 +40,8 @@ class Game(Protocol):
 
     roles: Sequence[str]
     max_turns: int
+    rules: str
+    """The prompt's text: the rules and the answer format, shared by every seat."""
 
     def reset(self, seed: int) -> None:
         """Start a game; ``seed`` fixes its chance (a deal), so G games from one seed start alike."""
@@ -46,7 +52,8 @@ class Game(Protocol):
         ...
 
     def observation(self, player: int) -> str:
-        """What ``player`` knows now: the rules, its private information, the public moves."""
+        """What ``player`` sees before its move: its seat, its private information, the public state, its
+        legal moves (a short text ended by a newline; the rules are in the prompt)."""
         ...
 
     def legal_moves(self) -> list[str]:
@@ -70,12 +77,14 @@ class Game(Protocol):
 
 
 class TurnGame:
-    """Shared parts of the built-in games: moves read from ``\\boxed{...}`` and a turn counter.
-    Subclasses set ``roles``, ``max_turns`` (every built-in game ends within it by its rules) and implement
-    the rest of :class:`Game` (``legal_moves`` among it, which ``parse_move`` reads)."""
+    """Shared parts of the built-in games: moves read from ``\\boxed{...}``, a turn counter and the uniformly
+    random player. Subclasses set ``roles``, ``rules``, ``max_turns`` (every built-in game ends within it
+    by its rules) and implement the rest of :class:`Game` (``legal_moves`` among it, which ``parse_move``
+    reads)."""
 
     roles: Sequence[str] = ()
     max_turns: int = 0
+    rules: str = ""
 
     def __init__(self) -> None:
         self.turns = 0
@@ -83,6 +92,19 @@ class TurnGame:
     def parse_move(self, text: str) -> str | None:
         move = boxed_move(text)
         return move if move is not None and move in self.legal_moves() else None
+
+    def random_move(self, rng: random.Random) -> str:
+        """A uniformly random legal move."""
+        return rng.choice(self.legal_moves())
+
+    def answer(self, move: str) -> str:
+        """The text of a turn that makes ``move`` (what ``parse_move`` reads back)."""
+        return f"\\boxed{{{move}}}"
+
+
+def is_game(target: object) -> bool:
+    """Whether ``target`` (a class or an instance) has the :class:`Game` protocol's methods."""
+    return all(callable(getattr(target, name, None)) for name in ("current_player", "legal_moves", "play"))
 
 
 def play_out(game: Game, players: Sequence, seed: int) -> list[float]:

@@ -1,13 +1,13 @@
 """Kuhn poker (H. W. Kuhn, 1950): three cards, two players, one betting round, imperfect information.
 
 Rules. The cards are J < Q < K; each player antes 1 and is dealt one card, the third unseen. Player 0 (the
-first) checks or bets 1. After a check, player 1 checks (showdown for the pot of 2: +1 to the higher card)
+first) passes or bets 1. After a pass, player 1 passes (showdown for the pot of 2: +1 to the higher card)
 or bets 1, and player 0 then calls (showdown for 4: +2) or folds (-1). After a bet, player 1 calls
-(showdown: +2) or folds (+1 to player 0). Moves: ``check``, ``bet``, ``call``, ``fold``.
+(showdown: +2) or folds (+1 to player 0). Moves: ``pass``, ``bet``, ``call``, ``fold``.
 
 A strategy is the probability of the aggressive move (bet, or call when facing a bet) at each of the
 game's 12 information sets: a player's card and the public history it faces (player 0: "" and
-"check bet"; player 1: "check" and "bet"). ``exploitability`` computes, exactly, how much a best
+"pass bet"; player 1: "pass" and "bet"). ``exploitability`` computes, exactly, how much a best
 responder gains against it: ``(BR_0 + BR_1) / 2`` where ``BR_i`` is the best value player i can get
 against the strategy's other player (OpenSpiel's convention, NashConv / 2). It is 0 exactly at the Nash
 equilibria (player 0's value -1/18; ``nash_strategy``) and positive elsewhere.
@@ -16,6 +16,7 @@ equilibria (player 0's value -1/18; ``nash_strategy``) and positive elsewhere.
 from __future__ import annotations
 
 import itertools
+import random
 from collections.abc import Callable, Mapping
 
 from grpokit.envs.game import TurnGame
@@ -25,6 +26,7 @@ __all__ = [
     "INFORMATION_SETS",
     "KuhnPoker",
     "best_response_value",
+    "decision_points",
     "exploitability",
     "game_value",
     "nash_strategy",
@@ -33,7 +35,7 @@ __all__ = [
 CARDS = ("J", "Q", "K")
 DEALS = tuple(itertools.permutations(range(3), 2))
 """The six deals (player 0's card, player 1's card), equally likely."""
-HISTORIES = {0: ("", "check bet"), 1: ("check", "bet")}
+HISTORIES = {0: ("", "pass bet"), 1: ("pass", "bet")}
 """The public histories at which each player acts."""
 INFORMATION_SETS = tuple(
     (player, card, history) for player in (0, 1) for card in CARDS for history in HISTORIES[player]
@@ -44,10 +46,10 @@ Strategy = Mapping[tuple[int, str, str], float]
 """Probability of the aggressive move (``bet``, or ``call`` when facing a bet) at each information set."""
 
 RULES = (
-    "You are playing Kuhn poker as player {player} of 2. The deck has three cards, J < Q < K; each player "
-    "antes 1 chip and gets one card. Player 1 checks or bets 1 chip. After a check, player 2 checks (the "
-    "higher card wins the pot) or bets 1; facing a bet, a player calls (the higher card wins the pot) or "
-    "folds (the other player wins the pot). Answer with your move in \\boxed{{}}."
+    "Kuhn poker, 2 players. The deck has three cards, J < Q < K; each player antes 1 chip and gets one "
+    "card. Player 1 passes or bets 1 chip. After a pass, player 2 passes (the higher card wins the pot) or "
+    "bets 1; facing a bet, a player calls (the higher card wins the pot) or folds (the other player wins "
+    "the pot). Answer with your move in \\boxed{}.\n"
 )
 
 
@@ -56,6 +58,7 @@ class KuhnPoker(TurnGame):
 
     roles = ("first player", "second player")
     max_turns = 3
+    rules = RULES
 
     def __init__(self) -> None:
         super().__init__()
@@ -69,7 +72,7 @@ class KuhnPoker(TurnGame):
         return len(self.history) % 2
 
     def legal_moves(self) -> list[str]:
-        return ["call", "fold"] if "bet" in self.history else ["check", "bet"]
+        return ["call", "fold"] if "bet" in self.history else ["pass", "bet"]
 
     def play(self, move: str) -> None:
         if self.is_over() or move not in self.legal_moves():
@@ -79,7 +82,7 @@ class KuhnPoker(TurnGame):
 
     def is_over(self) -> bool:
         h = self.history
-        return h in (["check", "check"], ["bet", "call"], ["bet", "fold"]) or len(h) == 3
+        return h in (["pass", "pass"], ["bet", "call"], ["bet", "fold"]) or len(h) == 3
 
     def returns(self) -> list[float]:
         if not self.is_over():
@@ -96,12 +99,51 @@ class KuhnPoker(TurnGame):
         return player, CARDS[self.cards[player]], " ".join(self.history)
 
     def observation(self, player: int) -> str:
-        moves = ", ".join(f"player {i % 2 + 1}: {m}" for i, m in enumerate(self.history)) or "none yet"
+        moves = " ".join(self.history) or "none"
         return (
-            RULES.format(player=player + 1)
-            + f"\nYour card: {CARDS[self.cards[player]]}.\nMoves so far: {moves}.\n"
-            + f"Your legal moves: {', '.join(self.legal_moves())}."
+            f"You are player {player + 1}. Moves: {moves}. Legal: {', '.join(self.legal_moves())}. "
+            f"Your card: {CARDS[self.cards[player]]}.\n"
         )
+
+    def answer(self, move: str) -> str:
+        """The acting seat's card, then the move: ``K \\boxed{bet}`` (restating the card is the one step of
+        reasoning a small model needs to condition its move on it; ``parse_move`` reads the box)."""
+        return f"{CARDS[self.cards[self.current_player()]]} \\boxed{{{move}}}"
+
+    def expert_move(self, rng: random.Random) -> str:
+        """A Nash-equilibrium move (``nash_strategy(0)``, sampled)."""
+        aggressive, passive = ("call", "fold") if "bet" in self.history else ("bet", "pass")
+        return aggressive if rng.random() < nash_strategy(0.0)[self.information_set()] else passive
+
+
+DecisionPoint = tuple[tuple[int, str, str], list[tuple[str, bool]], tuple[list[str], list[str]]]
+"""``(information set, the seat's segments up to its move, (aggressive answers, passive answers))``."""
+
+
+def decision_points() -> list[DecisionPoint]:
+    """Each information set as a seat meets it: ``(key, segments, (aggressive answers, passive answers))``.
+    ``segments`` are the seat's completion up to its move, ``(text, is_policy)`` in order: its observations
+    and its own earlier move (player 0's pass before facing pass-bet), the policy turns ended by EOS when
+    tokenized. A move's answers are every turn text that makes it in ``answer``'s format, whatever card the
+    seat restates (``J \\boxed{bet}``, ``Q \\boxed{bet}``, ``K \\boxed{bet}``): the policy writes that
+    card itself, so its probability of a move sums over them. The other player's card never shows, so any
+    deal with the seat's card gives these texts."""
+    game = KuhnPoker()
+    points = []
+    for player, card, history in INFORMATION_SETS:
+        other = next(c for c in range(3) if c != CARDS.index(card))
+        cards = (CARDS.index(card), other) if player == 0 else (other, CARDS.index(card))
+        moves = history.split() if history else []
+        segments: list[tuple[str, bool]] = []
+        if player == 0 and moves:  # player 0's first decision, then its pass
+            game.cards, game.history = cards, []
+            segments += [(game.observation(0), False), (game.answer(moves[0]), True)]
+        game.cards, game.history = cards, list(moves)
+        segments.append((game.observation(player), False))
+        choice = ("call", "fold") if "bet" in moves else ("bet", "pass")
+        texts = tuple([f"{c} \\boxed{{{move}}}" for c in CARDS] for move in choice)
+        points.append(((player, card, history), segments, texts))
+    return points
 
 
 def _value(cards: tuple[int, int], history: list[str], choose: Callable[[int, str, str], float]) -> float:
@@ -112,7 +154,7 @@ def _value(cards: tuple[int, int], history: list[str], choose: Callable[[int, st
     if game.is_over():
         return game.returns()[0]
     player, card, public = game.information_set()
-    aggressive, passive = ("call", "fold") if "bet" in history else ("bet", "check")
+    aggressive, passive = ("call", "fold") if "bet" in history else ("bet", "pass")
     p = choose(player, card, public)
     return p * _value(cards, [*history, aggressive], choose) + (1 - p) * _value(
         cards, [*history, passive], choose
@@ -164,14 +206,14 @@ def exploitability(strategy: Strategy) -> float:
 
 def nash_strategy(alpha: float = 0.0) -> dict[tuple[int, str, str], float]:
     """A Nash equilibrium of Kuhn poker; ``alpha`` in [0, 1/3] picks one of the family (Kuhn's): player 0
-    bets J with ``alpha``, K with ``3 alpha``, never Q; after check-bet calls with Q at ``alpha + 1/3``,
+    bets J with ``alpha``, K with ``3 alpha``, never Q; after pass-bet calls with Q at ``alpha + 1/3``,
     always with K, never with J. Player 1 facing a bet calls with K, with Q at 1/3, never with J; after a
-    check bets K, J at 1/3, never Q."""
+    pass bets K, J at 1/3, never Q."""
     if not 0.0 <= alpha <= 1 / 3:
         raise ValueError(f"alpha must be in [0, 1/3], got {alpha}")
     return {
         (0, "J", ""): alpha, (0, "Q", ""): 0.0, (0, "K", ""): 3 * alpha,
-        (0, "J", "check bet"): 0.0, (0, "Q", "check bet"): alpha + 1 / 3, (0, "K", "check bet"): 1.0,
-        (1, "J", "check"): 1 / 3, (1, "Q", "check"): 0.0, (1, "K", "check"): 1.0,
+        (0, "J", "pass bet"): 0.0, (0, "Q", "pass bet"): alpha + 1 / 3, (0, "K", "pass bet"): 1.0,
+        (1, "J", "pass"): 1 / 3, (1, "Q", "pass"): 0.0, (1, "K", "pass"): 1.0,
         (1, "J", "bet"): 0.0, (1, "Q", "bet"): 1 / 3, (1, "K", "bet"): 1.0,
     }  # fmt: skip

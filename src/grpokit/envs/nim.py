@@ -13,12 +13,11 @@ from collections.abc import Sequence
 
 from grpokit.envs.game import TurnGame
 
-__all__ = ["Nim", "nim_sum", "perfect_move", "random_move"]
+__all__ = ["Nim", "nim_sum", "perfect_move"]
 
 RULES = (
-    "You are playing Nim as player {player} of 2. On your turn, take one or more stones from a single "
-    "heap; whoever takes the last stone wins. Answer with heap:count in \\boxed{{}}, e.g. \\boxed{{2:3}} "
-    "takes 3 stones from heap 2."
+    "Nim, 2 players. On your turn, take one or more stones from a single heap; whoever takes the last stone "
+    "wins. Answer with heap:count in \\boxed{}, e.g. \\boxed{2:3} takes 3 stones from heap 2.\n"
 )
 
 
@@ -31,6 +30,7 @@ class Nim(TurnGame):
     ``reset(seed)`` draws that many heaps of 1 to ``max_heap`` stones from the seed instead."""
 
     roles = ("first player", "second player")
+    rules = RULES
 
     def __init__(self, heaps: Sequence[int] = (3, 4, 5), seed_heaps: int = 0, max_heap: int = 5) -> None:
         super().__init__()
@@ -68,7 +68,11 @@ class Nim(TurnGame):
 
     def observation(self, player: int) -> str:
         heaps = ", ".join(f"heap {i + 1}: {n}" for i, n in enumerate(self.heaps))
-        return RULES.format(player=player + 1) + f"\nThe heaps: {heaps}."
+        return f"You are player {player + 1}. Heaps: {heaps}.\n"
+
+    def expert_move(self, rng: random.Random) -> str:
+        """Bouton's move (``perfect_move``)."""
+        return perfect_move(self)
 
 
 def perfect_move(game: Nim) -> str:
@@ -81,6 +85,3 @@ def perfect_move(game: Nim) -> str:
     largest = max(range(len(game.heaps)), key=lambda h: game.heaps[h])
     return f"{largest + 1}:1"
 
-
-def random_move(game: Nim, rng: random.Random | None = None) -> str:
-    return (rng or random).choice(game.legal_moves())

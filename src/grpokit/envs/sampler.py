@@ -15,8 +15,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from grpokit.data.integrity import InputError
+from grpokit.envs import make_environment_factory
 from grpokit.envs.episodes import Episode, EpisodeRunner, as_generation_output, with_episode_columns
 from grpokit.envs.factories import EnvironmentFactories
+from grpokit.envs.game import is_game
+from grpokit.envs.selfplay import GameRunner
 from grpokit.envs.tools import ToolEnvironment
 from grpokit.envs.turns import open_session
 from grpokit.rollout import RolloutBackend, SamplingParams, generate_groups
@@ -52,6 +55,10 @@ class EpisodeSettings:
     chat_template_kwargs: dict[str, Any] | None = None
     max_tool_calling_iterations: int | None = None
     """With TRL's ``tools``: tool-calling turns per episode at most (then ``max_turns`` is this + 1)."""
+    game_opponent: str = "self"
+    """A game's other seats (``grpokit.envs.selfplay``): the policy itself, or a scripted player."""
+    illegal_move_reward: float = -1.5
+    """A game's return for the seat whose turn names no legal move."""
 
 
 def refuse_unused_environment_kwargs(kwargs: Any) -> None:
@@ -64,12 +71,25 @@ def refuse_unused_environment_kwargs(kwargs: Any) -> None:
 
 
 class EpisodeSampler:
-    """G episodes per prompt through a rollout backend: the run's episode runner."""
+    """G episodes per prompt through a rollout backend: the run's episode runner, or its game runner (a
+    game's seats, ``grpokit.envs.selfplay``)."""
 
-    def __init__(self, runner: EpisodeRunner, factories: EnvironmentFactories | None = None) -> None:
+    def __init__(
+        self, runner: EpisodeRunner | GameRunner, factories: EnvironmentFactories | None = None
+    ) -> None:
         self.runner = runner
         self.factories = factories
         """TRL's ``environment_factory`` (``grpokit.envs.factories``), or None."""
+
+    @property
+    def game(self) -> GameRunner | None:
+        """The game runner when the run plays a game, else None."""
+        return self.runner if isinstance(self.runner, GameRunner) else None
+
+    @property
+    def num_roles(self) -> int:
+        """A game's roles (each its own advantage group within a prompt's episodes); 1 otherwise."""
+        return self.game.num_roles if self.game is not None else 1
 
     @classmethod
     def for_run(
@@ -106,6 +126,13 @@ class EpisodeSampler:
         if spec is None:
             refuse_unused_environment_kwargs(settings.environment_kwargs)
             return None
+        if factories is None and not tools:  # a game (grpokit.envs.game) is played by the game runner
+            factory = make_environment_factory(spec, settings.environment_kwargs)
+            if is_game(probe := factory()):
+                return cls(_game_runner(factory, probe, rows, tokenizer, settings))
+        if settings.game_opponent != "self":
+            raise InputError(f"GRPOConfig.game_opponent={settings.game_opponent!r} given, but the run's "
+                             "environment is no game (grpokit.envs.game); drop game_opponent")  # fmt: skip
         runner = EpisodeRunner.for_rows(
             spec,
             tokenizer,
@@ -131,12 +158,34 @@ class EpisodeSampler:
         """``sizes[k]`` episodes from each prompt: the completions (with ``policy_mask``), the rows (one
         per episode) with the episodes' columns, and the episodes."""
         session = open_session(backend, prompt_ids, sizes)
+        if self.game is not None:  # deals: every seat of a deal's games an episode, role-major
+            episode_rows = [row for row, size in zip(rows, sizes) for _ in range(size)]
+            episodes = self.game.run(session, rows, sizes, params)
+            return as_generation_output(episodes), with_episode_columns(episode_rows, episodes), episodes
         if self.factories is not None:  # each episode with its own instance (``start_episodes``)
             episode_rows = self.factories.episode_rows(rows, sizes)
         else:
             episode_rows = [row for row, size in zip(rows, sizes) for _ in range(size)]
         episodes = self.runner.run(session, episode_rows, params)
         return as_generation_output(episodes), with_episode_columns(episode_rows, episodes), episodes
+
+
+def _game_runner(
+    factory: Callable[[], Any], probe: Any, rows: Sequence[dict[str, Any]], tokenizer: Any,
+    settings: EpisodeSettings,
+) -> GameRunner:
+    """The runner of a run's game; chat prompts refused (a game's rules are a plain-text prompt)."""
+    from grpokit.data.chat import is_conversational
+
+    if rows and is_conversational(rows[0]["prompt"]):
+        raise InputError(
+            f"environment {type(probe).__name__} is a game: its prompts are plain text (the game's rules, "
+            "each seat's observations appended); chat-message prompts are not supported for games"
+        )
+    return GameRunner(
+        factory, tokenizer, opponent=settings.game_opponent, illegal_move_reward=settings.illegal_move_reward,
+        max_tokens=settings.max_tokens, max_turn_tokens=settings.max_turn_tokens,
+    )  # fmt: skip
 
 
 def sample_groups(

@@ -1,7 +1,7 @@
 """Tic-tac-toe: X (player 0) and O (player 1) place marks on a 3 x 3 board; three in a row wins (+1, the
 loser -1), a full board without one is a draw (0). Moves are cell numbers 1-9, row by row. Perfect
-information and small enough to solve: ``perfect_move`` plays minimax (a draw against itself, never a loss),
-``random_move`` a uniformly random legal cell."""
+information and small enough to solve: ``perfect_move`` plays minimax (a draw against itself, never a
+loss); it is the game's ``expert_move``."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ import random
 
 from grpokit.envs.game import TurnGame
 
-__all__ = ["LINES", "TicTacToe", "perfect_move", "random_move", "winner"]
+__all__ = ["LINES", "TicTacToe", "perfect_move", "winner"]
 
 LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
 MARKS = ("X", "O")
 
 RULES = (
-    "You are playing tic-tac-toe as {mark}. Players take turns marking a free cell of a 3x3 board; three "
-    "of your marks in a row, column or diagonal win. Cells are numbered 1-9, row by row. Answer with the "
-    "number of the cell you mark in \\boxed{{}}."
+    "Tic-tac-toe, X against O, X first. Players take turns marking a free cell of a 3x3 board; three of "
+    "your marks in a row, column or diagonal win. Cells are numbered 1-9, row by row. Answer with the number "
+    "of the cell you mark in \\boxed{}.\n"
 )
 
 
@@ -35,6 +35,7 @@ class TicTacToe(TurnGame):
 
     roles = MARKS
     max_turns = 9
+    rules = RULES
 
     def __init__(self) -> None:
         super().__init__()
@@ -64,13 +65,13 @@ class TicTacToe(TurnGame):
         return [0.0, 0.0] if won is None else ([1.0, -1.0] if won == 0 else [-1.0, 1.0])
 
     def observation(self, player: int) -> str:
-        rows = "\n".join(
-            " ".join(
-                c if c != "." else str(3 * r + i + 1) for i, c in enumerate(self.board[3 * r : 3 * r + 3])
-            )
-            for r in range(3)
-        )
-        return RULES.format(mark=MARKS[player]) + f"\nThe board (free cells by number):\n{rows}"
+        """``You are X. Board: 1O3/4X6/789.``: the rows, a free cell shown by its number."""
+        cells = "".join(c if c != "." else str(i + 1) for i, c in enumerate(self.board))
+        return f"You are {MARKS[player]}. Board: {cells[:3]}/{cells[3:6]}/{cells[6:]}.\n"
+
+    def expert_move(self, rng: random.Random) -> str:
+        """The minimax move (``perfect_move``)."""
+        return perfect_move(self)
 
 
 @functools.cache
@@ -95,7 +96,3 @@ def perfect_move(game: TicTacToe) -> str:
     """The minimax move (never loses)."""
     return str(_minimax(game.board)[1] + 1)
 
-
-def random_move(game: TicTacToe, rng: random.Random | None = None) -> str:
-    """A uniformly random free cell."""
-    return (rng or random).choice(game.legal_moves())

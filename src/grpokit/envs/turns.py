@@ -42,12 +42,16 @@ TurnOutput = tuple[list[int], list[float], bool]
 class TurnSession(Protocol):
     """Growing contexts of episodes 0..N-1 (see the module docstring)."""
 
-    def act(self, rows: Sequence[int], params: SamplingParams, limits: Sequence[int]) -> list[TurnOutput]:
-        """Episodes ``rows`` each generate one policy turn of at most ``limits[i]`` tokens."""
+    def act(
+        self, rows: Sequence[int], params: SamplingParams, limits: Sequence[int], waiting: Sequence[int] = ()
+    ) -> list[TurnOutput]:
+        """Episodes ``rows`` each generate one policy turn of at most ``limits[i]`` tokens; ``waiting``
+        episodes go on without acting (a game's other seats); every other episode has ended."""
         ...
 
-    def observe(self, tokens: Mapping[int, Sequence[int]]) -> None:
-        """Append ``tokens[row]`` to each listed episode's context (after its last turn)."""
+    def observe(self, tokens: Mapping[int, Sequence[int]], waiting: Sequence[int] = ()) -> None:
+        """Append ``tokens[row]`` to each listed episode's context (after its last turn); ``waiting``
+        episodes go on unchanged, every other episode has ended."""
         ...
 
 
@@ -72,7 +76,9 @@ class ReprefillSession:
         self.backend = backend
         self.contexts = [list(p) for p, size in zip(prompt_ids, group_sizes) for _ in range(size)]
 
-    def act(self, rows: Sequence[int], params: SamplingParams, limits: Sequence[int]) -> list[TurnOutput]:
+    def act(
+        self, rows: Sequence[int], params: SamplingParams, limits: Sequence[int], waiting: Sequence[int] = ()
+    ) -> list[TurnOutput]:
         call = dataclasses.replace(params, max_new_tokens=max(limits))
         out = self.backend.generate([self.contexts[r] for r in rows], 1, call)
         eos = set(params.eos_token_ids)
@@ -85,7 +91,7 @@ class ReprefillSession:
             turns.append((tokens, list(logprobs), bool(tokens) and tokens[-1] in eos))
         return turns
 
-    def observe(self, tokens: Mapping[int, Sequence[int]]) -> None:
+    def observe(self, tokens: Mapping[int, Sequence[int]], waiting: Sequence[int] = ()) -> None:
         for row, ids in tokens.items():
             self.contexts[row] += list(ids)
 
@@ -139,17 +145,20 @@ class CachedTurnSession:
             ] = True
 
     # ------------------------------------------------------------------ act
-    def act(self, rows: Sequence[int], params: SamplingParams, limits: Sequence[int]) -> list[TurnOutput]:
-        self._keep(rows)
-        if any(p is not None for p in self.pending):
+    def act(
+        self, rows: Sequence[int], params: SamplingParams, limits: Sequence[int], waiting: Sequence[int] = ()
+    ) -> list[TurnOutput]:
+        self._keep([*rows, *waiting])
+        acting = set(rows)
+        if any(p is not None for p, row in zip(self.pending, self.rows) if row in acting):
             raise RuntimeError("observe() must follow a turn before the next act()")
         n = len(self.rows)
         by_row = dict(zip(rows, limits))
-        limit = torch.as_tensor([by_row[r] for r in self.rows], device=self.device)  # [n], cache row order
+        limit = torch.as_tensor([by_row.get(r, 0) for r in self.rows], device=self.device)  # [n] (0: waits)
         eos = torch.as_tensor(list(params.eos_token_ids) or [-1], device=self.device)
         tokens: list[torch.Tensor] = []
         logps: list[torch.Tensor] = []
-        active = torch.ones(n, dtype=torch.bool, device=self.device)
+        active = limit > 0  # [n] a waiting row takes masked slots and keeps its next-token logits
         lengths = torch.zeros(n, dtype=torch.long, device=self.device)
         ended = torch.zeros(n, dtype=torch.bool, device=self.device)
         with torch.inference_mode(), _eval_mode(self.model):
@@ -169,29 +178,33 @@ class CachedTurnSession:
                 active &= ~hit & (lengths < limit)
                 if not bool(active.any()):
                     break
-                self.logits = self._feed(token[:, None], active[:, None])
+                self.logits = torch.where(active[:, None], self._feed(token[:, None], active[:, None]),
+                                          self.logits)  # fmt: skip
         steps_tokens = torch.stack(tokens, dim=1).tolist()  # [n, steps]
         steps_logps = torch.stack(logps, dim=1).tolist()
         out: dict[int, TurnOutput] = {}
         for i, row in enumerate(self.rows):
+            if row not in acting:
+                continue
             size = int(lengths[i])
             self.pending[i] = steps_tokens[i][size - 1]
             out[row] = (steps_tokens[i][:size], steps_logps[i][:size], bool(ended[i]))
         return [out[row] for row in rows]
 
     # ------------------------------------------------------------------ observe
-    def observe(self, tokens: Mapping[int, Sequence[int]]) -> None:
-        """The episodes in ``tokens`` go on (the others have ended and are dropped): feed each one's pending
-        turn token and its observation ``tokens[row]`` (may be empty) in one forward, left-padded so that
-        every row's last real token is the block's last slot."""
-        self._keep(list(tokens))
+    def observe(self, tokens: Mapping[int, Sequence[int]], waiting: Sequence[int] = ()) -> None:
+        """The episodes in ``tokens`` and ``waiting`` go on (the others have ended and are dropped): feed
+        each listed one's pending turn token and its observation ``tokens[row]`` (may be empty) in one
+        forward, left-padded so that every row's last real token is the block's last slot; a waiting
+        episode keeps its pending token (it is fed with that episode's next observation)."""
+        self._keep([*tokens, *waiting])
         feeds = []
         for i, row in enumerate(self.rows):
-            pending = [] if self.pending[i] is None else [self.pending[i]]
+            pending = [] if self.pending[i] is None or row not in tokens else [self.pending[i]]
             feeds.append(pending + list(tokens.get(row, [])))
         if not any(feeds):
             return
-        if any(not f for f in feeds):
+        if any(not f for f, row in zip(feeds, self.rows) if row in tokens):
             raise RuntimeError("observe(): an episode with nothing to feed has no next-token logits")
         width = max(len(f) for f in feeds)
         ids = torch.zeros(len(feeds), width, dtype=torch.long, device=self.device)
@@ -201,8 +214,12 @@ class CachedTurnSession:
             real[i, width - len(feed) :] = True
             self.seen[i, ids[i, width - len(feed) :].clamp(max=self.vocab - 1)] = True
         with torch.inference_mode(), _eval_mode(self.model):
-            self.logits = self._feed(ids, real)
-        self.pending = [None] * len(self.rows)
+            logits = self._feed(ids, real)
+        fed = torch.as_tensor([row in tokens for row in self.rows], device=self.device)  # [n]
+        self.logits = torch.where(fed[:, None], logits, self.logits)  # a waiting row's logits are kept
+        for i, row in enumerate(self.rows):
+            if row in tokens:
+                self.pending[i] = None
 
     # ------------------------------------------------------------------ helpers
     def _feed(self, ids: torch.Tensor, real: torch.Tensor) -> torch.Tensor:

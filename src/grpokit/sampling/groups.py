@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import torch
 
-from grpokit.core import allocate_group_sizes, combine_rewards, multi_reward_advantages
+from grpokit.core import allocate_group_sizes, combine_rewards, multi_reward_advantages, role_group_sizes
 from grpokit.models.vision import PromptImages
 from grpokit.reporting.metrics import PhaseTimer
 from grpokit.rollout.base import GenerationOutput, RolloutBackend
@@ -127,11 +127,21 @@ class DrawSettings:
     aggregation: str = "sum_then_normalize"
     """``multi_objective_aggregation``: how several rewards make an advantage (which groups are flat)."""
     advantage_epsilon: float = 1e-4
+    roles: int = 1
+    """A game's roles: each prompt's group holds that many role groups (``grpokit.envs.selfplay``); 1
+    otherwise."""
 
     @classmethod
-    def from_config(cls, args: Any, prompts: int, *, process_rewards: bool = False) -> DrawSettings:
+    def from_config(
+        cls, args: Any, prompts: int, *, process_rewards: bool = False, roles: int = 1
+    ) -> DrawSettings:
         """The settings of a ``GRPOConfig``. Dynamic sampling and adaptive G are refused with process rewards
-        (``process_rewards``)."""
+        (``process_rewards``); adaptive G with a game (``roles`` > 1: its groups split by role)."""
+        if roles > 1 and args.adaptive_num_generations:
+            raise ValueError(
+                "GRPOConfig.adaptive_num_generations is not supported with a game: a prompt's episodes are "
+                f"its {roles} roles' seats, num_generations / {roles} each"
+            )
         if process_rewards and (args.dynamic_sampling or args.adaptive_num_generations):
             option = "dynamic_sampling" if args.dynamic_sampling else "adaptive_num_generations"
             raise ValueError(
@@ -145,6 +155,7 @@ class DrawSettings:
             adaptive_group_sizes=args.adaptive_num_generations,
             aggregation=args.multi_objective_aggregation,
             advantage_epsilon=args.advantage_epsilon,
+            roles=roles,
         )
 
 
@@ -306,12 +317,15 @@ class GroupDrawer:
         return metrics
 
     def _informative(self, rewards: torch.Tensor, sizes: list[int]) -> list[bool]:
-        """Which groups' rewards differ: non-zero centred advantages (no scaling)."""
+        """Which groups' rewards differ: non-zero centred advantages (no scaling; a game's within a role)."""
+        roles = self.settings.roles
+        parts = role_group_sizes(sizes, roles)
         advantages = multi_reward_advantages(
-            rewards, self.reward_weights, group_sizes=sizes, scale="none",
+            rewards, self.reward_weights, group_sizes=parts, scale="none",
             aggregation=self.settings.aggregation, eps=self.settings.advantage_epsilon,
         )  # fmt: skip
-        return informative_groups(advantages, sizes)
+        useful = informative_groups(advantages, parts)
+        return [any(useful[g * roles : (g + 1) * roles]) for g in range(len(sizes))]
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from grpokit.models.tiny import (
     build_tiny_model,
     build_tiny_moe,
 )
-from grpokit.tasks.evaluation import task_episode_accuracy
+from grpokit.tasks.evaluation import game_evaluation, task_episode_accuracy, task_game
 from grpokit.tasks.registry import get_task
 
 __all__ = [
@@ -341,7 +341,12 @@ def _example(task: Any, row: dict[str, Any], tokenizer: Any) -> tuple[list[int],
 
 
 def _probe_accuracy(task: Any, model: Any, tokenizer: Any, rows: list[dict[str, Any]], s: Any) -> float:
-    """Greedy accuracy on ``rows`` (episodes in the task's environment for a multi-turn task)."""
+    """Greedy accuracy on ``rows`` (episodes in the task's environment for a multi-turn task; a game's
+    legal-move rate against the random and the expert player, sampled)."""
+    make_game = task_game(task)
+    if make_game is not None:
+        measured = game_evaluation(make_game, model, tokenizer, rows, max_new_tokens=s.max_new_tokens)
+        return measured["game/legal_rate"]
     if task.environment is not None:
         return task_episode_accuracy(
             task, model, tokenizer, rows, max_new_tokens=s.max_new_tokens, max_turns=s.max_turns

@@ -13,7 +13,7 @@ from grpokit.envs.episodes import EpisodeRunner
 from grpokit.eval import evaluate_accuracy, evaluate_model
 from grpokit.tasks.registry import Task, get_task
 
-__all__ = ["task_accuracy", "task_episode_accuracy", "task_graders"]
+__all__ = ["game_evaluation", "task_accuracy", "task_episode_accuracy", "task_game", "task_graders"]
 
 
 def task_episode_accuracy(
@@ -43,6 +43,53 @@ def task_episode_accuracy(
     )
 
 
+def game_evaluation(
+    make_game: Any,
+    model: Any,
+    tokenizer: Any,
+    rows: Sequence[dict[str, Any]],
+    *,
+    max_new_tokens: int,
+    max_turn_tokens: int | None = None,
+    temperature: float = 1.0,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """A game's policy against the random player and (where the game has one) the expert player on
+    ``rows``: one game per seat and deal, sampled at ``temperature`` from ``seed``
+    (``eval.games.play_games``); for Kuhn poker also the exact exploitability. ``accuracy``: the share of
+    games not lost to the expert (1.0 is perfect play in tic-tac-toe; without an expert, to the random
+    player); ``game/legal_rate``: policy turns that named a legal move."""
+    from grpokit.envs.kuhn_poker import KuhnPoker
+    from grpokit.eval.games import kuhn_exploitability, play_games
+
+    probe = make_game()
+    opponents = ["random"] + (["expert"] if callable(getattr(probe, "expert_move", None)) else [])
+    out: dict[str, Any] = {}
+    for opponent in opponents:
+        out.update(play_games(
+            model, tokenizer, rows, make_game, opponent=opponent, max_tokens=max_new_tokens,
+            max_turn_tokens=max_turn_tokens, temperature=temperature, seed=seed,
+        ))  # fmt: skip
+    out["game/legal_rate"] = 1 - sum(out[f"game/{o}/illegal_rate"] for o in opponents) / len(opponents)
+    if isinstance(probe, KuhnPoker):
+        prompt = list(tokenizer(rows[0]["prompt"], add_special_tokens=False)["input_ids"])
+        out["game/exploitability"] = kuhn_exploitability(model, tokenizer, prompt)
+    out["accuracy"] = 1 - out[f"game/{opponents[-1]}/loss"]
+    out["num_examples"] = len(rows)
+    return out
+
+
+def task_game(task: Any) -> Any:
+    """A no-argument factory of ``task``'s games when its environment is a game, else None."""
+    if task.environment is None:
+        return None
+    from grpokit.envs import make_environment_factory
+    from grpokit.envs.game import is_game
+
+    make = make_environment_factory(task.environment, task.environment_kwargs)
+    return make if is_game(make()) else None
+
+
 def task_graders(task_name: str) -> dict[str, Any]:
     """``evaluate_accuracy`` keyword arguments of a built-in task: its correctness reward and its answer
     extractor (for ``format_rate`` and ``maj@k``)."""
@@ -65,6 +112,11 @@ def task_accuracy(
     episodes in its environment, bounded by ``max_turns`` and ``max_turn_tokens``, built with
     ``environment_kwargs`` over the task's own)."""
     task: Task = get_task(task_name)
+    make_game = task_game(task)
+    if make_game is not None:
+        return game_evaluation(
+            make_game, model, tokenizer, rows, max_new_tokens=max_new_tokens, max_turn_tokens=max_turn_tokens
+        )
     if task.environment is not None:
         return task_episode_accuracy(
             task, model, tokenizer, rows, max_new_tokens=max_new_tokens, max_turns=max_turns,

@@ -183,3 +183,35 @@ def _register_multi_turn() -> None:
 
 
 _register_multi_turn()
+
+
+def _register_games() -> None:
+    """The game tasks (``grpokit.tasks.games``): deals played by self-play, trained on each seat's return."""
+    from grpokit.envs.game import boxed_move
+    from grpokit.tasks import games
+
+    for name, cold_start in (
+        ("kuhn_poker", {"max_new_tokens": 160, "num_sft_examples": 3000, "stop_at_accuracy": 0.95,
+                        "probe_size": 24}),
+        ("tictactoe", {"max_new_tokens": 192, "num_sft_examples": 5000, "stop_at_accuracy": 0.95,
+                       "probe_size": 24}),
+    ):  # fmt: skip
+        register_task(
+            Task(
+                name=name,
+                make_splits=functools.partial(games.game_splits, name),
+                reward_funcs={"environment": environment_reward},
+                default_reward_weights={"environment": 1.0},
+                worked_solution=games.worked_move,
+                extract_answer=boxed_move,
+                correctness_reward="environment",
+                defaults={"num_train": 5000, "num_test": 60},
+                environment=name,
+                worked_episode=games.worked_game,
+                tokenizer_tags=("\\boxed{",),
+                cold_start=cold_start,
+            )
+        )
+
+
+_register_games()

@@ -130,12 +130,14 @@ def run_hooks(
     prompt_stats: PromptStats | None = None,
     curriculum: Curriculum | None = None,
     entropy: StepHook | None = None,
+    selfplay: StepHook | None = None,
 ) -> list[StepHook]:
     """The optional behaviour a run asked for, in the order it runs: the episodes' metrics and turn
     advantages, process supervision, reference resets (``sync_ref_model``), the iterative reward model's
     updates, each followed by a reset of the reference to the policy, the per-prompt pass rates, the
-    adaptive entropy coefficient (``train.entropy_control``, a hook only for its checkpoint)."""
-    hooks: list[StepHook] = [h for h in (episodes, process) if h is not None]
+    adaptive entropy coefficient (``train.entropy_control``, a hook only for its checkpoint), a game's
+    ``selfplay/*`` metrics and role baselines (``train.selfplay``)."""
+    hooks: list[StepHook] = [h for h in (episodes, process, selfplay) if h is not None]
     if reference is not None and args.sync_ref_model:
         hooks.append(ReferenceSync(reference, args.ref_model_sync_steps, args.ref_model_mixup_alpha))
     if iterative is not None:

@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,8 @@ from grpokit.data.loading import load_dataset_rows
 from grpokit.data.run_folder import claim_run_folder, expand_path, refuse_another_runs_folder
 from grpokit.envs.factories import EMPTY_PROMPT, EnvironmentFactories
 from grpokit.envs.sampler import EpisodeSampler, sample_groups, start_episodes, template_kwargs
+from grpokit.envs.selfplay import GameRunner
+from grpokit.eval.games import kuhn_exploitability
 from grpokit.models.moe import router_loss_for
 from grpokit.models.packing import refuse_unrunnable
 from grpokit.models.policy import check_special_tokens, load_policy, processing_class_of
@@ -96,6 +99,7 @@ from grpokit.train.prompts import ImagePrompts, PromptSampler, check_prompt_leng
 from grpokit.train.reference import Reference, refuse_resets_of_adapter_reference
 from grpokit.train.run_rewards import run_rewards
 from grpokit.train.schedule import RunSchedule
+from grpokit.train.selfplay import SelfPlay
 from grpokit.train.update import UpdateContext, run_update
 
 __all__ = ["GRPOTrainer"]
@@ -331,10 +335,12 @@ class GRPOTrainer:
             off_policy_sampler=self.correction.off_policy, router=self.router_loss,
             routing_replay=None if self.routing is None else replay, routing=self.routing,
         )  # fmt: skip
+        game = None if self.episodes is None else self.episodes.game  # a game's seats (grpokit.envs.selfplay)
+        self.selfplay = None if game is None else SelfPlay(game, self.args, self._game_yardstick(game))
         self.hooks = StepHooks(run_hooks(
             self.args, episodes=episode_hook, process=self.process, reference=self.reference,
             iterative=self.iterative, prompt_stats=self.prompt_stats, curriculum=curriculum,
-            entropy=self.entropy_control,
+            entropy=self.entropy_control, selfplay=self.selfplay,
         ))  # fmt: skip
         self.completion_log = CompletionLog(
             self.args.output_dir, self.args.log_completions, self.args.num_completions_to_print,
@@ -343,7 +349,9 @@ class GRPOTrainer:
         )  # fmt: skip
         # which groups each step trains on: rounds of draw_round (dynamic sampling, adaptive G, curriculum)
         process_rewards = self.process is not None  # dynamic sampling and adaptive G are refused with them
-        settings = DrawSettings.from_config(self.args, self.plan.prompts, process_rewards=process_rewards)
+        roles = 1 if game is None else game.num_roles
+        settings = DrawSettings.from_config(self.args, self.plan.prompts, process_rewards=process_rewards,
+                                            roles=roles)  # fmt: skip
         self.groups = GroupDrawer(
             self.draw_round, settings, self.reward_weights, rank=self.accelerator.process_index,
             num_processes=self.accelerator.num_processes, gather=self.gather, prompt_stats=self.prompt_stats,
@@ -640,10 +648,13 @@ class GRPOTrainer:
         #    sampling the informative ones, spread evenly over the processes)
         with timer.phase("reward"):
             kept = self.groups.kept_groups(drawn)
-            advantages = multi_reward_advantages(
-                kept.rewards, self.reward_weights, group_sizes=kept.sizes, scale=self.args.scale_rewards,
-                aggregation=self.args.multi_objective_aggregation, eps=self.args.advantage_epsilon,
-            )  # [N]  # fmt: skip
+            if self.selfplay is not None:  # a game: each role its own group, or role baselines (RAE)
+                advantages = self.selfplay.advantages(kept.rewards, self.reward_weights, kept.sizes)  # [N]
+            else:
+                advantages = multi_reward_advantages(
+                    kept.rewards, self.reward_weights, group_sizes=kept.sizes, scale=self.args.scale_rewards,
+                    aggregation=self.args.multi_objective_aggregation, eps=self.args.advantage_epsilon,
+                )  # [N]  # fmt: skip
             scores, drawn_scores = self.groups.scores(drawn, kept, advantages, step)
             samples = self.groups.local_groups(drawn, kept)  # this process's share of the kept groups
             self.hooks.on_scored(step, drawn.samples, drawn_scores)  # process rewards, episodes, RM samples
@@ -692,6 +703,20 @@ class GRPOTrainer:
         if self.routing is not None:  # the experts the pass used (R2 replays them in the update)
             batch.old_experts = self.routing.take_recorded()
         return logps, {"old_logprobs/from_sampler": 0.0}
+
+    def _game_yardstick(self, game: GameRunner) -> Callable[[], dict[str, float]] | None:
+        """What a game run measures on its policy after each update: Kuhn poker's exact exploitability, read
+        from the policy's log-probabilities after the run's prompt (``eval.games``); None for other games."""
+        if game.name != "KuhnPoker":
+            return None
+        prompt_ids = self.encode_prompt(self.train_rows[0]["prompt"], self.train_rows[0])
+
+        def measure() -> dict[str, float]:
+            with self.accelerator.autocast():
+                value = kuhn_exploitability(self.model, self.tokenizer, prompt_ids)
+            return {"selfplay/exploitability": value}
+
+        return measure
 
     def _routing(self, name: str, batch: RolloutBatch) -> RoutingUse | None:
         """How pass ``name`` routes an MoE policy (``RoutingUse.for_pass``); None for a dense one."""
@@ -746,7 +771,8 @@ class GRPOTrainer:
     ) -> Samples:  # fmt: skip
         """G completions (one when ``greedy``; ``group_sizes[k]`` for row k when given) for each row's
         prompt from the current policy (or ``backend``), decoded."""
-        sizes = group_sizes or [1 if greedy else self.args.num_generations] * len(rows)
+        roles = 1 if self.episodes is None else self.episodes.num_roles  # a game: one greedy game per seat
+        sizes = group_sizes or [roles if greedy else self.args.num_generations] * len(rows)
         rows = start_episodes(self.episodes, rows, sizes)  # environment_factory: reset(**row) ends the prompt
         images = None  # the prompts' image inputs, one row per prompt (a vision-language policy)
         if self.image_prompts is None:
