@@ -14,6 +14,7 @@ import pytest
 
 from grpokit.parallel.distributed import make_accelerator, merge_process_metrics, needs_cpu_processes
 
+SELFPLAY_WORKER = Path(__file__).with_name("_selfplay_worker.py")
 WORKER = Path(__file__).with_name("_two_process_worker.py")
 RESUME_WORKER = Path(__file__).with_name("_two_process_resume_worker.py")
 
@@ -146,3 +147,26 @@ def test_two_processes_train_as_one_batch(tiny_model_dir, tmp_path):
         prompts = [r["prompt"] for r in logged if r["step"] == step]
         shares = ranks[0]["prompts"][step - 1] + ranks[1]["prompts"][step - 1]
         assert prompts == [p for p in shares for _ in range(4)]
+
+
+def test_two_processes_play_their_share_of_the_games_with_the_same_role_baselines(tiny_model_dir, tmp_path):
+    """Self-play on two processes: each plays its share of the deals; SPIRAL's role baselines are read and
+    updated over every process's episodes in one order, so both hold the same baselines, and they equal
+    the baselines replayed by hand from the logged returns; the parameters stay identical."""
+    import torch
+
+    from grpokit.core import RoleBaselines
+
+    run_two_processes(SELFPLAY_WORKER, str(tiny_model_dir), str(tmp_path))
+    ranks = [json.loads((tmp_path / f"selfplay-rank{k}.json").read_text()) for k in (0, 1)]
+    assert ranks[0]["param_checksum"] == pytest.approx(ranks[1]["param_checksum"], rel=1e-6)
+    assert ranks[0]["history"] == ranks[1]["history"] and ranks[0]["baselines"] == ranks[1]["baselines"]
+    logged = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    replay = RoleBaselines(alpha=0.5)
+    for step in (1, 2):  # 2 deals per process, 4 seats each, role-major: the whole batch in process order
+        rewards = [r["reward"] for r in logged if r["step"] == step]
+        assert len(rewards) == 16
+        keys = [f"Dialogue/{'first' if i % 4 < 2 else 'second'}" for i in range(16)]
+        replay.advantages(keys, torch.tensor(rewards, dtype=torch.float32))
+    assert ranks[0]["baselines"]["baselines"] == pytest.approx(replay.baselines)
+    assert "selfplay/return/first" in ranks[0]["history"][-1]
