@@ -195,3 +195,17 @@ def test_the_console_script_finds_a_reward_module_in_the_working_directory(tiny_
     result = json.loads((tmp_path / "out.json").read_text())
     assert result["reward_funcs"] == ["nonempty"] and result["num_examples"] == 2
     assert result["mean_reward"] == 1.0  # every completion has at least one token (3 new, or EOS)
+
+
+def test_a_game_task_plays_the_scripted_players(tiny_model_dir, capsys):
+    """``grpokit eval task=tictactoe``: the policy against the random and the minimax player, one sampled
+    game per seat and deal; the minimax player never loses, so the policy never wins against it; an illegal
+    move loses, so the outcomes are the legal-move rate's complement at most."""
+    result = run(capsys, f"model={tiny_model_dir}", "task=tictactoe", "num_eval_examples=4")
+    assert result["game"] == "TicTacToe" and result["num_examples"] == 4
+    assert result["game/expert/win"] == 0.0
+    for opponent in ("random", "expert"):
+        shares = [result[f"game/{opponent}/{k}"] for k in ("win", "draw", "loss")]
+        assert sum(shares) == pytest.approx(1.0)
+    assert result["accuracy"] == pytest.approx(1 - result["game/expert/loss"])
+    assert 0.0 <= result["game/legal_rate"] <= 1.0

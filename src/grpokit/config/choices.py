@@ -77,9 +77,11 @@ ROUTING_REPLAYS = ("off", "R2", "R3")
 """``routing_replay``: a mixture-of-experts policy's passes route by their own routers, or replay the old
 policy's experts in the update (R2), or the sampler's in every pass (R3) (``models.routing_replay``)."""
 GAME_OPPONENTS = ("self", "random", "expert")
-"""``game_opponent``: who plays a game's other seats (``grpokit.envs.selfplay``)."""
-ROLE_ADVANTAGES = ("group", "rae")
-"""``role_advantage``: a game's advantages by role groups, or SPIRAL's role-conditioned baselines."""
+"""``game_opponent``: who plays a game's other seats: ``grpokit.envs.selfplay.OPPONENTS`` (importing it here
+would load the episode machinery, so a test checks the two agree)."""
+ROLE_ADVANTAGES = ("group", "rae", "prompt")
+"""``role_advantage``: a game's advantages by role groups, SPIRAL's role-conditioned baselines, or (the
+ablation) one group per prompt whatever the seat."""
 REWARD_FAILURES = ("raise", "none")
 """``reward_failure``: the failure policies of ``grpokit.rewards.scoring.score_completions`` (its
 ``ON_ERROR``; importing it here would load the reward functions, so a test checks the two agree)."""

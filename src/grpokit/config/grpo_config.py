@@ -624,8 +624,9 @@ class GRPOConfigBase(metaclass=RefusesMovedFields):
     get 0). SPIRAL's -1.5: worse than any loss."""
     role_advantage: RoleAdvantage = "group"
     """How a game's returns become advantages: ``"group"`` (each role's episodes of a prompt are their own
-    group, normalised as ``scale_rewards`` says) or ``"rae"`` (SPIRAL's role-conditioned advantage
-    estimation: return minus an exponential moving average per game x role, ``rae_decay``)."""
+    group, normalised as ``scale_rewards`` says), ``"rae"`` (SPIRAL's role-conditioned advantage
+    estimation: return minus an exponential moving average per game x role, ``rae_decay``) or
+    ``"prompt"`` (plain GRPO: one group per prompt, every seat against the same baseline; an ablation)."""
     rae_decay: float = 0.95
     """``role_advantage="rae"``: the weight of the old baseline in each update (SPIRAL's 0.95)."""
     turn_advantages: bool = False

@@ -49,7 +49,7 @@ RULES = (
     "Kuhn poker, 2 players. The deck has three cards, J < Q < K; each player antes 1 chip and gets one "
     "card. Player 1 passes or bets 1 chip. After a pass, player 2 passes (the higher card wins the pot) or "
     "bets 1; facing a bet, a player calls (the higher card wins the pot) or folds (the other player wins "
-    "the pot). Answer with your move in \\boxed{}.\n"
+    "the pot). Answer with your move right after your card (or in \\boxed{}).\n"
 )
 
 
@@ -99,16 +99,22 @@ class KuhnPoker(TurnGame):
         return player, CARDS[self.cards[player]], " ".join(self.history)
 
     def observation(self, player: int) -> str:
+        """``You are player 1. Moves: pass bet. Legal: call, fold. Your card: K``: the seat's card last, the
+        move follows it (its first token is predicted at the card's position)."""
         moves = " ".join(self.history) or "none"
         return (
             f"You are player {player + 1}. Moves: {moves}. Legal: {', '.join(self.legal_moves())}. "
-            f"Your card: {CARDS[self.cards[player]]}.\n"
+            f"Your card: {CARDS[self.cards[player]]}"
         )
 
     def answer(self, move: str) -> str:
-        """The acting seat's card, then the move: ``K \\boxed{bet}`` (restating the card is the one step of
-        reasoning a small model needs to condition its move on it; ``parse_move`` reads the box)."""
-        return f"{CARDS[self.cards[self.current_player()]]} \\boxed{{{move}}}"
+        """The move's word alone (``bet``), written right after the observation's card."""
+        return move
+
+    def parse_move(self, text: str) -> str | None:
+        """The turn's text as a legal move word (``bet``, `` Call``), or the last ``\\boxed{}``'s."""
+        word = text.strip().lower()
+        return word if word in self.legal_moves() else super().parse_move(text)
 
     def expert_move(self, rng: random.Random) -> str:
         """A Nash-equilibrium move (``nash_strategy(0)``, sampled)."""
@@ -124,10 +130,8 @@ def decision_points() -> list[DecisionPoint]:
     """Each information set as a seat meets it: ``(key, segments, (aggressive answers, passive answers))``.
     ``segments`` are the seat's completion up to its move, ``(text, is_policy)`` in order: its observations
     and its own earlier move (player 0's pass before facing pass-bet), the policy turns ended by EOS when
-    tokenized. A move's answers are every turn text that makes it in ``answer``'s format, whatever card the
-    seat restates (``J \\boxed{bet}``, ``Q \\boxed{bet}``, ``K \\boxed{bet}``): the policy writes that
-    card itself, so its probability of a move sums over them. The other player's card never shows, so any
-    deal with the seat's card gives these texts."""
+    tokenized. A move's answers are the turn texts that make it (``answer``'s form: the move's word). The
+    other player's card never shows, so any deal with the seat's card gives these texts."""
     game = KuhnPoker()
     points = []
     for player, card, history in INFORMATION_SETS:
@@ -141,7 +145,7 @@ def decision_points() -> list[DecisionPoint]:
         game.cards, game.history = cards, list(moves)
         segments.append((game.observation(player), False))
         choice = ("call", "fold") if "bet" in moves else ("bet", "pass")
-        texts = tuple([f"{c} \\boxed{{{move}}}" for c in CARDS] for move in choice)
+        texts = tuple([game.answer(move)] for move in choice)
         points.append(((player, card, history), segments, texts))
     return points
 

@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 
-from grpokit.config.choices import GAME_OPPONENTS
 from grpokit.envs.episodes import Episode
 from grpokit.envs.observations import ObservationEncoder
 from grpokit.envs.turns import TurnSession
@@ -41,7 +40,7 @@ from grpokit.rollout.base import SamplingParams
 
 __all__ = ["OPPONENTS", "GameRunner", "Seat", "game_metrics"]
 
-OPPONENTS = GAME_OPPONENTS
+OPPONENTS = ("self", "random", "expert")
 """Who plays the seats the policy does not (module docstring)."""
 
 

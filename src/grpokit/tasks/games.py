@@ -23,7 +23,7 @@ from grpokit.envs.tictactoe import TicTacToe
 __all__ = ["GAME_PROMPTS", "game_splits", "worked_game", "worked_move"]
 
 GAME_PROMPTS = {
-    "kuhn_poker": "Kuhn poker: J<Q<K. Answer \\boxed{move}.\n",
+    "kuhn_poker": "Kuhn poker: J<Q<K. Your move follows your card.\n",
     "tictactoe": "Tic-tac-toe: three in a row wins. Answer \\boxed{cell}.\n",
 }
 """The built-in tasks' prompts: the rules as short as the tiny character-level policy needs them (a real

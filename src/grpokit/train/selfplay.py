@@ -5,6 +5,7 @@ exact yardstick where the game has one.
   usual group advantage over each prompt's group split by role (``core.role_group_sizes``). ``"rae"``
   replaces it by SPIRAL's role-conditioned baselines (``core.RoleBaselines``), read and updated over every
   process's episodes in the same order, so every process holds the same baselines; they are checkpointed.
+  ``"prompt"`` (an ablation) is plain GRPO's group: every seat of a prompt against one baseline.
 - **Metrics.** ``selfplay/*`` of the step's episodes (``envs.selfplay.game_metrics``) and, for Kuhn poker,
   ``selfplay/exploitability``: the exact exploitability of the policy's strategy read from its
   log-probabilities after the step's update (``eval.games``).
@@ -55,10 +56,11 @@ class SelfPlay(StepHook):
 
     def advantages(self, rewards: torch.Tensor, weights: Any, group_sizes: Sequence[int]) -> torch.Tensor:
         """rewards: [N, F] of every process's episodes (prompt groups of ``group_sizes``, role-major) -> [N]
-        advantages: by role groups, or against the role baselines (``rae``)."""
+        advantages: by role groups, against the role baselines (``rae``), or by prompt (``prompt``)."""
         if self.baselines is None:
+            roles = 1 if self.args.role_advantage == "prompt" else self.runner.num_roles  # prompt: ablation
             return multi_reward_advantages(
-                rewards, weights, group_sizes=role_group_sizes(group_sizes, self.runner.num_roles),
+                rewards, weights, group_sizes=role_group_sizes(group_sizes, roles),
                 scale=self.args.scale_rewards, aggregation=self.args.multi_objective_aggregation,
                 eps=self.args.advantage_epsilon,
             )  # fmt: skip
