@@ -69,6 +69,7 @@ def test_kuhn_turns_moves_and_hidden_cards():
         game.play("pass")
     assert game.parse_move("I call. \\boxed{Call}") == "call" and game.parse_move("\\boxed{raise}") is None
     assert game.parse_move("no box") is None and isinstance(game, Game)
+    assert game.parse_move(" Call") == "call" and game.parse_move("bet") is None  # the move alone; not legal
 
 
 def test_kuhn_deals_are_the_six_permutations():

@@ -139,8 +139,8 @@ def test_a_poker_seat_never_sees_the_other_card(model, tokenizer):
     for deal, (first, second) in enumerate(zip(episodes[0::2], episodes[1::2])):
         game.reset(deal)
         text = tokenizer.decode([t for t, m in zip(first.completion_ids, first.policy_mask) if not m])
-        assert f"Your card: {CARDS[game.cards[0]]}." in text and CARDS[game.cards[1]] not in text  # (no word
-        # of an observation holds an upper-case J, Q or K)
+        assert text == game.observation(0) and text.endswith(f"Your card: {CARDS[game.cards[0]]}")
+        assert CARDS[game.cards[1]] not in text  # (no word of an observation holds an upper-case J, Q or K)
         assert first.info["illegal_moves"] == 1 and first.reward == -2.0 and first.done
         assert second.completion_ids == [] and second.reward is None  # never moved: no sample, no return
 

@@ -394,6 +394,17 @@ def _game(args: EvalArgs, plan: EvalPlan) -> Any:
     None otherwise."""
     from grpokit.envs import make_environment_factory
     from grpokit.envs.game import is_game
+
+    environment = _environment(args, plan)
+    if environment is None:
+        return None
+    make = make_environment_factory(*environment)
+    return make if is_game(make()) else None
+
+
+def _environment(args: EvalArgs, plan: EvalPlan) -> tuple[Any, Any] | None:
+    """``(environment, its keyword arguments)``: ``environment`` or the task's, with the task's keyword
+    arguments unless given; None when neither names one."""
     from grpokit.tasks import TASKS
 
     task = TASKS.get(plan.task) if plan.task is not None else None
@@ -403,22 +414,17 @@ def _game(args: EvalArgs, plan: EvalPlan) -> Any:
     kwargs = args.environment_kwargs
     if kwargs is None and task is not None and spec == task.environment:
         kwargs = task.environment_kwargs
-    make = make_environment_factory(spec, kwargs)
-    return make if is_game(make()) else None
+    return spec, kwargs
 
 
 def _episode_runner(args: EvalArgs, plan: EvalPlan, tokenizer: Any) -> Any:
     """The episode runner of ``environment`` (or the task's environment); None for single completions."""
     from grpokit.envs.episodes import EpisodeRunner
-    from grpokit.tasks import TASKS
 
-    task = TASKS.get(plan.task) if plan.task is not None else None
-    spec = args.environment or (task.environment if task is not None else None)
-    if spec is None:
+    environment = _environment(args, plan)
+    if environment is None:
         return None
-    kwargs = args.environment_kwargs
-    if kwargs is None and task is not None and spec == task.environment:
-        kwargs = task.environment_kwargs
+    spec, kwargs = environment
     return EpisodeRunner.for_rows(
         spec, tokenizer, plan.rows, environment_kwargs=kwargs, max_turns=args.max_turns,
         max_tokens=plan.max_new_tokens, max_turn_tokens=args.max_turn_tokens,

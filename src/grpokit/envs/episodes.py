@@ -36,6 +36,7 @@ __all__ = [
     "as_generation_output",
     "episode_columns",
     "episode_metrics",
+    "turn_texts",
     "with_episode_columns",
 ]
 
@@ -70,6 +71,25 @@ class Episode:
     """Why the environment failed (raised or hung), or None."""
     seat: str | None = None
     """The role the policy played (a game's episode: ``grpokit.envs.selfplay``), or None."""
+
+    def add_turn(self, tokens: list[int], logprobs: list[float]) -> None:
+        """Append a policy turn (its tokens and their sampling log-probs)."""
+        self.completion_ids += tokens
+        self.policy_mask += [1] * len(tokens)
+        self.logprobs += logprobs
+        self.turn_ends.append(len(self.completion_ids) - 1)
+
+    def add_observation(self, tokens: list[int]) -> None:
+        """Append the environment's tokens (context: mask 0, log-prob 0.0)."""
+        self.completion_ids += tokens
+        self.policy_mask += [0] * len(tokens)
+        self.logprobs += [0.0] * len(tokens)
+
+    def turn_limit(self, max_tokens: int, max_turn_tokens: int | None) -> int:
+        """Tokens the next policy turn may take: what is left of ``max_tokens``, at most ``max_turn_tokens``
+        (None: no bound of its own)."""
+        left = max_tokens - len(self.completion_ids)
+        return max(1, min(left, max_turn_tokens or left))
 
     @property
     def reward(self) -> float | None:
@@ -147,19 +167,15 @@ class EpisodeRunner:
         for turn in range(self.max_turns):
             if not live:
                 break
-            limits = [self._turn_limit(episodes[i]) for i in live]
+            limits = [episodes[i].turn_limit(self.max_tokens, self.max_turn_tokens) for i in live]
             turns = dict(zip(live, session.act(live, params, limits)))
             for i, (tokens, logprobs, _) in turns.items():
-                episode = episodes[i]
-                episode.completion_ids += tokens
-                episode.policy_mask += [1] * len(tokens)
-                episode.logprobs += logprobs
-                episode.turn_ends.append(len(episode.completion_ids) - 1)
+                episodes[i].add_turn(tokens, logprobs)
             # a turn cut by the episode's token budget is no complete action: the episode is truncated
             stepping = [i for i in live if turns[i][2] or len(episodes[i].completion_ids) < self.max_tokens]
             for i in set(live) - set(stepping):
                 episodes[i].truncated = True
-            texts = self._actions([turns[i] for i in stepping], params)
+            texts = turn_texts(self.tokenizer, [turns[i] for i in stepping], params)
             steps = self.caller.run([lambda e=envs[i], a=a: e.step(a) for i, a in zip(stepping, texts)])
             feeds: dict[int, list[int]] = {}
             for i, action, out in zip(stepping, texts, steps):
@@ -181,9 +197,7 @@ class EpisodeRunner:
                 ):
                     episode.truncated = True
                     continue
-                episode.completion_ids += observation
-                episode.policy_mask += [0] * len(observation)
-                episode.logprobs += [0.0] * len(observation)
+                episode.add_observation(observation)
                 feeds[i] = observation
             live = sorted(feeds)
             if live:
@@ -191,16 +205,6 @@ class EpisodeRunner:
         return episodes
 
     # ------------------------------------------------------------------ helpers
-    def _turn_limit(self, episode: Episode) -> int:
-        left = self.max_tokens - len(episode.completion_ids)
-        return max(1, min(left, self.max_turn_tokens or left))
-
-    def _actions(self, turns: list[tuple[list[int], list[float], bool]], params: SamplingParams) -> list[str]:
-        """Each turn's tokens as text, without the EOS that ended it."""
-        eos = set(params.eos_token_ids)
-        tokens = [ids[:-1] if ids and ids[-1] in eos else ids for ids, _, _ in turns]
-        return self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
-
     def _failed(self, episode: Episode, outcome: Any, index: int, where: str) -> bool:
         """Apply the failure policy to an environment call's outcome; True when the episode failed."""
         if not isinstance(outcome, BaseException):
@@ -212,6 +216,14 @@ class EpisodeRunner:
             ) from outcome
         episode.failure = f"{where}: {message}"
         return True
+
+
+def turn_texts(tokenizer: Any, turns: Sequence[tuple[list[int], list[float], bool]], params: SamplingParams
+               ) -> list[str]:  # fmt: skip
+    """Each turn's tokens (``TurnOutput``) as text, without the EOS that ended it."""
+    eos = set(params.eos_token_ids)
+    tokens = [ids[:-1] if ids and ids[-1] in eos else ids for ids, _, _ in turns]
+    return tokenizer.batch_decode(tokens, skip_special_tokens=True)
 
 
 def _tool_schemas(env: Any) -> dict[str, Any]:

@@ -5,13 +5,13 @@ several players, each with its own view of it. ``rules`` is the text every playe
 same for every seat and every deal: it holds no private information); before each of its moves a player
 sees its ``observation``: its seat, what only it may know, the public state and its legal moves (a poker
 hand never appears in the opponent's context). Whose turn it is, the legal moves, how a move is read from
-the text of a turn (``parse_move``: the last ``\\boxed{...}`` by default), the end and each player's return
-are the game's. ``max_turns`` caps a game: one that reaches it ends as the game's ``returns`` say at that
-point. ``expert_move`` (optional) is the game's exact player: a scripted opponent and an evaluation
-yardstick (``grpokit.envs.selfplay``).
+the text of a turn (``parse_move``: by default the turn's text alone, else the last ``\\boxed{...}``),
+the end and each player's return are the game's. ``max_turns`` caps a game: one that reaches it ends as
+the game's ``returns`` say at that point. ``expert_move`` (optional) is the game's exact player: a
+scripted opponent and an evaluation yardstick (``grpokit.envs.selfplay``).
 
 A user's own game is a class with these methods (no base class needed), selected by import path as an
-environment is; :class:`TurnGame` gives the move parsing and a turn counter. Built in:
+environment is; :class:`TurnGame` gives the move parsing, a turn counter and the random player. Built in:
 ``KuhnPoker``, ``TicTacToe``, ``Nim`` (``grpokit.envs.kuhn_poker``, ``tictactoe``, ``nim``). Imports nothing
 of grpokit's outside ``envs``.
 """
@@ -77,10 +77,10 @@ class Game(Protocol):
 
 
 class TurnGame:
-    """Shared parts of the built-in games: moves read from ``\\boxed{...}``, a turn counter and the uniformly
-    random player. Subclasses set ``roles``, ``rules``, ``max_turns`` (every built-in game ends within it
-    by its rules) and implement the rest of :class:`Game` (``legal_moves`` among it, which ``parse_move``
-    reads)."""
+    """Shared parts of the built-in games: moves read from a turn's text (the move alone, or the last
+    ``\\boxed{...}``), a turn counter and the uniformly random player. Subclasses set ``roles``, ``rules``,
+    ``max_turns`` (every built-in game ends within it by its rules) and implement the rest of :class:`Game`
+    (``legal_moves`` among it, which ``parse_move`` reads)."""
 
     roles: Sequence[str] = ()
     max_turns: int = 0
@@ -90,16 +90,21 @@ class TurnGame:
         self.turns = 0
 
     def parse_move(self, text: str) -> str | None:
+        """The turn's whole text as a legal move (``bet``, `` 5``), else the last ``\\boxed{}``'s if legal."""
+        legal = self.legal_moves()
+        word = text.strip().lower()
+        if word in legal:
+            return word
         move = boxed_move(text)
-        return move if move is not None and move in self.legal_moves() else None
+        return move if move is not None and move in legal else None
 
     def random_move(self, rng: random.Random) -> str:
         """A uniformly random legal move."""
         return rng.choice(self.legal_moves())
 
     def answer(self, move: str) -> str:
-        """The text of a turn that makes ``move`` (what ``parse_move`` reads back)."""
-        return f"\\boxed{{{move}}}"
+        """The text of a turn that makes ``move``: the move alone (what ``parse_move`` reads back first)."""
+        return move
 
 
 def is_game(target: object) -> bool:

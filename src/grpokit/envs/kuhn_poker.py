@@ -49,7 +49,7 @@ RULES = (
     "Kuhn poker, 2 players. The deck has three cards, J < Q < K; each player antes 1 chip and gets one "
     "card. Player 1 passes or bets 1 chip. After a pass, player 2 passes (the higher card wins the pot) or "
     "bets 1; facing a bet, a player calls (the higher card wins the pot) or folds (the other player wins "
-    "the pot). Answer with your move right after your card (or in \\boxed{}).\n"
+    "the pot). Answer with your move alone (or in \\boxed{}).\n"
 )
 
 
@@ -106,15 +106,6 @@ class KuhnPoker(TurnGame):
             f"You are player {player + 1}. Moves: {moves}. Legal: {', '.join(self.legal_moves())}. "
             f"Your card: {CARDS[self.cards[player]]}"
         )
-
-    def answer(self, move: str) -> str:
-        """The move's word alone (``bet``), written right after the observation's card."""
-        return move
-
-    def parse_move(self, text: str) -> str | None:
-        """The turn's text as a legal move word (``bet``, `` Call``), or the last ``\\boxed{}``'s."""
-        word = text.strip().lower()
-        return word if word in self.legal_moves() else super().parse_move(text)
 
     def expert_move(self, rng: random.Random) -> str:
         """A Nash-equilibrium move (``nash_strategy(0)``, sampled)."""

@@ -17,7 +17,7 @@ __all__ = ["Nim", "nim_sum", "perfect_move"]
 
 RULES = (
     "Nim, 2 players. On your turn, take one or more stones from a single heap; whoever takes the last stone "
-    "wins. Answer with heap:count in \\boxed{}, e.g. \\boxed{2:3} takes 3 stones from heap 2.\n"
+    "wins. Answer with heap:count (alone, or in \\boxed{}), e.g. 2:3 takes 3 stones from heap 2.\n"
 )
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from grpokit.envs.episodes import Episode
+from grpokit.envs.episodes import Episode, turn_texts
 from grpokit.envs.observations import ObservationEncoder
 from grpokit.envs.turns import TurnSession
 from grpokit.rollout.base import SamplingParams
@@ -54,6 +54,14 @@ class Seat:
     over: bool = False
     offender: int | None = None
     """The player whose turn named no legal move (it ended the game), or None."""
+    moves: int = 0
+    """Moves made so far (the game's ``max_turns`` caps them)."""
+
+    def play(self, move: str) -> None:
+        """Make the current player's move; the game is over once it says so or reaches ``max_turns``."""
+        self.game.play(move)
+        self.moves += 1
+        self.over = self.game.is_over() or self.moves >= self.game.max_turns
 
 
 class GameRunner:
@@ -144,16 +152,16 @@ class GameRunner:
                     continue
                 player = seat.game.current_player()
                 acting[seat.episodes[player]] = (seat, player)  # type: ignore[index]
-            feeds = self._observations(acting, episodes, seats)
+            feeds = self._observations(acting, episodes)
             if not feeds:
                 break
             live = {i for seat in seats if not seat.over for i in seat.episodes if i is not None}
             order = sorted(feeds)
             waiting = sorted(live - set(order))
             session.observe(feeds, waiting=waiting)
-            limits = [self._turn_limit(episodes[i]) for i in order]
+            limits = [episodes[i].turn_limit(self.max_tokens, self.max_turn_tokens) for i in order]
             turns = session.act(order, params, limits, waiting=waiting)
-            texts = self._texts(turns, params)
+            texts = turn_texts(self.tokenizer, turns, params)
             for i, (tokens, logprobs, _), text in zip(order, turns, texts):
                 self._record_turn(episodes[i], tokens, logprobs, text)
                 seat, player = acting[i]
@@ -166,16 +174,13 @@ class GameRunner:
     def _play_scripted(self, seat: Seat) -> None:
         """Scripted seats move until the policy's turn or the end."""
         game = seat.game
-        while not seat.over and not game.is_over() and seat.episodes[game.current_player()] is None:
-            if game.turns >= game.max_turns:
-                break
-            move = game.random_move(seat.rng) if self.opponent == "random" else game.expert_move(seat.rng)
-            game.play(move)
-        if game.is_over() or game.turns >= game.max_turns:
-            seat.over = True
+        seat.over = seat.over or game.is_over() or seat.moves >= game.max_turns
+        while not seat.over and seat.episodes[game.current_player()] is None:
+            random_move = self.opponent == "random"
+            seat.play(seat.rng.choice(game.legal_moves()) if random_move else game.expert_move(seat.rng))
 
     def _observations(
-        self, acting: dict[int, tuple[Seat, int]], episodes: list[Episode], seats: list[Seat]
+        self, acting: dict[int, tuple[Seat, int]], episodes: list[Episode]
     ) -> dict[int, list[int]]:
         """Each acting seat's observation tokens (appended to its episode); a seat whose observation and a
         turn would not fit ``max_tokens`` ends its game (truncated)."""
@@ -188,30 +193,15 @@ class GameRunner:
                     if j is not None:
                         episodes[j].truncated = True
                 continue
-            episode = episodes[i]
-            episode.completion_ids += tokens
-            episode.policy_mask += [0] * len(tokens)
-            episode.logprobs += [0.0] * len(tokens)
+            episodes[i].add_observation(tokens)
             feeds[i] = tokens
         for i in [i for i in feeds if acting[i][0].over]:  # a game another seat's budget ended
             del feeds[i]
         return feeds
 
-    def _turn_limit(self, episode: Episode) -> int:
-        left = self.max_tokens - len(episode.completion_ids)
-        return max(1, min(left, self.max_turn_tokens or left))
-
-    def _texts(self, turns: list[tuple[list[int], list[float], bool]], params: SamplingParams) -> list[str]:
-        eos = set(params.eos_token_ids)
-        tokens = [ids[:-1] if ids and ids[-1] in eos else ids for ids, _, _ in turns]
-        return self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
-
     @staticmethod
     def _record_turn(episode: Episode, tokens: list[int], logprobs: list[float], text: str) -> None:
-        episode.completion_ids += tokens
-        episode.policy_mask += [1] * len(tokens)
-        episode.logprobs += logprobs
-        episode.turn_ends.append(len(episode.completion_ids) - 1)
+        episode.add_turn(tokens, logprobs)
         episode.actions.append(text)
         episode.turn_rewards.append(None)  # the seat's return goes on its last turn (``_settle``)
 
@@ -222,9 +212,7 @@ class GameRunner:
             episodes[seat.episodes[player]].info["illegal_moves"] += 1  # type: ignore[index]
             seat.offender = player
             return
-        seat.game.play(move)
-        if seat.game.is_over() or seat.game.turns >= seat.game.max_turns:
-            seat.over = True
+        seat.play(move)
 
     def _settle(self, seat: Seat, episodes: list[Episode]) -> None:
         """Each policy seat's return on its last turn; the game's length and outcome in its counters."""
@@ -237,7 +225,7 @@ class GameRunner:
             if index is None:
                 continue
             episode = episodes[index]
-            episode.info["game_turns"] += game.turns + (offender is not None)
+            episode.info["game_turns"] += seat.moves + (offender is not None)
             episode.done = game.is_over() or offender is not None
             if episode.turn_rewards:  # a seat that never moved has no sample to carry a return
                 episode.turn_rewards[-1] = float(returns[player])

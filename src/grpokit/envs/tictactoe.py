@@ -18,7 +18,7 @@ MARKS = ("X", "O")
 RULES = (
     "Tic-tac-toe, X against O, X first. Players take turns marking a free cell of a 3x3 board; three of "
     "your marks in a row, column or diagonal win. Cells are numbered 1-9, row by row. Answer with the number "
-    "of the cell you mark in \\boxed{}.\n"
+    "of the cell you mark (alone, or in \\boxed{}).\n"
 )
 
 

@@ -7,7 +7,7 @@ separate streams; for a game with a handful of starts the held-out rows are the 
 (what is held out is the play, not the position).
 
 The cold start (``worked_episode``) is a seat's part of a game of uniformly random legal moves: its
-observations (context) and its moves (``\\boxed{move}`` + EOS, trained), so the policy learns the format
+observations (context) and its moves (the move alone + EOS, trained), so the policy learns the format
 and the legal moves and starts from near-uniform play. Kuhn poker's uniform strategy is exploitable by
 11/24 (``grpokit.envs.kuhn_poker``); self-play has to bring it down.
 """
@@ -24,7 +24,7 @@ __all__ = ["GAME_PROMPTS", "game_splits", "worked_game", "worked_move"]
 
 GAME_PROMPTS = {
     "kuhn_poker": "Kuhn poker: J<Q<K. Your move follows your card.\n",
-    "tictactoe": "Tic-tac-toe: three in a row wins. Answer \\boxed{cell}.\n",
+    "tictactoe": "Tic-tac-toe: three in a row wins. Your move: a free cell.\n",
 }
 """The built-in tasks' prompts: the rules as short as the tiny character-level policy needs them (a real
 model's data set can hold the game's full ``rules``)."""
