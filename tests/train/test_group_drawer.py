@@ -126,3 +126,17 @@ def test_without_dynamic_sampling_one_round_is_drawn_and_all_of_it_kept():
 
 def test_group_sizes_without_pass_rates_are_num_generations():
     assert GroupSizes(num_generations=4)([7, 3, 9]) == [4, 4, 4]
+
+
+def test_a_game_deal_is_informative_when_a_role_group_is():
+    """A game's deal: 4 seats, two roles of 2, role-major. [1, 1, 0, 0]: each role's returns agree (no
+    signal within a role), though the deal's four differ; [1, 1, 0, 1]: the second role's differ."""
+
+    def draw_round(count, timer, backend=None) -> Round:
+        rewards = torch.tensor([[1.0], [1.0], [0.0], [0.0], [1.0], [1.0], [0.0], [1.0]])
+        return Round(samples_of([2, 3, 4, 5]), rewards, [4, 4], [2, 3], {})
+
+    for roles, kept_groups in ((2, [1]), (1, [0, 1])):
+        settings = DrawSettings(prompts=2, dynamic_sampling=True, max_rounds=1, roles=roles)
+        drawer = GroupDrawer(draw_round, settings, torch.tensor([1.0]))
+        assert drawer.kept_groups(drawer.draw(PhaseTimer())).groups == kept_groups
