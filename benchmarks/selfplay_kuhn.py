@@ -9,12 +9,16 @@ Configurations (``--configs``):
 
 - ``selfplay``: the recipe (the policy in both seats, each role its own group, beta 0.2);
 - ``fixed_random``: the policy against the uniformly random player only (``game_opponent=random``);
-- ``prompt_baseline``: plain GRPO's group, both seats of a deal against one baseline (``role_advantage=prompt``);
+- ``prompt_baseline``: plain GRPO's group, both seats of a deal against one baseline
+  (``role_advantage=prompt``);
 - ``rae``: SPIRAL's role baselines instead of role groups (``role_advantage=rae``);
 - ``no_kl``: the recipe without the KL term (``beta=0``).
 
-    python benchmarks/selfplay_kuhn.py --configs selfplay fixed_random prompt_baseline --seeds 0 1 2 \\
-        --parallel 2 --json benchmarks/results/selfplay-kuhn-2026-12-04.json
+    python benchmarks/selfplay_kuhn.py --configs selfplay fixed_random prompt_baseline no_kl --seeds 0 1 2 \\
+        --parallel 2 --json benchmarks/results/selfplay-kuhn-2026-12-04.json \\
+        --plot benchmarks/results/selfplay-kuhn-2026-12-04.png
+
+``--replot``: only the plot, from the runs' folders already under ``--out``.
 """
 
 from __future__ import annotations
@@ -44,8 +48,10 @@ KEPT = ("game/exploitability", "game/random/win", "game/random/return", "game/ex
 def run(config: str, seed: int, out: Path, threads: int) -> dict:
     """One run of ``config`` with ``seed``: its summary (module docstring)."""
     folder = out / f"{config}-seed{seed}"
-    command = [sys.executable, "-m", "grpokit.cli", "train", str(RECIPE), f"seed={seed}", f"task_seed={seed}",
-               f"output_dir={folder}", "overwrite_output_dir=true", "disable_tqdm=true", *CONFIGS[config]]  # fmt: skip
+    command = [
+        sys.executable, "-m", "grpokit.cli", "train", str(RECIPE), f"seed={seed}", f"task_seed={seed}",
+        f"output_dir={folder}", "overwrite_output_dir=true", "disable_tqdm=true", *CONFIGS[config],
+    ]  # fmt: skip
     env = {"OMP_NUM_THREADS": str(threads), "PATH": "/usr/bin:/bin"}
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, env={**env, **_python_env()})
@@ -77,16 +83,30 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=1, help="runs at a time (one thread each when > 1)")
     parser.add_argument("--out", default="runs/selfplay-kuhn", help="the runs' folders")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--plot", help="the exploitability curves (mean over seeds, min-max band) as a PNG")
+    parser.add_argument("--replot", action="store_true", help="plot the runs under --out, run nothing")
     args = parser.parse_args()
     out = Path(args.out)
+    if not args.replot:
+        run_all(args, out)
+    if args.plot:
+        from grpokit.reporting.metrics_log import plot_runs
+
+        folders = {c: [out / f"{c}-seed{s}" for s in args.seeds] for c in args.configs}
+        plot_runs(folders, args.plot, names=["selfplay/exploitability", "selfplay/return/first_player"])
+
+
+def run_all(args: argparse.Namespace, out: Path) -> None:
+    """Every configuration x seed, ``args.parallel`` at a time; the results printed and written."""
     jobs = [(config, seed) for seed in args.seeds for config in args.configs]
     threads = 1 if args.parallel > 1 else 2
     with ThreadPoolExecutor(args.parallel) as pool:
         results = list(pool.map(lambda job: run(*job, out, threads), jobs))
     for r in results:
-        print(f"{r['config']:16s} seed {r['seed']}: exploitability {r['before']['game/exploitability']:.3f} -> "
-              f"{r['after']['game/exploitability']:.3f} (min {r['exploitability_min']:.3f}, last 20 "
-              f"{r['exploitability_last20']:.3f}); {r['wall_s']:.0f} s")  # fmt: skip
+        before, after = r["before"]["game/exploitability"], r["after"]["game/exploitability"]
+        low, last = r["exploitability_min"], r["exploitability_last20"]
+        print(f"{r['config']:16s} seed {r['seed']}: exploitability {before:.3f} -> {after:.3f} "
+              f"(min {low:.3f}, last 20 {last:.3f}); {r['wall_s']:.0f} s")
     if args.json:
         record = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "runs": results}
         Path(args.json).write_text(json.dumps(record, indent=1) + "\n")

@@ -20,9 +20,11 @@ PLOTTED: tuple[str | tuple[str, ...], ...] = (
     "entropy",
     ("proxy_gold/proxy_mean", "proxy_gold/gold_mean"),
     ("proxy_gold/accuracy", "rm/accuracy_on_policy"),
+    "selfplay/exploitability",
 )
 """The end-of-run plot's panels: a metric, or a tuple of metrics drawn together (the proxy reward against the
-gold reward; the reward model's accuracy on the policy's samples). A panel without data is left out."""
+gold reward; the reward model's accuracy on the policy's samples; a Kuhn poker run's exploitability). A
+panel without data is left out."""
 
 
 class MetricsLogger:
