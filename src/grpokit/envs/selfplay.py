@@ -93,7 +93,8 @@ class GameRunner:
             raise ValueError(f"game_opponent='expert': {type(probe).__name__} has no expert_move(rng)")
         self.make_game, self.tokenizer, self.opponent = make_game, tokenizer, opponent
         self.roles = tuple(probe.roles)
-        self.name = type(probe).__name__
+        self.game_type = type(probe)
+        self.name = self.game_type.__name__
         self.illegal_move_reward = float(illegal_move_reward)
         self.max_tokens, self.max_turn_tokens = max_tokens, max_turn_tokens
         self.encoder = ObservationEncoder(tokenizer, chat=False)

@@ -35,6 +35,7 @@ from grpokit.data.loading import load_dataset_rows
 from grpokit.data.run_folder import claim_run_folder, expand_path, refuse_another_runs_folder
 from grpokit.envs.factories import EMPTY_PROMPT, EnvironmentFactories
 from grpokit.envs.sampler import EpisodeSampler, sample_groups, start_episodes, template_kwargs
+from grpokit.envs.kuhn_poker import KuhnPoker
 from grpokit.envs.selfplay import GameRunner
 from grpokit.eval.games import kuhn_exploitability
 from grpokit.models.moe import router_loss_for
@@ -707,7 +708,7 @@ class GRPOTrainer:
     def _game_yardstick(self, game: GameRunner) -> Callable[[], dict[str, float]] | None:
         """What a game run measures on its policy after each update: Kuhn poker's exact exploitability, read
         from the policy's log-probabilities after the run's prompt (``eval.games``); None for other games."""
-        if game.name != "KuhnPoker":
+        if not issubclass(game.game_type, KuhnPoker):
             return None
         prompt_ids = self.encode_prompt(self.train_rows[0]["prompt"], self.train_rows[0])
 
