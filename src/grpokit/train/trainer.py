@@ -34,8 +34,8 @@ from grpokit.data.integrity import InputError
 from grpokit.data.loading import load_dataset_rows
 from grpokit.data.run_folder import claim_run_folder, expand_path, refuse_another_runs_folder
 from grpokit.envs.factories import EMPTY_PROMPT, EnvironmentFactories
-from grpokit.envs.sampler import EpisodeSampler, sample_groups, start_episodes, template_kwargs
 from grpokit.envs.kuhn_poker import KuhnPoker
+from grpokit.envs.sampler import EpisodeSampler, sample_groups, start_episodes, template_kwargs
 from grpokit.envs.selfplay import GameRunner
 from grpokit.eval.games import kuhn_exploitability
 from grpokit.models.moe import router_loss_for
