@@ -98,6 +98,10 @@ _GROUPS: list[tuple[tuple[str, ...], ResumeRule]] = [
         ResumeRule(REFUSED, "the environment is the task the checkpoint's policy was trained in"),
     ),
     (
+        ("role_advantage",),
+        ResumeRule(REFUSED, "the checkpoint's role baselines (rae) were kept for it, or none were kept"),
+    ),
+    (
         ("rm_buffer_capacity",),
         ResumeRule(REFUSED, "the iterative reward model's replay buffer in the checkpoint was kept for it"),
     ),
@@ -176,7 +180,7 @@ EVERY_STEP_FIELDS: dict[str, str] = {
     ),
     "environments": (
         "environment_kwargs max_turns max_turn_tokens environment_timeout max_tool_calling_iterations "
-        "turn_advantages"
+        "turn_advantages game_opponent illegal_move_reward rae_decay"
     ),
     # the training rows they select are compared themselves: a resume on other rows is refused
     "data settings": "prompt_column column_mapping",

@@ -82,5 +82,7 @@ class SelfPlay(StepHook):
         return None if self.baselines is None else self.baselines.state_dict()
 
     def load_state_dict(self, state: Any) -> None:
+        """The checkpoint's baselines; the decay is this run's ``rae_decay`` (a resume may change it)."""
         if self.baselines is not None:
             self.baselines.load_state_dict(state)
+            self.baselines.alpha = self.args.rae_decay
