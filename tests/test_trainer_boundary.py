@@ -32,6 +32,7 @@ STEP_MODULES = {
     "process_supervision",  # hooks: process rewards, an environment's turn rewards
     "iterative_grpo",  # hook: the reward model that keeps learning
     "entropy_control",  # hook: the entropy bonus's coefficient, adapted per optimizer step
+    "selfplay",  # hook: a game's role-wise advantages, role baselines, selfplay/* metrics
     "evaluation",  # the GRPO loss of evaluation samples (eval_loss)
 }
 """``train/``'s modules: the step and nothing else."""

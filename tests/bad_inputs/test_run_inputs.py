@@ -109,7 +109,8 @@ def test_an_environment_that_is_not_one(tiny_model_dir, tmp_path):
         ValueError, match=r"environment 'nowhere_env.Grid': cannot import Grid from nowhere_env"
     ):
         make_environment_factory("nowhere_env.Grid")
-    with pytest.raises(ValueError, match=r"environment 'labyrinth': not a built-in \(calculator, maze\)"):
+    known = r"\(calculator, kuhn_poker, maze, nim, tictactoe\)"
+    with pytest.raises(ValueError, match=rf"environment 'labyrinth': not a built-in {known}"):
         make_environment_factory("labyrinth")
 
     class NoStep:
