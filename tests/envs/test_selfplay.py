@@ -179,9 +179,43 @@ def test_scripted_opponents(tokenizer):
 
 def test_refusals(tokenizer):
     with pytest.raises(ValueError, match="game_opponent must be one of"):
-        GameRunner(KuhnPoker, tokenizer, opponent="pool", max_tokens=8)
+        GameRunner(KuhnPoker, tokenizer, opponent="league", max_tokens=8)
     with pytest.raises(ValueError, match="no expert_move"):
         GameRunner(Dialogue, tokenizer, opponent="expert", max_tokens=8)
     runner = GameRunner(KuhnPoker, tokenizer, max_tokens=8)
     with pytest.raises(ValueError, match="multiple of the number of roles"):
         runner.seats([{"game_seed": 0}], [3], seed=0)
+
+
+def test_a_snapshot_plays_the_other_seats(model, tokenizer):
+    """``"pool"``: the other seat of each game is played by the snapshot ``opponent_model()`` returns (here
+    another model): greedy, its first move as the first player equals greedy decoding of that model after
+    the prompt and its observation (a plain loop of full forwards); the policy's seat is exact as before."""
+    snapshot = build_tiny_model(tokenizer, hidden_size=32, num_layers=2, num_heads=4, seed=9).eval()
+    ids, greedy = prompt_ids(tokenizer), sampling(tokenizer, greedy=True)
+    runner = GameRunner(Dialogue, tokenizer, opponent="pool", max_tokens=120, max_turn_tokens=6)
+    calls = []
+    runner.opponent_model = lambda: calls.append(1) or snapshot
+    episodes = runner.run(CachedTurnSession(model, ids, SIZES), ROWS, SIZES, greedy, seed=0, prompt_ids=ids)
+    assert calls == [1]  # one snapshot a step
+    assert [e.seat for e in episodes] == ["first", "first", "second", "second", "first", "first", "first",
+                                          "second", "second", "second"]  # fmt: skip
+    second = episodes[2]  # the policy as the second player: the snapshot moved first
+    game = Dialogue()
+    game.reset(0)
+    context = ids[0] + tokenizer(game.observation(0), add_special_tokens=False)["input_ids"]
+    move = []
+    with torch.no_grad():
+        for _ in range(6):
+            token = int(snapshot(input_ids=torch.tensor([context + move])).logits[0, -1].argmax())
+            move.append(token)
+            if token == tokenizer.eos_token_id:
+                break
+    text = tokenizer.decode([t for t in move if t != tokenizer.eos_token_id], skip_special_tokens=True)
+    seen = tokenizer.decode([t for t, m in zip(second.completion_ids, second.policy_mask) if not m])
+    assert seen.startswith(f"p1:1:{text[:2]}\n")
+    for prompt, episode in zip([ids[0]] * 4 + [ids[1]] * 6, episodes):
+        mask = torch.tensor(episode.policy_mask, dtype=torch.bool)
+        expected = full_forward_logprobs(model, prompt, episode.completion_ids)[mask]
+        torch.testing.assert_close(torch.tensor(episode.logprobs)[mask], expected, atol=2e-5, rtol=0)
+        assert len(episode.actions) == (3 if episode.seat == "first" else 2)  # only its own seat's turns

@@ -3,7 +3,8 @@ checkpoint every step, slowed by its reward (0.3 s per step) so that a test can 
 ``resume``: continue from the latest checkpoint; ``selfplay``: a two-player game (the ``Dialogue`` of
 ``tests/envs/test_selfplay.py``) played against itself with SPIRAL's role baselines, whose
 state goes through the checkpoint. Writes the final weights to ``<out>/weights.pt`` (self-playing, also the
-role baselines to ``<out>/baselines.json``)."""
+role baselines to ``<out>/baselines.json``); ``pool``: the same against a pool of the policy's snapshots
+(``<out>/pool.pt``)."""
 
 from __future__ import annotations
 
@@ -29,9 +30,13 @@ def slow_game_reward(prompts, completions, completion_ids, env_reward, **kwargs)
     return env_reward
 
 
-def run(policy_dir: str, out: str, max_steps: int, resume: bool, selfplay: bool = False) -> GRPOTrainer:
+def run(
+    policy_dir: str, out: str, max_steps: int, resume: bool, selfplay: bool = False, pool: bool = False
+) -> GRPOTrainer:
     torch.set_num_threads(1)
     game = dict(role_advantage="rae", rae_decay=0.5, max_completion_length=64, max_turn_tokens=4)
+    if pool:
+        game.update(game_opponent="pool", snapshot_every=2, snapshot_pool_size=2)
     environment = None
     if selfplay:
         sys.path.insert(0, str(Path(__file__).parents[2]))  # the repository: its tests package
@@ -60,9 +65,12 @@ def run(policy_dir: str, out: str, max_steps: int, resume: bool, selfplay: bool 
         torch.save({k: v.clone() for k, v in trainer.model.state_dict().items()}, f"{out}/weights.pt")
         if selfplay:
             Path(out, "baselines.json").write_text(json.dumps(trainer.selfplay.baselines.state_dict()))
+        if pool:
+            torch.save(trainer.selfplay.pool.state_dict(), f"{out}/pool.pt")
     return trainer
 
 
 if __name__ == "__main__":
     extra = sys.argv[4:]
-    run(sys.argv[1], sys.argv[2], int(sys.argv[3]), "resume" in extra, "selfplay" in extra)
+    pool = "pool" in extra
+    run(sys.argv[1], sys.argv[2], int(sys.argv[3]), "resume" in extra, "selfplay" in extra or pool, pool)

@@ -89,25 +89,31 @@ def test_kill_9_then_resume_is_exact_and_logs_each_step_once(tiny_model_dir, tmp
     assert all(completions.count(step) == 8 for step in range(1, STEPS + 1))  # 2 prompts x G=4 each, once
 
 
-def test_kill_9_during_self_play_resumes_to_the_uninterrupted_result(tiny_model_dir, tmp_path_factory):
-    """A game against itself with role baselines (RAE): the weights and the baselines after a kill -9 and a
-    resume equal an uninterrupted run's, bit for bit."""
-    whole = tmp_path_factory.mktemp("selfplay-whole")
-    process = start(tiny_model_dir, whole, "selfplay")
+@pytest.mark.parametrize("mode", ["selfplay", "pool"])
+def test_kill_9_during_self_play_resumes_to_the_uninterrupted_result(tiny_model_dir, tmp_path_factory, mode):
+    """A game against itself (or against a pool of its snapshots) with role baselines (RAE): the weights,
+    the baselines and the snapshots after a kill -9 and a resume equal an uninterrupted run's, bit for
+    bit."""
+    whole = tmp_path_factory.mktemp(f"{mode}-whole")
+    process = start(tiny_model_dir, whole, mode)
     assert process.wait(timeout=900) == 0, process.communicate()[1][-3000:]
-    cut = tmp_path_factory.mktemp("selfplay-cut")
-    process = start(tiny_model_dir, cut, "selfplay")
+    cut = tmp_path_factory.mktemp(f"{mode}-cut")
+    process = start(tiny_model_dir, cut, mode)
     wait_for_checkpoint(cut, 2, process)
     time.sleep(0.4)  # somewhere inside step 3 or 4
     process.kill()
     process.wait(timeout=60)
-    resumed = start(tiny_model_dir, cut, "selfplay", "resume")
+    resumed = start(tiny_model_dir, cut, mode, "resume")
     assert resumed.wait(timeout=900) == 0, resumed.communicate()[1][-3000:]
     assert_same_weights(cut, torch.load(whole / "weights.pt"))
     baselines = json.loads((whole / "baselines.json").read_text())
     assert json.loads((cut / "baselines.json").read_text()) == baselines
     assert set(baselines["baselines"]) == {"Dialogue/first", "Dialogue/second"}
     assert steps_logged(cut, "metrics.jsonl") == list(range(1, STEPS + 1))
+    if mode == "pool":
+        expected, got = torch.load(whole / "pool.pt"), torch.load(cut / "pool.pt")
+        assert [step for step, _ in got] == [step for step, _ in expected] == [2, 4]
+        assert all(torch.equal(a[k], b[k]) for (_, a), (_, b) in zip(got, expected) for k in a)
 
 
 def test_a_checkpoint_cut_off_mid_write_is_never_the_latest(tmp_path):

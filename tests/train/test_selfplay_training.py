@@ -144,3 +144,24 @@ def test_refusals_name_the_field(tmp_path, tokenizer):
         GRPOConfig(output_dir=str(tmp_path), rae_decay=1.0)
     with pytest.raises(InputError, match="role_advantage"):
         GRPOConfig(output_dir=str(tmp_path), role_advantage="rae", dynamic_sampling=True)
+
+
+def test_the_snapshot_pool(tmp_path, tokenizer):
+    """``game_opponent="pool"``: the policy at step 0, then after every ``snapshot_every``-th update, the
+    newest ``snapshot_pool_size`` kept; each step plays one drawn snapshot; the newest equals the policy."""
+    from grpokit.train.selfplay import SelfPlay
+
+    trainer = make_trainer(tmp_path, tokenizer, game_opponent="pool", snapshot_every=1, snapshot_pool_size=2,
+                           max_steps=3, learning_rate=1e-2)  # fmt: skip
+    trainer.train()
+    logged = trainer.logger.read()
+    assert [m["selfplay/pool_size"] for m in logged] == [2.0, 2.0, 2.0]
+    drawn = [m["selfplay/opponent_step"] for m in logged]
+    assert drawn[0] == 0.0 and drawn[1] in (0.0, 1.0) and drawn[2] in (1.0, 2.0)
+    pool = trainer.selfplay.pool
+    assert [step for step, _ in pool.snapshots] == [2, 3]
+    newest = pool.snapshots[-1][1]
+    assert all(torch.equal(newest[k], v.cpu()) for k, v in trainer.model.state_dict().items())
+    assert not all(torch.equal(pool.snapshots[0][1][k], v) for k, v in newest.items())  # weights moved
+    with pytest.raises(InputError, match="game_opponent='pool' with fsdp"):
+        SelfPlay(trainer.selfplay.runner, trainer.args, policy=trainer.model, placement="fsdp")

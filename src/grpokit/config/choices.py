@@ -76,7 +76,7 @@ PROMPT_TRUNCATIONS = ("left", "error")
 ROUTING_REPLAYS = ("off", "R2", "R3")
 """``routing_replay``: a mixture-of-experts policy's passes route by their own routers, or replay the old
 policy's experts in the update (R2), or the sampler's in every pass (R3) (``models.routing_replay``)."""
-GAME_OPPONENTS = ("self", "random", "expert")
+GAME_OPPONENTS = ("self", "random", "expert", "pool")
 """``game_opponent``: who plays a game's other seats: ``grpokit.envs.selfplay.OPPONENTS`` (importing it here
 would load the episode machinery, so a test checks the two agree)."""
 ROLE_ADVANTAGES = ("group", "rae", "prompt")

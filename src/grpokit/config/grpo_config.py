@@ -616,9 +616,14 @@ class GRPOConfigBase(metaclass=RefusesMovedFields):
     then this + 1, the answer's turn); None: ``max_turns``."""
     game_opponent: GameOpponent = "self"
     """A game's seats the policy does not play (docs/selfplay.md): ``"self"`` (the policy plays every seat
-    of a game, each seat's turns trained), ``"random"`` (a uniformly random legal move) or ``"expert"``
-    (the game's exact player: minimax, a Nash strategy). A prompt's ``num_generations`` episodes are its
-    roles' seats, ``num_generations / R`` per role."""
+    of a game, each seat's turns trained), ``"random"`` (a uniformly random legal move), ``"expert"`` (the
+    game's exact player: minimax, a Nash strategy) or ``"pool"`` (a frozen snapshot of the policy, drawn
+    uniformly from the last ``snapshot_pool_size`` taken every ``snapshot_every`` steps, once per step). A
+    prompt's ``num_generations`` episodes are its roles' seats, ``num_generations / R`` per role."""
+    snapshot_every: int = 10
+    """``game_opponent="pool"``: steps between the policy's snapshots (the first is the policy at step 0)."""
+    snapshot_pool_size: int = 4
+    """``game_opponent="pool"``: snapshots kept, the newest (in CPU memory: one copy of the weights each)."""
     illegal_move_reward: float = -1.5
     """A game's return for the seat whose turn names no legal move (the game ends there; the other seats
     get 0). SPIRAL's -1.5: worse than any loss."""

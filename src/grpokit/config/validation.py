@@ -457,6 +457,8 @@ def _check_environment(c: Any) -> None:
     )
     _at_least(c, "max_tool_calling_iterations", 0, none="max_turns")
     require(0.0 <= c.rae_decay < 1.0, "rae_decay", f"must be in [0, 1), got {c.rae_decay}")
+    _at_least(c, "snapshot_every", 1)
+    _at_least(c, "snapshot_pool_size", 1)
     require(
         c.role_advantage == "group" or not (c.dynamic_sampling or c.adaptive_num_generations),
         "role_advantage",

@@ -160,7 +160,7 @@ class EpisodeSampler:
         session = open_session(backend, prompt_ids, sizes)
         if self.game is not None:  # deals: every seat of a deal's games an episode, role-major
             episode_rows = [row for row, size in zip(rows, sizes) for _ in range(size)]
-            episodes = self.game.run(session, rows, sizes, params)
+            episodes = self.game.run(session, rows, sizes, params, prompt_ids=prompt_ids)
             return as_generation_output(episodes), with_episode_columns(episode_rows, episodes), episodes
         if self.factories is not None:  # each episode with its own instance (``start_episodes``)
             episode_rows = self.factories.episode_rows(rows, sizes)

@@ -12,7 +12,10 @@ Opponents (``opponent``):
   all and every one of its turns is a training sample (G/R games per deal);
 - ``"random"`` / ``"expert"``: each episode is a game of its own, the policy in its seat, every other seat
   played by a scripted player (a uniformly random legal move, or the game's ``expert_move``: minimax, a
-  Nash strategy).
+  Nash strategy);
+- ``"pool"``: each episode is a game of its own, every other seat played by a frozen snapshot of the
+  policy: the model ``opponent_model()`` returns when a step's games start (``train.selfplay`` keeps the
+  snapshots). Its seats are contexts of their own on that model's key/value cache, never trained on.
 
 An episode's context is the prompt (the game's rules), then, before each move of its seat, that seat's
 ``observation`` (context only: masked out of the loss and the KL), then its turn. The key/value cache is
@@ -35,12 +38,13 @@ import torch
 
 from grpokit.envs.episodes import Episode, turn_texts
 from grpokit.envs.observations import ObservationEncoder
-from grpokit.envs.turns import TurnSession
+from grpokit.envs.turns import CachedTurnSession, TurnSession
+from grpokit.models.parts import model_device
 from grpokit.rollout.base import SamplingParams
 
 __all__ = ["OPPONENTS", "GameRunner", "Seat", "game_metrics"]
 
-OPPONENTS = ("self", "random", "expert")
+OPPONENTS = ("self", "random", "expert", "pool")
 """Who plays the seats the policy does not (module docstring)."""
 
 
@@ -56,6 +60,8 @@ class Seat:
     """The player whose turn named no legal move (it ended the game), or None."""
     moves: int = 0
     """Moves made so far (the game's ``max_turns`` caps them)."""
+    opponents: list[int | None] | None = None
+    """``"pool"``: per player, its context in the opponent's session (None: the policy's seat)."""
 
     def play(self, move: str) -> None:
         """Make the current player's move; the game is over once it says so or reaches ``max_turns``."""
@@ -70,7 +76,7 @@ class GameRunner:
     Args:
         make_game: a no-argument factory of fresh games.
         tokenizer: decodes turns, encodes observations.
-        opponent: ``"self"``, ``"random"`` or ``"expert"``.
+        opponent: ``"self"``, ``"random"``, ``"expert"`` or ``"pool"``.
         illegal_move_reward: the return of a seat whose turn names no legal move.
         max_tokens: completion tokens (observations and turns) per episode at most.
         max_turn_tokens: policy tokens per turn at most (None: what is left of ``max_tokens``).
@@ -99,6 +105,8 @@ class GameRunner:
         self.max_tokens, self.max_turn_tokens = max_tokens, max_turn_tokens
         self.encoder = ObservationEncoder(tokenizer, chat=False)
         self.template_kwargs: dict[str, Any] = {}
+        self.opponent_model: Callable[[], Any] | None = None
+        """``"pool"``: returns the model that plays the other seats of a step's games (set by the trainer)."""
 
     @property
     def num_roles(self) -> int:
@@ -123,7 +131,13 @@ class GameRunner:
             for episodes in layouts:
                 game = self.make_game()
                 game.reset(deal)
-                seats.append(Seat(game, episodes, random.Random(f"{seed}-{len(seats)}")))
+                seat = Seat(game, episodes, random.Random(f"{seed}-{len(seats)}"))
+                if self.opponent == "pool":  # the other seats: contexts in the opponent's session, in order
+                    others = [p for p, e in enumerate(episodes) if e is None]
+                    seat.opponents = [None] * roles
+                    for n, p in enumerate(others):
+                        seat.opponents[p] = (roles - 1) * len(seats) + n
+                seats.append(seat)
             first += size
         return seats
 
@@ -134,9 +148,11 @@ class GameRunner:
         group_sizes: Sequence[int],
         params: SamplingParams,
         seed: int | None = None,
+        prompt_ids: Sequence[Sequence[int]] | None = None,
     ) -> list[Episode]:
         """``group_sizes[k]`` episodes of deal ``rows[k]``, in the session's episode order. ``seed``: the
-        scripted players' chance (None: drawn from torch's random state, which a resumed run restores)."""
+        scripted players' chance (None: drawn from torch's random state, which a resumed run restores);
+        ``prompt_ids``: the deals' prompts (``"pool"``: the snapshot's seats start from them too)."""
         if seed is None:
             seed = int(torch.randint(2**62, (1,)).item())
         total = sum(group_sizes)
@@ -145,56 +161,95 @@ class GameRunner:
             for player, index in enumerate(seat.episodes):
                 if index is not None:
                     episodes[index].seat = self.roles[player]
+        others = self._opponent_side(group_sizes, prompt_ids, seed)  # "pool": the snapshot's contexts
         while True:
             acting: dict[int, tuple[Seat, int]] = {}  # episode -> (its game, its player)
+            against: dict[int, tuple[Seat, int]] = {}  # the snapshot's context -> (its game, its player)
             for seat in seats:
                 self._play_scripted(seat)
                 if seat.over:
                     continue
                 player = seat.game.current_player()
-                acting[seat.episodes[player]] = (seat, player)  # type: ignore[index]
-            feeds = self._observations(acting, episodes)
+                if seat.episodes[player] is not None:
+                    acting[seat.episodes[player]] = (seat, player)  # type: ignore[index]
+                else:
+                    against[seat.opponents[player]] = (seat, player)  # type: ignore[index]
+            feeds = self._observations(acting, episodes, episodes)
+            if feeds:
+                live = {i for seat in seats if not seat.over for i in seat.episodes if i is not None}
+                self._turns(session, feeds, acting, episodes, sorted(live - set(feeds)), params, episodes)
+            if others is not None:  # the snapshot's seats (the games the policy just ended are over)
+                session_b, contexts = others
+                opposing = self._observations(against, contexts, episodes)
+                if opposing:
+                    live = {i for seat in seats if not seat.over for i in seat.opponents or []}
+                    live.discard(None)
+                    self._turns(session_b, opposing, against, contexts, sorted(live - set(opposing)), params,
+                                episodes)  # fmt: skip
+                feeds = feeds or opposing
             if not feeds:
                 break
-            live = {i for seat in seats if not seat.over for i in seat.episodes if i is not None}
-            order = sorted(feeds)
-            waiting = sorted(live - set(order))
-            session.observe(feeds, waiting=waiting)
-            limits = [episodes[i].turn_limit(self.max_tokens, self.max_turn_tokens) for i in order]
-            turns = session.act(order, params, limits, waiting=waiting)
-            texts = turn_texts(self.tokenizer, turns, params)
-            for i, (tokens, logprobs, _), text in zip(order, turns, texts):
-                self._record_turn(episodes[i], tokens, logprobs, text)
-                seat, player = acting[i]
-                self._move(seat, player, seat.game.parse_move(text), episodes)
         for seat in seats:
             self._settle(seat, episodes)
         return episodes
 
+    def _opponent_side(
+        self, group_sizes: Sequence[int], prompt_ids: Sequence[Sequence[int]] | None, seed: int
+    ) -> tuple[TurnSession, list[Episode]] | None:
+        """``"pool"``: a session on the step's snapshot (``opponent_model()``) with one context per seat it
+        plays (the other seats of each game, in game order), and those contexts; otherwise None."""
+        if self.opponent != "pool":
+            return None
+        if self.opponent_model is None or prompt_ids is None:
+            raise ValueError("game_opponent='pool' needs opponent_model (a trainer sets it) and prompt_ids")
+        model = self.opponent_model()
+        sizes = [size * (self.num_roles - 1) for size in group_sizes]  # one game per policy seat
+        generator = torch.Generator(model_device(model)).manual_seed(seed % 2**63)
+        session = CachedTurnSession(model, prompt_ids, sizes, generator=generator)
+        return session, [Episode() for _ in range(sum(sizes))]
+
+    def _turns(
+        self, session: TurnSession, feeds: dict[int, list[int]], acting: dict[int, tuple[Seat, int]],
+        contexts: list[Episode], waiting: list[int], params: SamplingParams, episodes: list[Episode],
+    ) -> None:  # fmt: skip
+        """One round of a session: the acting contexts (policy episodes or the snapshot's) observe their
+        ``feeds`` and move, ``waiting`` ones go on unchanged; the moves are made in the games."""
+        order = sorted(feeds)
+        session.observe(feeds, waiting=waiting)
+        limits = [contexts[i].turn_limit(self.max_tokens, self.max_turn_tokens) for i in order]
+        turns = session.act(order, params, limits, waiting=waiting)
+        for i, (tokens, logprobs, _), text in zip(order, turns, turn_texts(self.tokenizer, turns, params)):
+            self._record_turn(contexts[i], tokens, logprobs, text)
+            seat, player = acting[i]
+            self._move(seat, player, seat.game.parse_move(text), episodes)
+
     # ------------------------------------------------------------------ a round's parts
     def _play_scripted(self, seat: Seat) -> None:
-        """Scripted seats move until the policy's turn or the end."""
+        """Scripted seats (``"random"``, ``"expert"``) move until the policy's turn or the end."""
         game = seat.game
         seat.over = seat.over or game.is_over() or seat.moves >= game.max_turns
+        if self.opponent not in ("random", "expert"):
+            return
         while not seat.over and seat.episodes[game.current_player()] is None:
             random_move = self.opponent == "random"
             seat.play(seat.rng.choice(game.legal_moves()) if random_move else game.expert_move(seat.rng))
 
     def _observations(
-        self, acting: dict[int, tuple[Seat, int]], episodes: list[Episode]
+        self, acting: dict[int, tuple[Seat, int]], contexts: list[Episode], episodes: list[Episode]
     ) -> dict[int, list[int]]:
-        """Each acting seat's observation tokens (appended to its episode); a seat whose observation and a
-        turn would not fit ``max_tokens`` ends its game (truncated)."""
+        """Each acting seat's observation tokens, appended to its context (a policy episode or the
+        snapshot's); a seat whose observation and a turn would not fit ``max_tokens`` ends its game (the
+        policy's ``episodes`` there truncated)."""
         feeds: dict[int, list[int]] = {}
         for i, (seat, player) in acting.items():
             tokens = self.encoder(seat.game.observation(player))
-            if len(episodes[i].completion_ids) + len(tokens) + 1 > self.max_tokens:
+            if len(contexts[i].completion_ids) + len(tokens) + 1 > self.max_tokens:
                 seat.over = True
                 for j in seat.episodes:
                     if j is not None:
                         episodes[j].truncated = True
                 continue
-            episodes[i].add_observation(tokens)
+            contexts[i].add_observation(tokens)
             feeds[i] = tokens
         for i in [i for i in feeds if acting[i][0].over]:  # a game another seat's budget ended
             del feeds[i]
@@ -207,10 +262,12 @@ class GameRunner:
         episode.turn_rewards.append(None)  # the seat's return goes on its last turn (``_settle``)
 
     def _move(self, seat: Seat, player: int, move: str | None, episodes: list[Episode]) -> None:
-        """Play a parsed move; no legal move ends the game with the offender penalised."""
+        """Play a parsed move; no legal move ends the game with the offender penalised (counted when it is
+        the policy's seat)."""
         if move is None:
             seat.over = True
-            episodes[seat.episodes[player]].info["illegal_moves"] += 1  # type: ignore[index]
+            if seat.episodes[player] is not None:
+                episodes[seat.episodes[player]].info["illegal_moves"] += 1  # type: ignore[index]
             seat.offender = player
             return
         seat.play(move)

@@ -180,7 +180,7 @@ EVERY_STEP_FIELDS: dict[str, str] = {
     ),
     "environments": (
         "environment_kwargs max_turns max_turn_tokens environment_timeout max_tool_calling_iterations "
-        "turn_advantages game_opponent illegal_move_reward rae_decay"
+        "turn_advantages game_opponent illegal_move_reward rae_decay snapshot_every snapshot_pool_size"
     ),
     # the training rows they select are compared themselves: a resume on other rows is refused
     "data settings": "prompt_column column_mapping",

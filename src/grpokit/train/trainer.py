@@ -337,7 +337,9 @@ class GRPOTrainer:
             routing_replay=None if self.routing is None else replay, routing=self.routing,
         )  # fmt: skip
         game = None if self.episodes is None else self.episodes.game  # a game's seats (grpokit.envs.selfplay)
-        self.selfplay = None if game is None else SelfPlay(game, self.args, self._game_yardstick(game))
+        self.selfplay = None if game is None else SelfPlay(
+            game, self.args, self._game_yardstick(game), policy=self.unwrapped_model, placement=self.strategy
+        )  # fmt: skip
         self.hooks = StepHooks(run_hooks(
             self.args, episodes=episode_hook, process=self.process, reference=self.reference,
             iterative=self.iterative, prompt_stats=self.prompt_stats, curriculum=curriculum,
