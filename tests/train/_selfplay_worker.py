@@ -33,7 +33,7 @@ def main(policy_dir: str, out: str) -> None:
     record = {
         "param_checksum": [float(params.sum()), float(params.abs().sum())],
         "history": history,
-        "baselines": trainer.selfplay.state_dict(),
+        "baselines": trainer.selfplay.baselines.state_dict(),
     }
     Path(out, f"selfplay-rank{rank}.json").write_text(json.dumps(record))
 

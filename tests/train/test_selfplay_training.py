@@ -58,7 +58,7 @@ def test_role_baselines_replace_the_groups(tmp_path, tokenizer):
     advantages = trainer.selfplay.advantages(rewards, trainer.reward_weights, [4])
     # first: 1 - 0, then b = 0.5: 1 - 0.5; second: -1 - 0, then no return (NaN): 0
     assert advantages.tolist() == [1.0, 0.5, -1.0, 0.0]
-    assert trainer.selfplay.state_dict()["baselines"] == {"Dialogue/first": 0.75, "Dialogue/second": -0.5}
+    assert trainer.selfplay.baselines.baselines == {"Dialogue/first": 0.75, "Dialogue/second": -0.5}
 
 
 @pytest.mark.parametrize("setting", ["fp32", "bf16", "lora"])
