@@ -12,7 +12,8 @@ Configurations (``--configs``):
 - ``prompt_baseline``: plain GRPO's group, both seats of a deal against one baseline
   (``role_advantage=prompt``);
 - ``rae``: SPIRAL's role baselines instead of role groups (``role_advantage=rae``);
-- ``no_kl``: the recipe without the KL term (``beta=0``).
+- ``no_kl``: the recipe without the KL term (``beta=0``);
+- ``pool``: against a pool of the policy's snapshots (``game_opponent=pool``: every 10 steps, the newest 4).
 
     python benchmarks/selfplay_kuhn.py --configs selfplay fixed_random prompt_baseline no_kl --seeds 0 1 2 \\
         --parallel 2 --json benchmarks/results/selfplay-kuhn-2026-12-04.json \\
@@ -40,6 +41,7 @@ CONFIGS = {
     "prompt_baseline": ["role_advantage=prompt"],
     "rae": ["role_advantage=rae"],
     "no_kl": ["beta=0.0"],
+    "pool": ["game_opponent=pool"],
 }
 KEPT = ("game/exploitability", "game/random/win", "game/random/return", "game/expert/return",
         "game/legal_rate")  # fmt: skip
