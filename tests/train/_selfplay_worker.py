@@ -1,6 +1,8 @@
 """Run by tests/train/test_multiprocess.py under ``torchrun --nproc_per_node 2``: two self-play GRPO steps
 (the ``Dialogue`` game of ``tests/envs/test_selfplay.py``, SPIRAL's role baselines) on CPU processes, each
-writing what it saw to ``<out>/selfplay-rank<k>.json``."""
+writing what it saw to ``<out>/selfplay-rank<k>.json``; ``resume``: against a pool of snapshots, 3 steps
+straight and 2 steps + checkpoint + a resumed third, each process writing both ends to
+``<out>/selfplay-resume-rank<k>.json``."""
 
 from __future__ import annotations
 
@@ -38,6 +40,39 @@ def main(policy_dir: str, out: str) -> None:
     Path(out, f"selfplay-rank{rank}.json").write_text(json.dumps(record))
 
 
+def resume(policy_dir: str, out: str) -> None:
+    torch.set_num_threads(1)
+    rows = [{"prompt": f"Talk {k}.\n", "game_seed": k} for k in range(8)]
+
+    def trainer(folder: str, **extra) -> GRPOTrainer:
+        config = GRPOConfig(
+            output_dir=f"{out}/{folder}", max_steps=3, num_generations=4, per_device_train_batch_size=8,
+            max_completion_length=64, max_turn_tokens=4, learning_rate=1e-2, role_advantage="rae",
+            game_opponent="pool", snapshot_every=1, snapshot_pool_size=2, disable_tqdm=True, seed=0, **extra,
+        )  # fmt: skip
+        return GRPOTrainer(policy_dir, environment_reward, config, train_dataset=rows, environment=Dialogue)
+
+    def ends(run: GRPOTrainer) -> dict:
+        params = torch.cat([p.detach().flatten() for p in run.unwrapped_model.parameters()])
+        pool = run.selfplay.pool.snapshots
+        return {"checksum": [float(params.sum()), float(params.abs().sum())], "pool": [s for s, _ in pool],
+                "pool_checksum": [float(sum(v.double().sum() for v in w.values())) for _, w in pool],
+                "baselines": run.selfplay.baselines.state_dict(), "step": run.step}  # fmt: skip
+
+    straight = trainer("straight")
+    straight.train()
+    first = trainer("split", save_steps=2)
+    first.max_steps = 2  # interrupted after the checkpoint at step 2
+    first.train()
+    resumed = trainer("split", save_steps=2)
+    resumed.train(resume_from_checkpoint=True)
+    record = {"straight": ends(straight), "resumed": ends(resumed)}
+    Path(out, f"selfplay-resume-rank{resumed.accelerator.process_index}.json").write_text(json.dumps(record))
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    if sys.argv[3:] == ["resume"]:
+        resume(*sys.argv[1:3])
+    else:
+        main(*sys.argv[1:3])
     end_processes()

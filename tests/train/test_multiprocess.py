@@ -170,3 +170,17 @@ def test_two_processes_play_their_share_of_the_games_with_the_same_role_baseline
         replay.advantages(keys, torch.tensor(rewards, dtype=torch.float32))
     assert ranks[0]["baselines"]["baselines"] == pytest.approx(replay.baselines)
     assert "selfplay/return/first" in ranks[0]["history"][-1]
+
+
+def test_two_processes_resume_self_play_against_the_pool_exactly(tiny_model_dir, tmp_path):
+    """Against a pool of snapshots with role baselines on two processes: 2 steps, a checkpoint and a resumed
+    third end where 3 straight steps end (parameters, snapshots, baselines), on both processes."""
+    run_two_processes(SELFPLAY_WORKER, str(tiny_model_dir), str(tmp_path), "resume")
+    ranks = [json.loads((tmp_path / f"selfplay-resume-rank{k}.json").read_text()) for k in (0, 1)]
+    for rank in ranks:
+        assert rank["resumed"]["step"] == 3 and rank["resumed"]["pool"] == rank["straight"]["pool"] == [2, 3]
+        assert rank["resumed"]["checksum"] == pytest.approx(rank["straight"]["checksum"], rel=1e-6)
+        assert rank["resumed"]["pool_checksum"] == pytest.approx(rank["straight"]["pool_checksum"], rel=1e-6)
+        resumed, straight = rank["resumed"]["baselines"], rank["straight"]["baselines"]
+        assert resumed["baselines"] == pytest.approx(straight["baselines"])
+    assert ranks[0]["resumed"] == ranks[1]["resumed"]
