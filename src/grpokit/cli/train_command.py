@@ -146,8 +146,11 @@ def process_supervision(args: TrainArgs) -> dict[str, Any]:
 
 
 def _env(result: dict[str, Any]) -> str:
-    """A multi-turn evaluation's episode means (``env/turns``, ``env/tool_calls``, ...) for a summary line."""
+    """A multi-turn evaluation's episode means (``env/turns``, ``env/tool_calls``, ...) and a game's
+    exploitability, for a summary line."""
     shown = [f"{key} {value:.2f}" for key, value in result.items() if key.startswith("env/")]
+    if "game/exploitability" in result:
+        shown.append(f"exploitability {result['game/exploitability']:.3f}")
     return f" ({', '.join(shown)})" if shown else ""
 
 
