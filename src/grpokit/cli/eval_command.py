@@ -392,14 +392,10 @@ def _report(args: EvalArgs, result: dict[str, Any]) -> dict[str, Any]:
 def _game(args: EvalArgs, plan: EvalPlan) -> Any:
     """A factory of the evaluated game (``environment``, or the task's environment) when it is a game;
     None otherwise."""
-    from grpokit.envs import make_environment_factory
-    from grpokit.envs.game import is_game
+    from grpokit.envs import game_factory
 
     environment = _environment(args, plan)
-    if environment is None:
-        return None
-    make = make_environment_factory(*environment)
-    return make if is_game(make()) else None
+    return None if environment is None else game_factory(*environment)
 
 
 def _environment(args: EvalArgs, plan: EvalPlan) -> tuple[Any, Any] | None:

@@ -30,6 +30,7 @@ __all__ = [
     "Turn",
     "as_turn",
     "environment_reward",
+    "game_factory",
     "make_environment_factory",
 ]
 
@@ -71,6 +72,13 @@ def make_environment_factory(spec: Any, kwargs: dict[str, Any] | None = None) ->
             raise TypeError(f"environment_kwargs {sorted(kwargs)} given to a step function (it takes none)")
         return lambda: FunctionEnvironment(target, observation_role=role)
     return lambda: _checked(target(**kwargs), spec)
+
+
+def game_factory(spec: Any, kwargs: dict[str, Any] | None = None) -> Callable[[], Any] | None:
+    """A factory of ``spec``'s games (``make_environment_factory``) when it makes games
+    (``grpokit.envs.game.Game``, played by ``grpokit.envs.selfplay``); None for any other environment."""
+    factory = make_environment_factory(spec, kwargs)
+    return factory if is_game(factory()) else None
 
 
 def _resolve(name: str) -> Any:

@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from grpokit.data.integrity import InputError
-from grpokit.envs import make_environment_factory
+from grpokit.envs import game_factory
 from grpokit.envs.episodes import Episode, EpisodeRunner, as_generation_output, with_episode_columns
 from grpokit.envs.factories import EnvironmentFactories
-from grpokit.envs.game import is_game
 from grpokit.envs.selfplay import GameRunner
 from grpokit.envs.tools import ToolEnvironment
 from grpokit.envs.turns import open_session
@@ -127,9 +126,9 @@ class EpisodeSampler:
             refuse_unused_environment_kwargs(settings.environment_kwargs)
             return None
         if factories is None and not tools:  # a game (grpokit.envs.game) is played by the game runner
-            factory = make_environment_factory(spec, settings.environment_kwargs)
-            if is_game(probe := factory()):
-                return cls(_game_runner(factory, probe, rows, tokenizer, settings))
+            make_game = game_factory(spec, settings.environment_kwargs)
+            if make_game is not None:
+                return cls(_game_runner(make_game, rows, tokenizer, settings))
         if settings.game_opponent != "self":
             raise InputError(f"GRPOConfig.game_opponent={settings.game_opponent!r} given, but the run's "
                              "environment is no game (grpokit.envs.game); drop game_opponent")  # fmt: skip
@@ -171,16 +170,15 @@ class EpisodeSampler:
 
 
 def _game_runner(
-    factory: Callable[[], Any], probe: Any, rows: Sequence[dict[str, Any]], tokenizer: Any,
-    settings: EpisodeSettings,
+    factory: Callable[[], Any], rows: Sequence[dict[str, Any]], tokenizer: Any, settings: EpisodeSettings
 ) -> GameRunner:
     """The runner of a run's game; chat prompts refused (a game's rules are a plain-text prompt)."""
     from grpokit.data.chat import is_conversational
 
     if rows and is_conversational(rows[0]["prompt"]):
         raise InputError(
-            f"environment {type(probe).__name__} is a game: its prompts are plain text (the game's rules, "
-            "each seat's observations appended); chat-message prompts are not supported for games"
+            f"environment {type(factory()).__name__} is a game: its prompts are plain text (the game's "
+            "rules, each seat's observations appended); chat-message prompts are not supported for games"
         )
     return GameRunner(
         factory, tokenizer, opponent=settings.game_opponent, illegal_move_reward=settings.illegal_move_reward,

@@ -178,8 +178,9 @@ class CachedTurnSession:
                 active &= ~hit & (lengths < limit)
                 if not bool(active.any()):
                     break
-                self.logits = torch.where(active[:, None], self._feed(token[:, None], active[:, None]),
-                                          self.logits)  # fmt: skip
+                logits = self._feed(token[:, None], active[:, None])
+                # a waiting row keeps its logits (a row whose turn ended gets new ones with its observation)
+                self.logits = torch.where(active[:, None], logits, self.logits) if waiting else logits
         steps_tokens = torch.stack(tokens, dim=1).tolist()  # [n, steps]
         steps_logps = torch.stack(logps, dim=1).tolist()
         out: dict[int, TurnOutput] = {}
@@ -215,8 +216,10 @@ class CachedTurnSession:
             self.seen[i, ids[i, width - len(feed) :].clamp(max=self.vocab - 1)] = True
         with torch.inference_mode(), _eval_mode(self.model):
             logits = self._feed(ids, real)
-        fed = torch.as_tensor([row in tokens for row in self.rows], device=self.device)  # [n]
-        self.logits = torch.where(fed[:, None], logits, self.logits)  # a waiting row's logits are kept
+        if waiting:  # a waiting row's logits are kept
+            fed = torch.as_tensor([row in tokens for row in self.rows], device=self.device)  # [n]
+            logits = torch.where(fed[:, None], logits, self.logits)
+        self.logits = logits
         for i, row in enumerate(self.rows):
             if row in tokens:
                 self.pending[i] = None

@@ -83,11 +83,9 @@ def task_game(task: Any) -> Any:
     """A no-argument factory of ``task``'s games when its environment is a game, else None."""
     if task.environment is None:
         return None
-    from grpokit.envs import make_environment_factory
-    from grpokit.envs.game import is_game
+    from grpokit.envs import game_factory
 
-    make = make_environment_factory(task.environment, task.environment_kwargs)
-    return make if is_game(make()) else None
+    return game_factory(task.environment, task.environment_kwargs)
 
 
 def task_graders(task_name: str) -> dict[str, Any]:

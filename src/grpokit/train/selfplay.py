@@ -20,17 +20,37 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 
 from grpokit.core import RoleBaselines, combine_rewards, multi_reward_advantages, role_group_sizes
 from grpokit.data.integrity import InputError
+from grpokit.envs.kuhn_poker import KuhnPoker
 from grpokit.envs.selfplay import GameRunner, game_metrics
+from grpokit.eval.games import kuhn_exploitability
 from grpokit.rollout.records import Samples, Scores
 from grpokit.train.hooks import StepHook
 
-__all__ = ["SelfPlay", "SnapshotPool"]
+__all__ = ["SelfPlay", "SnapshotPool", "game_yardstick"]
+
+
+def game_yardstick(
+    game: GameRunner, model: torch.nn.Module, tokenizer: Any, prompt_ids: list[int],
+    autocast: Callable[[], AbstractContextManager[Any]],
+) -> Callable[[], dict[str, float]] | None:  # fmt: skip
+    """What a game run measures on its policy after each update: Kuhn poker's exact exploitability, read from
+    ``model``'s log-probabilities after ``prompt_ids`` (``eval.games``) under ``autocast``; None for other
+    games."""
+    if not issubclass(game.game_type, KuhnPoker):
+        return None
+
+    def measure() -> dict[str, float]:
+        with autocast():
+            return {"selfplay/exploitability": kuhn_exploitability(model, tokenizer, prompt_ids)}
+
+    return measure
 
 
 class SnapshotPool:

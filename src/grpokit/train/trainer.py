@@ -15,7 +15,6 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +33,7 @@ from grpokit.data.integrity import InputError
 from grpokit.data.loading import load_dataset_rows
 from grpokit.data.run_folder import claim_run_folder, expand_path, refuse_another_runs_folder
 from grpokit.envs.factories import EMPTY_PROMPT, EnvironmentFactories
-from grpokit.envs.kuhn_poker import KuhnPoker
 from grpokit.envs.sampler import EpisodeSampler, sample_groups, start_episodes, template_kwargs
-from grpokit.envs.selfplay import GameRunner
-from grpokit.eval.games import kuhn_exploitability
 from grpokit.models.moe import router_loss_for
 from grpokit.models.packing import refuse_unrunnable
 from grpokit.models.policy import check_special_tokens, load_policy, processing_class_of
@@ -100,7 +96,7 @@ from grpokit.train.prompts import ImagePrompts, PromptSampler, check_prompt_leng
 from grpokit.train.reference import Reference, refuse_resets_of_adapter_reference
 from grpokit.train.run_rewards import run_rewards
 from grpokit.train.schedule import RunSchedule
-from grpokit.train.selfplay import SelfPlay
+from grpokit.train.selfplay import SelfPlay, game_yardstick
 from grpokit.train.update import UpdateContext, run_update
 
 __all__ = ["GRPOTrainer"]
@@ -337,9 +333,11 @@ class GRPOTrainer:
             routing_replay=None if self.routing is None else replay, routing=self.routing,
         )  # fmt: skip
         game = None if self.episodes is None else self.episodes.game  # a game's seats (grpokit.envs.selfplay)
-        self.selfplay = None if game is None else SelfPlay(
-            game, self.args, self._game_yardstick(game), policy=self.unwrapped_model, placement=self.strategy
-        )  # fmt: skip
+        self.selfplay = None  # a game's advantages, metrics, snapshot pool (train.selfplay)
+        if game is not None:  # Kuhn poker: its exploitability after each update, after the run's prompt
+            prompt = self.encode_prompt(self.train_rows[0]["prompt"], self.train_rows[0])
+            measure = game_yardstick(game, self.model, self.tokenizer, prompt, self.accelerator.autocast)
+            self.selfplay = SelfPlay(game, self.args, measure, policy=self.model, placement=self.strategy)
         self.hooks = StepHooks(run_hooks(
             self.args, episodes=episode_hook, process=self.process, reference=self.reference,
             iterative=self.iterative, prompt_stats=self.prompt_stats, curriculum=curriculum,
@@ -706,20 +704,6 @@ class GRPOTrainer:
         if self.routing is not None:  # the experts the pass used (R2 replays them in the update)
             batch.old_experts = self.routing.take_recorded()
         return logps, {"old_logprobs/from_sampler": 0.0}
-
-    def _game_yardstick(self, game: GameRunner) -> Callable[[], dict[str, float]] | None:
-        """What a game run measures on its policy after each update: Kuhn poker's exact exploitability, read
-        from the policy's log-probabilities after the run's prompt (``eval.games``); None for other games."""
-        if not issubclass(game.game_type, KuhnPoker):
-            return None
-        prompt_ids = self.encode_prompt(self.train_rows[0]["prompt"], self.train_rows[0])
-
-        def measure() -> dict[str, float]:
-            with self.accelerator.autocast():
-                value = kuhn_exploitability(self.model, self.tokenizer, prompt_ids)
-            return {"selfplay/exploitability": value}
-
-        return measure
 
     def _routing(self, name: str, batch: RolloutBatch) -> RoutingUse | None:
         """How pass ``name`` routes an MoE policy (``RoutingUse.for_pass``); None for a dense one."""
