@@ -273,6 +273,60 @@ def run_ragged(policy_dir: str, out: Path) -> None:
         accelerator.wait_for_everyone()
 
 
+def run_token_budget(policy_dir: str, out: Path) -> None:
+    """One optimizer step over 16 rows per process under FSDP2 and ZeRO-3, from the same weights: in
+    micro-batches filled by ``micro_batch_tokens`` (process 0's completions are long, process 1's short, so
+    they need different numbers of micro-batches) and in one micro-batch of all 16. The weights, and each
+    process's micro-batch counts (needed alone, and run)."""
+    from transformers import AutoModelForCausalLM
+
+    from grpokit.parallel.distributed import make_accelerator, prepare_policy
+    from grpokit.rollout.records import RolloutBatch
+    from grpokit.train.batch import token_budget_micro_batches
+    from grpokit.train.forward import PolicyLogprobs
+    from grpokit.train.update import UpdateContext, _micro_batches, run_update
+
+    for placement in ("fsdp", "zero3"):
+        for variant in ("budget", "whole"):
+            AcceleratorState._reset_state(reset_partial_state=False)
+            args = GRPOConfig(
+                output_dir=str(out / "token-budget"), num_generations=4, per_device_train_batch_size=16,
+                beta=0.0, learning_rate=1e-2, max_completion_length=8, shuffle_dataset=False,
+                micro_batch_tokens=30 if variant == "budget" else None,
+                fsdp="full_shard" if placement == "fsdp" else "",
+                deepspeed="zero3" if placement == "zero3" else None,
+            )  # fmt: skip
+            accelerator = make_accelerator("no", use_cpu=True)
+            model = AutoModelForCausalLM.from_pretrained(policy_dir)
+            strategy = "fsdp" if placement == "fsdp" else "zero"
+            placed = prepare_policy(model, PolicyLogprobs(model), args, accelerator, None, 4, strategy)
+            rank = accelerator.process_index
+            generator = torch.Generator().manual_seed(rank)
+            lengths = torch.randint(5, 9, (16,), generator=generator) if rank == 0 else torch.full((16,), 2)
+            batch = RolloutBatch(
+                prompt_ids=torch.randint(4, 90, (16, 3), generator=generator),
+                prompt_mask=torch.ones(16, 3, dtype=torch.long),
+                completion_ids=torch.randint(4, 90, (16, 8), generator=generator),
+                completion_mask=(torch.arange(8)[None, :] < lengths[:, None]).long(),
+                advantages=torch.randn(16, generator=generator),
+            )
+            ctx = UpdateContext.from_accelerator(accelerator, args.policy_loss(), placed, torch.Generator())
+            if variant == "budget":
+                alone = token_budget_micro_batches(batch.backbone_tokens(4).tolist(), 4, 30)
+                counts = {"needed": len(alone), "run": len(_micro_batches(batch, args.resolved(), ctx))}
+                (out / f"token-budget-{placement}-rank{rank}.json").write_text(json.dumps(counts))
+            run_update(batch, args.resolved(), ctx)
+            state = placed.zero.full_state_dict() if placed.zero is not None else None
+            if state is None:  # FSDP2: every process gathers the full weights
+                from grpokit.parallel.fsdp import unwrap_tensor
+
+                state = {k: unwrap_tensor(v.detach()).clone() for k, v in model.named_parameters()}
+            if accelerator.is_main_process:
+                path = out / f"token-budget-{placement}-{variant}.safetensors"
+                save_file({k: v.contiguous() for k, v in state.items()}, str(path))
+            accelerator.wait_for_everyone()
+
+
 def main(policy_dir: str, out: str, processes: str, cells: str = "all") -> None:
     torch.set_num_threads(1)
     out_dir, count = Path(out), int(processes)
@@ -285,6 +339,8 @@ def main(policy_dir: str, out: str, processes: str, cells: str = "all") -> None:
                         run_cell(policy_dir, out_dir, placement, precision, mode, gc)
     if count == 2 and (chosen is None or "ragged" in chosen):
         run_ragged(policy_dir, out_dir)
+    if count == 2 and (chosen is None or "token_budget" in chosen):
+        run_token_budget(policy_dir, out_dir)
 
 
 def load_weights(path: Path) -> dict[str, torch.Tensor]:

@@ -230,6 +230,19 @@ def test_activations_with_and_without_checkpointing():
     assert (on.activations, on.activations_other) == (checkpointed, full)
 
 
+def test_a_token_budget_bounds_the_planned_activations():
+    """micro_batch_tokens: an update micro-batch holds at most the budget's tokens, or one whole group
+    (12 + 4 x 20 = 92 tokens) over it, or at most the optimizer step's 8 rows x 32 tokens; the activations
+    follow, against 4 rows x 32 = 128 tokens without it."""
+    rows = small_plan(small_args(gradient_accumulation_steps=2))
+    for budget, tokens in [(200, 200), (10, 92), (10**6, 256)]:
+        plan = small_plan(small_args(gradient_accumulation_steps=2, micro_batch_tokens=budget))
+        assert plan.micro_batch_tokens == tokens
+        assert plan.activations * 128 == rows.activations * tokens
+        assert f"micro-batches of at most {tokens} real tokens" in plan.table()
+    assert rows.micro_batch_tokens is None and "micro-batch 4 x 32 tokens" in rows.table()
+
+
 def test_kv_cache_of_each_backend():
     # 2 kv heads x 16 x 2 layers x (k, v) x 4 bytes = 512 bytes per token; 1 prompt x G = 4 rows per step
     per_token = 2 * 2 * 2 * 16 * 4

@@ -117,3 +117,22 @@ def test_the_shared_prefix_forward_gives_the_same_router_loss_and_gradients():
     torch.testing.assert_close(aux, plain_aux, rtol=1e-6, atol=1e-7)
     for name, grad in grads.items():
         torch.testing.assert_close(grad, plain_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_token_budget_is_refused_with_the_router_loss(tmp_path):
+    """The load-balancing loss is a statistic of each micro-batch's tokens: micro-batches filled by tokens
+    would change it, so micro_batch_tokens is refused with it (and allowed once it is off)."""
+    tokenizer = build_char_tokenizer()
+    path = tmp_path / "moe"
+    tiny_moe(tokenizer).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    rows = [{"prompt": "1+1="}, {"prompt": "2+3="}]
+
+    def length(completions, **kwargs):
+        return [float(len(c)) for c in completions]
+
+    config = small_config(tmp_path, router_aux_loss_coef=0.5, micro_batch_tokens=64)
+    with pytest.raises(ValueError, match=r"GRPOConfig.micro_batch_tokens .* load-balancing loss"):
+        GRPOTrainer(str(path), [length], config, train_dataset=rows)
+    plain = small_config(tmp_path / "b", router_aux_loss_coef=0.0, micro_batch_tokens=64)
+    assert not GRPOTrainer(str(path), [length], plain, train_dataset=rows).aux_loss_enabled

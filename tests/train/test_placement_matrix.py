@@ -12,7 +12,9 @@ LoRA x gradient checkpointing off / on, each cell a real ``GRPOTrainer`` on the 
   every file the resume reads is mapped to the reading process's own device (or the CPU); under FSDP and
   ZeRO-3 only the main process reads the full weights, optimizer state and reference;
 - DDP all-reduces once per optimizer step, not once per micro-batch (``no_sync``);
-- DeepSpeed steps at grpokit's optimizer-step boundary, also for a partial chunk of micro-batches.
+- DeepSpeed steps at grpokit's optimizer-step boundary, also for a partial chunk of micro-batches;
+- micro-batches filled by a token budget (``micro_batch_tokens``): as many on every process under FSDP2 and
+  ZeRO-3, and the step equals one micro-batch of every row.
 """
 
 from __future__ import annotations
@@ -183,6 +185,19 @@ def test_deepspeed_steps_at_the_boundary_of_a_partial_chunk(matrix, stage):
     ddp = load_file(str(matrix / "ragged-ddp.safetensors"))
     zero = load_file(str(matrix / f"ragged-{stage}.safetensors"))
     assert_close_weights(ddp, zero, 5e-5, 1e-7)
+
+
+@pytest.mark.parametrize("placement", ["fsdp", "zero3"])
+def test_token_budget_micro_batches_equal_one_micro_batch_on_sharded_weights(matrix, placement):
+    """micro_batch_tokens: the processes need different numbers of micro-batches (long completions on one,
+    short on the other) and run as many as the one that needs most; the step's weights equal those of one
+    micro-batch holding every row of each process."""
+    counts = [json.loads((matrix / f"token-budget-{placement}-rank{r}.json").read_text()) for r in (0, 1)]
+    assert counts[0]["needed"] > counts[1]["needed"] >= 1
+    assert counts[0]["run"] == counts[1]["run"] == counts[0]["needed"]
+    budget = load_file(str(matrix / f"token-budget-{placement}-budget.safetensors"))
+    whole = load_file(str(matrix / f"token-budget-{placement}-whole.safetensors"))
+    assert_close_weights(whole, budget, 5e-5, 1e-7)
 
 
 @pytest.mark.parametrize("cell", [c for c in CELLS if c[3]], ids=lambda c: cell_name(*c))

@@ -45,7 +45,7 @@ def recorded_update(model_dir, batch, *, entropy=None, **config_values):
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     optimizer = RecordingOptimizer(model.parameters())
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    config = GRPOConfig(num_generations=2, beta=0.0, max_completion_length=5, **config_values)
+    config = GRPOConfig(**{"num_generations": 2, "beta": 0.0, "max_completion_length": 5, **config_values})
     ctx = UpdateContext(
         loss=config.policy_loss(),
         policy=PolicyLogprobs(model),
@@ -161,3 +161,123 @@ def test_entropy_bonus_gradient_equals_the_plain_computation(tiny_model_dir, acc
 def test_entropy_coef_must_be_finite():
     with pytest.raises(ValueError, match=r"GRPOConfig.entropy_coef"):
         GRPOConfig(entropy_coef=float("inf"))
+
+
+# ---- micro-batches filled by a token budget (micro_batch_tokens)
+def test_backbone_tokens_count_a_groups_prompt_once_and_every_real_completion_token():
+    batch = RolloutBatch(
+        prompt_ids=torch.zeros(4, 3, dtype=torch.long),
+        prompt_mask=torch.tensor([[0, 1, 1], [0, 1, 1], [1, 1, 1], [1, 1, 1]]),  # left-padded: 2, 2, 3, 3
+        completion_ids=torch.zeros(4, 4, dtype=torch.long),
+        completion_mask=torch.tensor([[1, 0, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]]),  # 1, 3, 4, 2
+        advantages=torch.zeros(4),
+    )
+    assert batch.backbone_tokens(1).tolist() == [3, 5, 7, 5]
+    assert batch.backbone_tokens(2).tolist() == [2 + 1 + 3, 3 + 4 + 2]
+    batch.context_mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 1]])  # episodes
+    assert batch.backbone_tokens(2).tolist() == [2 + 2 + 3, 3 + 4 + 4]
+    with pytest.raises(ValueError, match="4 rows do not split into units of 3"):
+        batch.backbone_tokens(3)
+
+
+def test_token_budget_fills_consecutive_units_up_to_the_budget():
+    from grpokit.train.batch import token_budget_micro_batches
+
+    # units of 2 rows with 5, 3, 4, 2, 9 tokens, budget 8: [5+3], [4+2], [9 alone: over the budget]
+    parts = token_budget_micro_batches([5, 3, 4, 2, 9], unit_size=2, budget=8)
+    assert [p.tolist() for p in parts] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    # asked for 5: the fullest micro-batch of two units is cut at its token midpoint until there are 5
+    parts = token_budget_micro_batches([5, 3, 4, 2, 9], unit_size=1, budget=8, count=5)
+    assert [p.tolist() for p in parts] == [[0], [1], [2], [3], [4]]
+    parts = token_budget_micro_batches([1, 1, 6, 1, 1], unit_size=1, budget=20, count=2)
+    assert [p.tolist() for p in parts] == [[0, 1, 2], [3, 4]]  # 8 | 2: the first cut where 5 is reached
+    with pytest.raises(ValueError, match="cannot make 6 micro-batches from 5 units"):
+        token_budget_micro_batches([5, 3, 4, 2, 9], unit_size=1, budget=8, count=6)
+    with pytest.raises(ValueError, match="cannot make 2 micro-batches from 5 units that fill 3"):
+        token_budget_micro_batches([5, 3, 4, 2, 9], unit_size=1, budget=8, count=2)
+    with pytest.raises(ValueError, match="budget must be >= 1"):
+        token_budget_micro_batches([5], unit_size=1, budget=0)
+
+
+@pytest.mark.parametrize(
+    ("loss_type", "entropy_coef"),
+    [("grpo", 0.0), ("dr_grpo", 0.0), ("dapo", 0.0), ("luspo", 0.0), ("sapo", 0.0), ("grpo", 0.3)],
+)
+def test_token_budget_step_equals_one_micro_batch_of_every_row(tiny_model_dir, loss_type, entropy_coef):
+    """Micro-batches of unequal rows (filled by real tokens) give the gradient of one micro-batch holding
+    the whole optimizer step: each loss weighted by its share of the step's rows, the entropy bonus by its
+    share of the step's completion tokens."""
+    from grpokit.train.batch import token_budget_micro_batches
+
+    batch = make_batch(num_rows=12, completion_len=9, seed=0)
+    budget = 30
+    units = batch.backbone_tokens(2).tolist()  # groups of G = 2: 3 prompt tokens + 2 completions
+    sizes = [len(p) for p in token_budget_micro_batches(units, 2, budget)]
+    assert len(sizes) >= 3 and len(set(sizes)) > 1  # several micro-batches of different sizes
+    values = dict(loss_type=loss_type, entropy_coef=entropy_coef, max_completion_length=9)
+    whole = gradients(tiny_model_dir, batch, per_device_train_batch_size=12, **values)
+    budgeted = gradients(
+        tiny_model_dir, batch, per_device_train_batch_size=12, micro_batch_tokens=budget, **values
+    )
+    rows = gradients(
+        tiny_model_dir, batch, per_device_train_batch_size=2, gradient_accumulation_steps=6, **values
+    )
+    assert len(whole) == len(budgeted) == 1
+    for a, b in zip(whole[0], budgeted[0]):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-4)
+    if loss_type == "grpo" and entropy_coef:  # TRL's bonus (a mean of per-micro-batch means) differs
+        assert any(not torch.allclose(a, b, atol=1e-6, rtol=1e-4) for a, b in zip(whole[0], rows[0]))
+
+
+def test_token_budget_bounds_each_micro_batch(tiny_model_dir):
+    """Each forward of the update holds whole groups of at most the budget's real tokens (a group over it
+    alone), counted from the tokens the policy's forward receives."""
+    batch = make_batch(num_rows=12, completion_len=9, seed=0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    seen = []
+    policy = PolicyLogprobs(model)
+    forward = policy.forward
+
+    def counting(prompt_ids, prompt_mask, completion_ids, completion_mask, **options):
+        groups = prompt_mask.shape[0] // 2
+        seen.append((groups, int(prompt_mask.view(groups, 2, -1)[:, 0].sum() + completion_mask.sum())))
+        return forward(prompt_ids, prompt_mask, completion_ids, completion_mask, **options)
+
+    policy.forward = counting
+    optimizer = RecordingOptimizer(model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    config = GRPOConfig(
+        num_generations=2,
+        beta=0.0,
+        max_completion_length=9,
+        per_device_train_batch_size=12,
+        micro_batch_tokens=25,
+    )
+    ctx = UpdateContext(
+        loss=config.policy_loss(), policy=policy, backward=lambda loss: loss.backward(),
+        step=optimizer_step(optimizer, scheduler, model), sum_across_processes=lambda t: t, num_processes=1,
+        generator=torch.Generator().manual_seed(0),
+    )  # fmt: skip
+    run_update(batch, config, ctx)
+    assert sum(groups for groups, _ in seen) == 6  # every group once
+    assert all(tokens <= 25 or groups == 1 for groups, tokens in seen)
+    assert len(seen) >= 3
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"micro_batch_tokens": 0}, r"GRPOConfig.micro_batch_tokens must be >= 1"),
+        (
+            {"micro_batch_tokens": 512, "loss_type": "bnpo"},
+            r"GRPOConfig.micro_batch_tokens cannot be used with loss_type='bnpo'",
+        ),
+        (
+            {"micro_batch_tokens": 512, "top_entropy_quantile": 0.2},
+            r"GRPOConfig.micro_batch_tokens cannot be used with top_entropy_quantile=0.2",
+        ),
+    ],
+)
+def test_token_budget_refusals_name_the_field(values, message):
+    with pytest.raises(ValueError, match=message):
+        GRPOConfig(**values)

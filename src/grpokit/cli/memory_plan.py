@@ -181,6 +181,8 @@ class MemoryPlan:
     tokens_per_row: int  # max_prompt_length + max_completion_length
     micro_batch_rows: int  # per_device_train_batch_size
     reference_offloaded: bool
+    micro_batch_tokens: int | None = None  # with GRPOConfig.micro_batch_tokens: the most tokens one update
+    # micro-batch holds (the budget, or one unit over it)
     weights: int = _part("policy weights (FSDP, ZeRO-3: this device's shard)")
     master_weights: int = _part("DeepSpeed: float32 copy of this device's partition (the optimizer's)")
     gradients: int = _part("update: gradients (ZeRO-2: reduce bucket + partition; ZeRO-3: one unreduced)")
@@ -224,6 +226,12 @@ class MemoryPlan:
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "peak": self.peak}
 
+    def _micro_batch(self) -> str:
+        """The update's micro-batch as planned, in words."""
+        if self.micro_batch_tokens is not None:
+            return f"micro-batches of at most {self.micro_batch_tokens} real tokens"
+        return f"micro-batch {self.micro_batch_rows} x {self.tokens_per_row} tokens"
+
     def table(self) -> str:
         """Human-readable: what was planned, then one line per part and per phase, in GiB."""
         n = self.num_processes
@@ -235,8 +243,8 @@ class MemoryPlan:
             f"memory plan: {self.model_type}, {_count(self.num_parameters)} parameters{experts} "
             f"({_count(self.trainable_parameters)} trainable{', LoRA' if self.lora else ''}); "
             f"{self.strategy} over {n} process{'es' if n > 1 else ''}; weights {self.weights_dtype}, "
-            f"compute {self.compute_dtype}; micro-batch {self.micro_batch_rows} x {self.tokens_per_row} "
-            f"tokens, gradient checkpointing {checkpointing}; per device, GiB:"
+            f"compute {self.compute_dtype}; {self._micro_batch()}, gradient checkpointing {checkpointing}; "
+            "per device, GiB:"
         ]
         notes = {f.name: f.metadata.get("note") for f in dataclasses.fields(self)}
         if self.reference_offloaded:
@@ -392,6 +400,12 @@ def plan_memory(
             "prompt: set max_prompt_length"
         )
     seq, rows = prompt + completion, args.per_device_train_batch_size
+    tokens = rows * seq  # one micro-batch's backbone tokens, padded (an upper bound when packed)
+    budget = args.micro_batch_tokens
+    if budget is not None:  # filled by real tokens from the optimizer step's rows: the budget, or one unit
+        step_rows = rows * args.gradient_accumulation_steps
+        unit = prompt + args.num_generations * completion if rows % args.num_generations == 0 else seq
+        tokens = min(step_rows * seq, max(budget, unit))
     copies = (
         device_type != "cpu"
     )  # CPU runs give sdpa the key/value heads as they are (parallel/cpu_runtime.py)
@@ -405,9 +419,9 @@ def plan_memory(
         )
         every_layer = shape.moe_layers * layer + dense_layers * dense_layer
     outside = 8 + 2 * shape.head_dim * w + (4 * hidden + w * hidden + 4)  # ids, cos/sin, final norm
-    full = rows * seq * (every_layer + outside)
+    full = tokens * (every_layer + outside)
     # checkpointing: each layer's input [T, H], one layer recomputed, the mask [T, T] passed to every layer
-    checkpointed = rows * seq * (layers * w * hidden + outside + layer) + rows * seq * seq * w
+    checkpointed = tokens * (layers * w * hidden + outside + layer) + tokens * seq * w
     kept = {True: checkpointed, False: full}
     p["activations"], p["activations_other"] = (
         kept[args.gradient_checkpointing],
@@ -417,7 +431,7 @@ def plan_memory(
     # precision gathers the weights in c for the forward and again for the backward: nothing to cast)
     if c != w and strategy != "fsdp":
         p["autocast_copies"] = c * (linear_layer if args.gradient_checkpointing else linear_all)
-    completion_tokens = rows * completion
+    completion_tokens = rows * completion if budget is None else min(tokens, step_rows * completion)
     chunk = min(head_chunk_rows(vocab), completion_tokens)
     p["head"] = 2 * completion_tokens * hidden * w + 2 * chunk * vocab * 4  # h, grad_h; z and e (or coef)
     if w != 4:  # the chunk's gradient cast to the weights' dtype; a float32 [V, H] weight-gradient buffer
@@ -543,6 +557,6 @@ def plan_memory(
                 active_parameters=shape.active_parameters(), trainable_parameters=trainable,
                 strategy=strategy, num_processes=n, lora=lora, weights_dtype=w_name, compute_dtype=compute,
                 gradient_checkpointing=args.gradient_checkpointing, tokens_per_row=seq, micro_batch_rows=rows,
-                reference_offloaded=offloaded)
+                reference_offloaded=offloaded, micro_batch_tokens=None if budget is None else tokens)
     # fmt: on
     return MemoryPlan(**meta, **p, phases=phases)

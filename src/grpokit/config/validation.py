@@ -140,6 +140,20 @@ def _check_batch(c: Any) -> None:
             f"{c.num_generations}")  # fmt: skip
     for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "num_iterations"):
         _at_least(c, name, 1)
+    _at_least(c, "micro_batch_tokens", 1, none="micro-batches of per_device_train_batch_size rows")
+    if c.micro_batch_tokens is not None:
+        require(
+            c.loss_type != "bnpo",
+            "micro_batch_tokens",
+            "cannot be used with loss_type='bnpo', which normalises each micro-batch by its own token count: "
+            "micro-batches filled by tokens would change its gradient; use per_device_train_batch_size",
+        )
+        require(
+            c.top_entropy_quantile == 1.0,
+            "micro_batch_tokens",
+            f"cannot be used with top_entropy_quantile={c.top_entropy_quantile}: its entropy threshold is a "
+            "quantile over each micro-batch's tokens; use per_device_train_batch_size",
+        )
     _at_least(c, "steps_per_generation", 1, none="derived from generation_batch_size, else 1")
     _at_least(c, "generation_batch_size", 1, none="derived from the batch sizes")
     if c.generation_batch_size is not None:

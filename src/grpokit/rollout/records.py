@@ -112,3 +112,16 @@ class RolloutBatch:
 
     def num_completion_tokens(self) -> int:
         return int(self.completion_mask.sum())
+
+    def backbone_tokens(self, group: int = 1) -> torch.Tensor:
+        """[N / group] long: the real tokens the backbone runs for each unit of ``group`` consecutive rows
+        (one group of G sharing a prompt, or one row): the unit's prompt once (with ``group`` > 1 the rows
+        share it: the shared-prefix forward), plus every real completion token (an episode's environment
+        tokens included). Padding is not counted."""
+        rows = len(self)
+        if rows % group:
+            raise ValueError(f"{rows} rows do not split into units of {group}")
+        context = self.completion_mask if self.context_mask is None else self.context_mask  # [N, C]
+        prompt = self.prompt_mask.view(rows // group, group, -1)[:, 0].sum(-1)  # [N/group]
+        completion = context.reshape(rows // group, -1).sum(-1)  # [N/group]
+        return (prompt + completion).long()

@@ -28,6 +28,7 @@ __all__ = [
     "micro_batch_indices",
     "pad_samples",
     "score_samples",
+    "token_budget_micro_batches",
 ]
 
 
@@ -176,3 +177,53 @@ def micro_batch_indices(
     """Split row indices 0..num_rows-1 into consecutive micro-batches (shuffled first if ``shuffle``)."""
     order = torch.randperm(num_rows, generator=generator) if shuffle else torch.arange(num_rows)
     return list(order.split(micro_batch_size))
+
+
+def token_budget_micro_batches(
+    unit_tokens: list[int], unit_size: int, budget: int, count: int | None = None
+) -> list[torch.Tensor]:
+    """Row indices of micro-batches filled by real tokens rather than by a number of rows.
+
+    ``unit_tokens``: the real backbone tokens of each unit, a unit being ``unit_size`` consecutive rows (a
+    whole group, so the shared-prefix forward still applies, or one row). Consecutive units join a
+    micro-batch while its tokens stay within ``budget``; a unit larger than the budget is a micro-batch of its
+    own. ``count``: make exactly that many micro-batches (every process must run as many forwards when the
+    weights are sharded): the micro-batch with the most tokens among those of two or more units is split at
+    its token midpoint until there are ``count``. Returns row indices in order, each row once.
+    """
+    if budget < 1:
+        raise ValueError(f"budget must be >= 1 token, got {budget}")
+    chunks: list[list[int]] = []
+    filled = budget + 1  # tokens in the open micro-batch (none open yet)
+    for unit, tokens in enumerate(unit_tokens):
+        if filled + tokens > budget:
+            chunks.append([])
+            filled = 0
+        chunks[-1].append(unit)
+        filled += tokens
+    if count is not None:
+        if count < len(chunks) or count > len(unit_tokens):
+            raise ValueError(
+                f"cannot make {count} micro-batches from {len(unit_tokens)} units that fill {len(chunks)}"
+            )
+        while len(chunks) < count:
+            splittable = [i for i, chunk in enumerate(chunks) if len(chunk) > 1]
+            i = max(splittable, key=lambda i: sum(unit_tokens[u] for u in chunks[i]))
+            chunks[i : i + 1] = _split_at_token_midpoint(chunks[i], unit_tokens)
+    return [
+        torch.tensor([u * unit_size + r for u in chunk for r in range(unit_size)], dtype=torch.long)
+        for chunk in chunks
+    ]
+
+
+def _split_at_token_midpoint(chunk: list[int], unit_tokens: list[int]) -> list[list[int]]:
+    """``chunk`` (two or more units) cut in two where its running token count first reaches half, each part
+    keeping at least one unit."""
+    half = sum(unit_tokens[u] for u in chunk) / 2
+    running, cut = 0, 1
+    for k, unit in enumerate(chunk[:-1]):
+        running += unit_tokens[unit]
+        cut = k + 1
+        if running >= half:
+            break
+    return [chunk[:cut], chunk[cut:]]

@@ -260,6 +260,12 @@ class GRPOTrainer:
         check_rows_per_step(len(self.train_rows), self.plan.prompts)
         self.model = load_policy(model, self.args, peft_config)
         self.router_loss = router_loss_for(self.model, self.args.router_aux_loss_coef)  # MoE policies
+        if self.router_loss is not None and self.args.micro_batch_tokens is not None:
+            raise ValueError(
+                "GRPOConfig.micro_batch_tokens cannot be used with a mixture-of-experts policy's "
+                "load-balancing loss, which is a statistic of each micro-batch's tokens: set "
+                "router_aux_loss_coef=0 or use per_device_train_batch_size"
+            )
         # an MoE policy's routing: recorded while sampling, compared (routing/*), replayed (routing_replay);
         # installed before the reference and the sampler copy the policy, which then share it
         replay = self.args.routing_replay

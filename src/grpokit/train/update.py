@@ -17,7 +17,7 @@ from grpokit.models.moe import RouterLoss
 from grpokit.models.routing_replay import ExpertRouting, RoutingUse
 from grpokit.parallel.fsdp import unwrap_tensor
 from grpokit.rollout.records import RolloutBatch
-from grpokit.train.batch import micro_batch_indices
+from grpokit.train.batch import micro_batch_indices, token_budget_micro_batches
 from grpokit.train.entropy_control import EntropyControl
 
 __all__ = ["UpdateContext", "keeps_whole_groups", "optimizer_step", "run_update", "shuffled_rows"]
@@ -35,6 +35,8 @@ class UpdateContext:
     sum_across_processes: Callable[[torch.Tensor], torch.Tensor]
     num_processes: int
     generator: torch.Generator
+    max_across_processes: Callable[[torch.Tensor], torch.Tensor] = lambda t: t  # a 0-dim tensor's largest
+    # value over the processes (one process: itself)
     micro_batch: Callable[[bool], AbstractContextManager[Any]] = lambda last: nullcontext()  # around one
     # micro-batch's forward and backward, given whether it is the optimizer step's last: gradients are
     # synchronised there (DDP's no_sync before it, DeepSpeed's accumulation boundary at it)
@@ -79,6 +81,7 @@ class UpdateContext:
             sum_across_processes=lambda t: accelerator.reduce(t.to(accelerator.device), "sum"),
             num_processes=accelerator.num_processes,
             generator=generator,
+            max_across_processes=lambda t: accelerator.gather(t.reshape(1).to(accelerator.device)).max(),
             entropy=entropy,
             off_policy_sampler=off_policy_sampler,
             router=router,
@@ -142,7 +145,7 @@ def _optimizer_step(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext)
     Logs ``loss`` (what was minimised, summed over the micro-batches), ``policy_loss`` (the same without the
     entropy bonus: loss = policy_loss - entropy_coef * H) and, with a bonus, ``entropy_coef`` (after the
     adaptive update, as TRL)."""
-    micro_batches = micro_batch_indices(len(batch), config.per_device_train_batch_size, shuffle=False)
+    micro_batches = _micro_batches(batch, config, ctx)
     # dapo normalises by the completion tokens of the whole global batch. DDP averages gradients over
     # processes, so each process divides by (global tokens / num_processes) to get the global token mean.
     global_tokens = ctx.sum_across_processes(batch.completion_mask.sum().float())
@@ -153,25 +156,26 @@ def _optimizer_step(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext)
     metric_sums: dict[str, float] = defaultdict(float)
     entropy_totals = torch.zeros(2)  # [sum of H over the bonus's tokens, their count] of this process
     for index, rows in enumerate(micro_batches):
+        part = MicroBatchShare.of(batch, rows, len(micro_batches), config.micro_batch_tokens is not None)
         with ctx.micro_batch(index == len(micro_batches) - 1):  # gradients synchronised at the last
             loss, metrics = _micro_batch_loss(batch.select(rows), config, ctx, num_items, bonus_on)
             if divide_by_micro_batches:
-                loss = loss / len(micro_batches)
+                loss = part.of_rows(loss)
             metric_sums["policy_loss"] += float(loss.detach())  # micro-batch losses add up to the step's
             bonus = metrics.pop("entropy_bonus", None)  # mean entropy H, with its gradient
             totals = metrics.pop("entropy_totals", None)
             if bonus is not None:  # a per-micro-batch mean, whatever the loss type's normalisation (as TRL)
-                loss = loss - coef * bonus / len(micro_batches)
+                loss = loss - coef * part.of_tokens(bonus)
                 entropy_totals += totals
             aux = metrics.pop("router_loss", None)  # MoE load-balancing loss, with its gradient
             if aux is not None:  # scaled for accumulation like the loss (TRL: / gradient_accumulation_steps)
-                loss = loss + ctx.router.coefficient * aux / len(micro_batches)
+                loss = loss + ctx.router.coefficient * part.of_rows(aux)
                 metrics["aux_loss"] = aux.detach()
             with ctx.routing.in_backward() if ctx.routing is not None else nullcontext():
                 ctx.backward(loss)  # (gradient checkpointing recomputes with the routing just replayed)
         metric_sums["loss"] += float(loss.detach())
         for name, value in metrics.items():
-            metric_sums[name] += float(value) / len(micro_batches)
+            metric_sums[name] += part.of_rows(float(value))
     grad_norm = ctx.step(config.max_grad_norm)
     if grad_norm is not None:
         metric_sums["grad_norm"] = float(grad_norm)
@@ -183,6 +187,53 @@ def _optimizer_step(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext)
             ctx.entropy.step_done(total / max(count, 1.0))
         metric_sums["entropy_coef"] = ctx.entropy.coef
     return dict(metric_sums)
+
+
+def _micro_batches(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext) -> list[torch.Tensor]:
+    """The optimizer step's micro-batches (row indices into ``batch``): per_device_train_batch_size rows
+    each, or, with ``micro_batch_tokens``, consecutive units (whole groups where micro-batches keep groups
+    whole) filled up to that many real backbone tokens, as many on every process (the largest count any
+    process needs: sharded weights are gathered once per forward on all of them)."""
+    if config.micro_batch_tokens is None:
+        return micro_batch_indices(len(batch), config.per_device_train_batch_size, shuffle=False)
+    group = config.num_generations
+    unit = group if keeps_whole_groups(config) and len(batch) % group == 0 else 1
+    tokens = batch.backbone_tokens(unit).tolist()  # [n / unit]
+    needed = len(token_budget_micro_batches(tokens, unit, config.micro_batch_tokens))
+    count = int(ctx.max_across_processes(torch.tensor(needed)))
+    return token_budget_micro_batches(tokens, unit, config.micro_batch_tokens, count=count)
+
+
+@dataclass(frozen=True)
+class MicroBatchShare:
+    """What one micro-batch's means weigh in its optimizer step.
+
+    Micro-batches of equal rows (TRL's accumulation): each mean is divided by their ``count``. Micro-batches
+    filled by a token budget (unequal): a mean over the micro-batch's rows (the loss of every aggregation
+    but bnpo, the metrics) is weighted by its share of the step's rows, and a mean over its completion tokens
+    (the entropy bonus) by its share of the step's completion tokens, so that the step's gradient equals one
+    micro-batch holding every row."""
+
+    count: int
+    rows: float | None = None  # n_mb / n_step, or None: divide by count
+    tokens: float | None = None  # completion tokens of the micro-batch / of the step, or None
+
+    @classmethod
+    def of(cls, batch: RolloutBatch, rows: torch.Tensor, count: int, by_tokens: bool) -> MicroBatchShare:
+        """The share of micro-batch ``rows`` in ``batch`` (the optimizer step's rows) among ``count``."""
+        if not by_tokens:
+            return cls(count)
+        step_tokens = float(batch.completion_mask.sum())
+        tokens = float(batch.completion_mask[rows].sum()) / step_tokens if step_tokens else 0.0
+        return cls(count, rows=len(rows) / len(batch), tokens=tokens)
+
+    def of_rows(self, value: Any) -> Any:
+        """``value`` (a mean over the micro-batch's rows) weighted for the step."""
+        return value / self.count if self.rows is None else value * self.rows
+
+    def of_tokens(self, value: Any) -> Any:
+        """``value`` (a mean over the micro-batch's completion tokens) weighted for the step."""
+        return value / self.count if self.tokens is None else value * self.tokens
 
 
 def keeps_whole_groups(config: GRPOConfig) -> bool:
