@@ -97,9 +97,18 @@ def main() -> None:
         default="trl,grpokit",
         help="trl, grpokit, trl-bf16, grpokit-bf16 (bf16=True), comma-separated",
     )
+    ap.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=None,
+        help="grpokit trainer sides: one optimizer step over all rows in micro-batches filled up to this "
+        "many real tokens (GRPOConfig.micro_batch_tokens) instead of whole groups of a padded token budget",
+    )
     ap.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "grpokit-bench"))
     ap.add_argument("--json", default=None, help="also write the summary here")
     a = ap.parse_args()
+    if a.micro_batch_tokens is not None and a.impl != "trainer":
+        raise SystemExit("--micro-batch-tokens runs with --impl trainer")
 
     os.makedirs(a.work_dir, exist_ok=True)
     model_dirs = {}  # per model kind: tiny_model.py's random Qwen2, smollm2.py's SmolLM2-135M-Instruct
@@ -153,6 +162,8 @@ def main() -> None:
                 args += ["--precision", precision]
                 if impl == "grpokit":
                     args += ["--impl", a.impl]
+                    if a.micro_batch_tokens is not None:
+                        args += ["--micro-batch-tokens", str(a.micro_batch_tokens)]
                 t0 = time.time()
                 run_side(pythons[impl], scripts[impl], args, env, out + ".log")
                 with open(out) as f:
@@ -173,7 +184,10 @@ def main() -> None:
             "threads": a.threads,
             "python": platform.python_version(),
         },
-        "settings": {"rounds": a.rounds, "steps": a.steps, "warmup": a.warmup, "impl": a.impl},
+        "settings": {
+            "rounds": a.rounds, "steps": a.steps, "warmup": a.warmup, "impl": a.impl,
+            "micro_batch_tokens": a.micro_batch_tokens,
+        },
         "versions": {s: raw[(s, workloads[0])][0].get("versions") for s in sides},
         "workloads": {},
     }

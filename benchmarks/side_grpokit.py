@@ -10,7 +10,7 @@ Two implementations of the same step, chosen with ``--impl``:
   metrics).
 
 Usage: python side_grpokit.py --model DIR --workload W1 --steps 3 --warmup 1 --out result.json
-    [--impl trainer] [--precision bf16]
+    [--impl trainer] [--precision bf16] [--micro-batch-tokens N]
 """
 
 from __future__ import annotations
@@ -111,10 +111,12 @@ def run_trainer(
     timer: PhaseTimer,
     precision: str = "fp32",
     warmup: int = 1,
+    micro_batch_tokens: int | None = None,
 ) -> dict:
     """The same workload through grpokit.GRPOTrainer (fast backend); phases from its time/* metrics.
     ``precision`` bf16: ``bf16=True``, autocast over the fp32 weights (generation, log-prob passes and
-    update)."""
+    update). ``micro_batch_tokens``: the optimizer step's rows in micro-batches filled up to that many real
+    tokens (``GRPOConfig.micro_batch_tokens``) instead of whole groups within ``micro_batch_rows``' budget."""
     import torch
     from transformers import PreTrainedTokenizerFast
 
@@ -127,11 +129,14 @@ def run_trainer(
 
     # One optimizer step over all wl.batch rows (as TRL), accumulated over micro-batches of whole groups.
     micro = micro_batch_rows(wl.batch, wl.prompt_len, wl.max_new_tokens, wl.num_generations)
+    if micro_batch_tokens is not None:
+        micro = wl.batch
     args = workload_config(
         wl,
         output_dir=tempfile.mkdtemp(prefix="bench-grpokit-"),
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=wl.batch // micro,
+        micro_batch_tokens=micro_batch_tokens,
         max_steps=steps,
         logging_steps=1,
         report_to=[],
@@ -168,6 +173,7 @@ def run_trainer(
 def main() -> None:
     ap = side_arguments()
     ap.add_argument("--impl", choices=("loop", "trainer"), default="loop")
+    ap.add_argument("--micro-batch-tokens", type=int, default=None, help="GRPOConfig.micro_batch_tokens")
     a = ap.parse_args()
     wl = WORKLOADS[a.workload]
     timer = PhaseTimer()
@@ -177,7 +183,10 @@ def main() -> None:
             raise SystemExit("--precision bf16 runs with --impl trainer (the loop is fp32)")
         extra = run_loop(a.model, wl, a.warmup + a.steps, a.seed, timer)
     else:
-        extra = run_trainer(a.model, wl, a.warmup + a.steps, a.seed, timer, a.precision, a.warmup)
+        extra = run_trainer(
+            a.model, wl, a.warmup + a.steps, a.seed, timer, a.precision, a.warmup, a.micro_batch_tokens
+        )
+        extra["micro_batch_tokens"] = a.micro_batch_tokens
     extra["wall_s"] = time.perf_counter() - start
     extra["impl"] = a.impl
     extra["precision"] = a.precision
