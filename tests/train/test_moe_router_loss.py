@@ -61,6 +61,22 @@ def test_which_models_get_a_router_loss(tiny_model_dir):
     assert router_loss_for(moe, 0.0) is None
 
 
+ROWS = [{"prompt": "1+1="}, {"prompt": "2+3="}]
+
+
+def length(completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
+def saved_tiny_moe(tmp_path):
+    """The tiny MoE and its character tokenizer saved in ``tmp_path/moe``: its path."""
+    tokenizer = build_char_tokenizer()
+    path = tmp_path / "moe"
+    tiny_moe(tokenizer).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 def test_router_aux_loss_coef_is_checked(tmp_path):
     with pytest.raises(ValueError, match="router_aux_loss_coef"):
         small_config(tmp_path, router_aux_loss_coef=-1.0)
@@ -68,23 +84,15 @@ def test_router_aux_loss_coef_is_checked(tmp_path):
 
 def test_the_trainer_adds_the_weighted_router_loss(tmp_path):
     """One optimizer step of one micro-batch: loss - policy_loss = coef * aux_loss exactly as logged."""
-    tokenizer = build_char_tokenizer()
-    path = tmp_path / "moe"
-    tiny_moe(tokenizer).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    rows = [{"prompt": "1+1="}, {"prompt": "2+3="}]
-
-    def length(completions, **kwargs):
-        return [float(len(c)) for c in completions]
-
+    path = saved_tiny_moe(tmp_path)
     config = small_config(tmp_path, router_aux_loss_coef=0.5, learning_rate=1e-3)
-    trainer = GRPOTrainer(str(path), [length], config, train_dataset=rows)
+    trainer = GRPOTrainer(str(path), [length], config, train_dataset=ROWS)
     assert trainer.aux_loss_enabled
     (metrics,) = trainer.train()
     assert metrics["aux_loss"] > 0
     assert metrics["loss"] - metrics["policy_loss"] == pytest.approx(0.5 * metrics["aux_loss"], rel=1e-5)
     dense = GRPOTrainer(str(path), [length], small_config(tmp_path / "b", router_aux_loss_coef=0.0),
-                        train_dataset=rows)  # fmt: skip
+                        train_dataset=ROWS)  # fmt: skip
     assert not dense.aux_loss_enabled
 
 
@@ -122,17 +130,9 @@ def test_the_shared_prefix_forward_gives_the_same_router_loss_and_gradients():
 def test_a_token_budget_is_refused_with_the_router_loss(tmp_path):
     """The load-balancing loss is a statistic of each micro-batch's tokens: micro-batches filled by tokens
     would change it, so micro_batch_tokens is refused with it (and allowed once it is off)."""
-    tokenizer = build_char_tokenizer()
-    path = tmp_path / "moe"
-    tiny_moe(tokenizer).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    rows = [{"prompt": "1+1="}, {"prompt": "2+3="}]
-
-    def length(completions, **kwargs):
-        return [float(len(c)) for c in completions]
-
+    path = saved_tiny_moe(tmp_path)
     config = small_config(tmp_path, router_aux_loss_coef=0.5, micro_batch_tokens=64)
     with pytest.raises(ValueError, match=r"GRPOConfig.micro_batch_tokens .* load-balancing loss"):
-        GRPOTrainer(str(path), [length], config, train_dataset=rows)
+        GRPOTrainer(str(path), [length], config, train_dataset=ROWS)
     plain = small_config(tmp_path / "b", router_aux_loss_coef=0.0, micro_batch_tokens=64)
-    assert not GRPOTrainer(str(path), [length], plain, train_dataset=rows).aux_loss_enabled
+    assert not GRPOTrainer(str(path), [length], plain, train_dataset=ROWS).aux_loss_enabled
