@@ -164,7 +164,8 @@ def _optimizer_step(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext)
             metric_sums["policy_loss"] += float(loss.detach())  # micro-batch losses add up to the step's
             bonus = metrics.pop("entropy_bonus", None)  # mean entropy H, with its gradient
             totals = metrics.pop("entropy_totals", None)
-            if bonus is not None:  # a per-micro-batch mean, whatever the loss type's normalisation (as TRL)
+            if bonus is not None:  # a per-micro-batch mean, whatever the loss type's normalisation (as TRL;
+                # micro-batches filled by tokens: weighted by their share of the step's tokens)
                 loss = loss - coef * part.of_tokens(bonus)
                 entropy_totals += totals
             aux = metrics.pop("router_loss", None)  # MoE load-balancing loss, with its gradient
@@ -219,9 +220,12 @@ class MicroBatchShare:
     tokens: float | None = None  # completion tokens of the micro-batch / of the step, or None
 
     @classmethod
-    def of(cls, batch: RolloutBatch, rows: torch.Tensor, count: int, by_tokens: bool) -> MicroBatchShare:
-        """The share of micro-batch ``rows`` in ``batch`` (the optimizer step's rows) among ``count``."""
-        if not by_tokens:
+    def of(
+        cls, batch: RolloutBatch, rows: torch.Tensor, count: int, filled_by_tokens: bool
+    ) -> MicroBatchShare:
+        """The share of micro-batch ``rows`` in ``batch`` (the optimizer step's rows) among ``count``
+        micro-batches (``filled_by_tokens``: by ``micro_batch_tokens``, of unequal sizes)."""
+        if not filled_by_tokens:
             return cls(count)
         step_tokens = float(batch.completion_mask.sum())
         tokens = float(batch.completion_mask[rows].sum()) / step_tokens if step_tokens else 0.0
