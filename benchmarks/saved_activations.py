@@ -1,0 +1,96 @@
+"""What one W4-shaped update micro-batch keeps for its backward, counted tensor by tensor.
+
+Runs ``completion_logprobs`` (the update's forward: packed, shared prefix, with entropy) of
+SmolLM2-135M-Instruct over 2 groups of 8 completions with W4's spread of lengths (prompts of 165 and 90
+tokens, completions of 2-256), and records every tensor autograd saves for the backward
+(``torch.autograd.graph.saved_tensors_hooks``), each storage once. Parameters (the weights a matmul saves)
+are left out: they exist anyway.
+
+    python benchmarks/saved_activations.py [--model DIR]
+
+prints the saved bytes by shape, the total, and the part held by the packed attention's per-row batches
+(``grpokit.models.packing``: queries and keys gathered per row, padded to the longest, and the mask) next
+to what the same tensors take over the real tokens only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import tempfile
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+GROUPS, G = 2, 8
+PROMPTS = (165, 90)
+LENGTHS = (2, 44, 151, 256, 8, 46, 256, 30, 12, 60, 100, 20, 256, 5, 40, 90)
+MAX_COMPLETION = 256
+
+
+def w4_batch(vocab: int) -> tuple[torch.Tensor, ...]:
+    """prompt ids/mask [16, 165] (left-padded, one prompt per group), completion ids/mask [16, 256]."""
+    generator = torch.Generator().manual_seed(0)
+    width = max(PROMPTS)
+    prompt_mask = torch.zeros(GROUPS * G, width, dtype=torch.long)
+    prompt_ids = torch.zeros(GROUPS * G, width, dtype=torch.long)
+    for g, length in enumerate(PROMPTS):
+        ids = torch.randint(10, vocab, (length,), generator=generator)
+        prompt_mask[g * G : (g + 1) * G, width - length :] = 1
+        prompt_ids[g * G : (g + 1) * G, width - length :] = ids
+    lengths = torch.tensor(LENGTHS)
+    completion_mask = (torch.arange(MAX_COMPLETION)[None] < lengths[:, None]).long()
+    completion_ids = torch.randint(10, vocab, (GROUPS * G, MAX_COMPLETION), generator=generator)
+    return prompt_ids, prompt_mask, completion_ids, completion_mask
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=os.path.join(tempfile.gettempdir(), "grpokit-bench", "smollm2"))
+    a = ap.parse_args()
+    from smollm2 import prepare
+    from transformers import AutoModelForCausalLM
+
+    from grpokit.train.forward import completion_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(prepare(a.model), dtype=torch.float32)
+    config = model.config
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+    by_shape: collections.Counter = collections.Counter()
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in seen and storage.data_ptr() not in parameters:
+            seen[storage.data_ptr()] = storage.nbytes()
+            by_shape[(tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))] += storage.nbytes()
+        return tensor
+
+    batch = w4_batch(config.vocab_size)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        completion_logprobs(model, *batch, num_generations=G, padding_free=True, with_entropy=True)
+
+    mib = 2**20
+    rows, completions = GROUPS * G, sum(LENGTHS)
+    real = sum(PROMPTS) + completions
+    print(f"{rows} rows, {real} real tokens ({sum(PROMPTS)} prompt, {completions} completion)")
+    print(f"saved for the backward, parameters excluded: {sum(seen.values()) / mib:.0f} MiB")
+    per_row = sum(b for (shape, _), b in by_shape.items() if len(shape) == 4 and shape[0] == rows)
+    heads, kv = config.num_attention_heads, config.num_key_value_heads
+    head_dim = config.hidden_size // heads
+    keys = sum(PROMPTS[g] * G + sum(LENGTHS[g * G : (g + 1) * G]) for g in range(GROUPS))  # each row's keys
+    unpadded = 4 * config.num_hidden_layers * head_dim * (2 * heads * completions + 2 * kv * keys)
+    print(
+        f"the packed attention's per-row batches [{rows}, ...]: {per_row / mib:.0f} MiB; queries, outputs, "
+        f"keys and values over the real tokens only (each row's prompt keys included): "
+        f"{unpadded / mib:.0f} MiB"
+    )
+    for (shape, dtype), size in by_shape.most_common(16):
+        print(f"{size / mib:9.1f} MiB  {shape} {dtype}")
+
+
+if __name__ == "__main__":
+    main()
