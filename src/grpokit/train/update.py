@@ -155,8 +155,8 @@ def _optimizer_step(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext)
     coef = ctx.entropy.applied() if bonus_on else 0.0  # fixed for the whole step (adaptive: last step's)
     metric_sums: dict[str, float] = defaultdict(float)
     entropy_totals = torch.zeros(2)  # [sum of H over the bonus's tokens, their count] of this process
-    for index, rows in enumerate(micro_batches):
-        part = MicroBatchShare.of(batch, rows, len(micro_batches), config.micro_batch_tokens is not None)
+    shares = MicroBatchShare.each(batch, micro_batches, config.micro_batch_tokens is not None)
+    for index, (rows, part) in enumerate(zip(micro_batches, shares)):
         with ctx.micro_batch(index == len(micro_batches) - 1):  # gradients synchronised at the last
             loss, metrics = _micro_batch_loss(batch.select(rows), config, ctx, num_items, bonus_on)
             if divide_by_micro_batches:
@@ -200,8 +200,10 @@ def _micro_batches(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext) 
     group = config.num_generations
     unit = group if keeps_whole_groups(config) and len(batch) % group == 0 else 1
     tokens = batch.backbone_tokens(unit).tolist()  # [n / unit]
-    needed = len(token_budget_micro_batches(tokens, unit, config.micro_batch_tokens))
-    count = int(ctx.max_across_processes(torch.tensor(needed)))
+    parts = token_budget_micro_batches(tokens, unit, config.micro_batch_tokens)
+    count = int(ctx.max_across_processes(torch.tensor(len(parts))))
+    if count == len(parts):
+        return parts
     return token_budget_micro_batches(tokens, unit, config.micro_batch_tokens, count=count)
 
 
@@ -220,16 +222,23 @@ class MicroBatchShare:
     tokens: float | None = None  # completion tokens of the micro-batch / of the step, or None
 
     @classmethod
-    def of(
-        cls, batch: RolloutBatch, rows: torch.Tensor, count: int, filled_by_tokens: bool
-    ) -> MicroBatchShare:
-        """The share of micro-batch ``rows`` in ``batch`` (the optimizer step's rows) among ``count``
-        micro-batches (``filled_by_tokens``: by ``micro_batch_tokens``, of unequal sizes)."""
+    def each(
+        cls, batch: RolloutBatch, micro_batches: list[torch.Tensor], filled_by_tokens: bool
+    ) -> list[MicroBatchShare]:
+        """The share of each of ``micro_batches`` (row indices) in ``batch``, the optimizer step's rows
+        (``filled_by_tokens``: by ``micro_batch_tokens``, of unequal sizes)."""
+        count = len(micro_batches)
         if not filled_by_tokens:
-            return cls(count)
+            return [cls(count)] * count
         step_tokens = float(batch.completion_mask.sum())
-        tokens = float(batch.completion_mask[rows].sum()) / step_tokens if step_tokens else 0.0
-        return cls(count, rows=len(rows) / len(batch), tokens=tokens)
+        return [
+            cls(
+                count,
+                rows=len(rows) / len(batch),
+                tokens=float(batch.completion_mask[rows].sum()) / step_tokens if step_tokens else 0.0,
+            )
+            for rows in micro_batches
+        ]
 
     def of_rows(self, value: Any) -> Any:
         """``value`` (a mean over the micro-batch's rows) weighted for the step."""
