@@ -37,20 +37,80 @@ def _model(arch: str) -> torch.nn.Module:
 def test_layout_on_prefix_is_the_hand_built_mask():
     # prefixes of 2 and 1 tokens; sequences of 2, 0 and 1 tokens continuing prefixes 0, 0 and 1
     layout = PackedLayout.on_prefix(torch.tensor([2, 1]), torch.tensor([0, 0, 1]), torch.tensor([2, 0, 1]))
+    assert (layout.lengths, layout.prefix_lengths, layout.owners) == ((2, 0, 1), (2, 1), (0, 0, 1))
+    assert layout.runs == ((1, 2, 0), (1, 1, 1))  # (count, length, prefix), the empty sequence left out
+    inf = float("-inf")
+    # the longest sequence has 2 queries: query j sees the prefix and own keys 0..j
+    assert layout.prefix_mask(0, torch.float32).tolist() == [[0, 0, 0, inf], [0, 0, 0, 0]]
+    assert layout.prefix_mask(1, torch.bfloat16).tolist() == [[0, 0, inf], [0, 0, 0]]
+    assert layout.prefix_mask(0, torch.float32) is layout.prefix_mask(0, torch.float32)  # one per call
+    index = layout.index
     # keys: prefix tokens 0 1 | 2, then the sequences' own: 3 4 | (none) | 5
-    assert layout.key_index.tolist() == [[0, 1, 3, 4], [0, 1, 0, 0], [2, 5, 0, 0]]
-    assert layout.query_index.tolist() == [[0, 1], [0, 0], [2, 0]]
-    allowed = layout.allowed[:, 0].int().tolist()
+    assert index.key_index.tolist() == [[0, 1, 3, 4], [0, 1, 0, 0], [2, 5, 0, 0]]
+    assert index.query_index.tolist() == [[0, 1], [0, 0], [2, 0]]
+    allowed = index.allowed[:, 0].int().tolist()
     assert allowed[0] == [[1, 1, 1, 0], [1, 1, 1, 1]]  # query j: the prefix, own keys 0..j
     assert allowed[1] == [[1, 0, 0, 0], [1, 0, 0, 0]]  # no queries: padding rows see one key
     assert allowed[2] == [[1, 1, 0, 0], [1, 0, 0, 0]]
-    assert layout.sequence_of.tolist() == [0, 0, 2] and layout.slot_of.tolist() == [0, 1, 0]
-    assert layout.flat_keys.tolist() == [0, 1, 3, 4, 0, 1, 2, 5]
-    assert layout.cu_queries.tolist() == [0, 2, 2, 3] and layout.cu_keys.tolist() == [0, 4, 6, 8]
-    assert (layout.max_queries, layout.max_keys) == (2, 4)
-    causal = PackedLayout.causal(torch.tensor([1, 3]))
+    assert index.sequence_of.tolist() == [0, 0, 2] and index.slot_of.tolist() == [0, 1, 0]
+    assert index.flat_keys.tolist() == [0, 1, 3, 4, 0, 1, 2, 5]
+    assert index.cu_queries.tolist() == [0, 2, 2, 3] and index.cu_keys.tolist() == [0, 4, 6, 8]
+    assert (index.max_queries, index.max_keys) == (2, 4)
+    causal = PackedLayout.causal(torch.tensor([1, 3])).index
     assert causal.key_index.tolist() == [[0, 0, 0], [1, 2, 3]]
     assert causal.allowed[1, 0].int().tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+
+
+@pytest.mark.parametrize("on_prefix", [False, True])
+def test_attention_per_sequence_equals_the_padded_batch_and_each_row_alone(on_prefix):
+    """The two non-flash kernels of ``packed_attention`` (one SDPA per sequence on CPU, one padded batch on
+    CUDA) against each sequence's attention written out: softmax over the keys it may see, 3 query heads per
+    key head. Values and the gradients of the packed query, key and value."""
+    from grpokit.models.packing import _padded_batch, _per_sequence
+
+    lengths = torch.tensor([3, 0, 3, 2, 2, 1])
+    if on_prefix:
+        prefixes = torch.tensor([4, 2])
+        layout = PackedLayout.on_prefix(prefixes, torch.tensor([0, 0, 0, 1, 1, 1]), lengths)
+        assert layout.runs == ((2, 3, 0), (2, 2, 1), (1, 1, 1))  # equal neighbours batched, the empty dropped
+    else:
+        prefixes = torch.zeros(0, dtype=torch.long)
+        layout = PackedLayout.causal(lengths)
+        assert layout.runs == ((2, 3, None), (2, 2, None), (1, 1, None))
+    total, keys = int(lengths.sum()), int(lengths.sum() + prefixes.sum())
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 6, total, 8, generator=generator, requires_grad=True)
+    k = torch.randn(1, 2, keys, 8, generator=generator, requires_grad=True)
+    v = torch.randn(1, 2, keys, 8, generator=generator, requires_grad=True)
+    weights = torch.randn(1, total, 6, 8, generator=generator)
+
+    def by_hand() -> torch.Tensor:
+        rows, start = [], 0
+        starts = (prefixes.cumsum(0) - prefixes).tolist()
+        for s, length in enumerate(lengths.tolist()):
+            own = list(range(int(prefixes.sum()) + start, int(prefixes.sum()) + start + length))
+            seen = []  # the prefix's keys, all visible
+            if on_prefix:
+                owner = layout.owners[s]
+                seen = list(range(starts[owner], starts[owner] + layout.prefix_lengths[owner]))
+            for j in range(length):
+                visible = seen + own[: j + 1]
+                kk = k[0, :, visible].repeat_interleave(3, dim=0)  # [6, n, 8]
+                vv = v[0, :, visible].repeat_interleave(3, dim=0)
+                scores = (q[0, :, start + j, None] * kk).sum(-1) / 8**0.5  # [6, n]
+                rows.append((scores.softmax(-1)[..., None] * vv).sum(1))  # [6, 8]
+            start += length
+        return torch.stack(rows)[None]  # [1, T, 6, 8]
+
+    results = []
+    for attend in (by_hand, lambda: _per_sequence(q, k, v, layout, 0.0, None),
+                   lambda: _padded_batch(q, k, v, layout.index, 0.0, None)):  # fmt: skip
+        out = attend()
+        grads = torch.autograd.grad((out * weights).sum(), (q, k, v))
+        results.append((out, *grads))
+    for result in results[1:]:
+        for got, expected in zip(result, results[0], strict=True):
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))

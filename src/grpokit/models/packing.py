@@ -14,10 +14,12 @@ Two layouts cover the training passes (``grpokit.train.forward``):
   then itself causally. The G completions of a group share one prefix, never copied G times.
 
 The attention itself (``packed_attention``, the function a model's layers call once
-``use_packed_attention`` has installed it) gathers each sequence's queries and keys into a per-sequence
-batch and runs ``scaled_dot_product_attention`` with the sequence's mask, on any device; on CUDA with the
-``flash-attn`` package and a half-precision model it calls ``flash_attn_varlen_func`` on the packed
-tensors instead (its causal mask is aligned to the end of the keys, which is what ``on_prefix`` needs).
+``use_packed_attention`` has installed it) runs one ``scaled_dot_product_attention`` per sequence on views
+of the packed tensors (causal, or under one float mask per prefix that every layer shares), so that neither
+the compute nor what the backward saves counts padding; on CUDA it takes ``flash_attn_varlen_func`` on the
+packed tensors when the ``flash-attn`` package is there and the model runs in half precision (its causal mask
+is aligned to the end of the keys, which is what ``on_prefix`` needs), else one padded batch of the
+sequences (``PackedIndex``), which costs a few kernel launches instead of one per sequence and layer.
 Calls without a layout go to the model's own attention unchanged.
 """
 
@@ -25,13 +27,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 __all__ = [
     "PACKED_MODEL_TYPES",
+    "PackedIndex",
     "PackedLayout",
     "packed_attention",
     "packing_obstacles",
@@ -55,6 +58,76 @@ _PREFIX = "grpokit_packed_"
 class PackedLayout:
     """Where each of S sequences' queries and keys lie in a packed call of T queries and K keys.
 
+    The call's queries are the sequences' ``lengths`` laid one after another (T = their sum); its keys are
+    the ``prefix_lengths`` of the prefixes packed in an earlier call (none for ``causal``), then the
+    sequences' own. Sequence s continues prefix ``owners[s]`` (``owners`` is empty when there are no
+    prefixes). What a kernel needs beyond that is derived once per call and shared by its layers:
+    ``prefix_mask`` (the per-sequence attention's float mask) and ``index`` (the padded batch and
+    ``flash-attn``'s offsets).
+    """
+
+    lengths: tuple[int, ...]
+    prefix_lengths: tuple[int, ...] = ()
+    owners: tuple[int, ...] = ()
+    device: torch.device | str = "cpu"
+    _masks: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def causal(cls, lengths: torch.Tensor) -> PackedLayout:
+        """Sequences of ``lengths`` [S] laid one after another; each attends causally to itself."""
+        return cls(tuple(lengths.tolist()), device=lengths.device)
+
+    @classmethod
+    def on_prefix(
+        cls, prefix_lengths: torch.Tensor, owners: torch.Tensor, lengths: torch.Tensor
+    ) -> PackedLayout:
+        """Sequences of ``lengths`` [S] laid one after another, sequence s continuing prefix ``owners[s]`` of
+        the ``prefix_lengths`` [S_p] prefixes packed before them (keys: the prefixes' K_p, then the
+        sequences'). Sequence s sees all of its prefix, then itself causally."""
+        device = lengths.device
+        lengths, prefix_lengths, owners = (tuple(t.tolist()) for t in (lengths, prefix_lengths, owners))
+        return cls(lengths, prefix_lengths, owners, device)
+
+    def prefix_mask(self, prefix: int, dtype: torch.dtype) -> torch.Tensor:
+        """[L, P + L] additive mask of a sequence continuing ``prefix`` (P tokens), L the longest sequence: 0
+        where query j may attend key i (i <= P + j: the whole prefix, then its own keys causally), -inf
+        elsewhere. A sequence of l queries reads its top-left ``[:l, :P + l]``. Built once per prefix and
+        dtype and shared by the call's layers (a bool mask is converted to float, and saved, in every one)."""
+        if (prefix, dtype) not in self._masks:
+            longest, width = max(self.lengths), self.prefix_lengths[prefix]
+            queries = torch.arange(longest, device=self.device)[:, None]  # [L, 1]
+            keys = torch.arange(width + longest, device=self.device)[None, :]  # [1, P + L]
+            zeros = torch.zeros(longest, width + longest, dtype=dtype, device=self.device)
+            self._masks[prefix, dtype] = zeros.masked_fill(keys > width + queries, float("-inf"))
+        return self._masks[prefix, dtype]
+
+    @functools.cached_property
+    def runs(self) -> tuple[tuple[int, int, int | None], ...]:
+        """The sequences in order as runs of ``(count, length, prefix)``: consecutive sequences of one length
+        continuing one prefix (None: none, or an empty one), empty sequences left out. A run is one batch of
+        the per-sequence attention: every row of it real, none padded."""
+        runs: list[list] = []
+        for s, length in enumerate(self.lengths):
+            owner = self.owners[s] if self.owners else None
+            owner = owner if owner is not None and self.prefix_lengths[owner] > 0 else None
+            if length == 0:
+                continue
+            if runs and runs[-1][1:] == [length, owner]:
+                runs[-1][0] += 1
+            else:
+                runs.append([1, length, owner])
+        return tuple((count, length, owner) for count, length, owner in runs)
+
+    @functools.cached_property
+    def index(self) -> PackedIndex:
+        """The sequences' packed positions as index tensors (built on first use)."""
+        return PackedIndex.of(self)
+
+
+@dataclass(frozen=True)
+class PackedIndex:
+    """A ``PackedLayout`` as index tensors, for the kernels that take the sequences in one call.
+
     ``query_index`` [S, Lq] and ``key_index`` [S, Lk]: the packed positions of each sequence's queries and
     keys, in order (padding slots point at position 0); ``allowed`` [S, 1, Lq, Lk] bool: query j of sequence s
     may attend its key i (a padding query attends its first key only, so that no row of the softmax is empty);
@@ -75,20 +148,14 @@ class PackedLayout:
     max_keys: int
 
     @classmethod
-    def causal(cls, lengths: torch.Tensor) -> PackedLayout:
-        """Sequences of ``lengths`` [S] laid one after another; each attends causally to itself."""
-        empty = torch.zeros_like(lengths)
-        return cls.on_prefix(empty, torch.arange(len(lengths), device=lengths.device), lengths)
-
-    @classmethod
-    def on_prefix(
-        cls, prefix_lengths: torch.Tensor, owners: torch.Tensor, lengths: torch.Tensor
-    ) -> PackedLayout:
-        """Sequences of ``lengths`` [S] laid one after another, sequence s continuing prefix ``owners[s]`` of
-        the ``prefix_lengths`` [S_p] prefixes packed before them (keys: the prefixes' K_p, then the
-        sequences'). Sequence s sees all of its prefix, then itself causally."""
-        device = lengths.device
-        lengths, prefix_lengths = lengths.long(), prefix_lengths.long()
+    def of(cls, layout: PackedLayout) -> PackedIndex:
+        device = layout.device
+        lengths = torch.tensor(layout.lengths, dtype=torch.long, device=device)  # [S]
+        if layout.owners:
+            prefix_lengths = torch.tensor(layout.prefix_lengths, dtype=torch.long, device=device)  # [S_p]
+            owners = torch.tensor(layout.owners, dtype=torch.long, device=device)  # [S]
+        else:
+            prefix_lengths, owners = torch.zeros_like(lengths), torch.arange(len(lengths), device=device)
         own_prefix = prefix_lengths[owners]  # [S]
         starts = lengths.cumsum(0) - lengths  # [S] first packed query of each sequence
         prefix_starts = prefix_lengths.cumsum(0) - prefix_lengths  # [S_p]
@@ -115,7 +182,6 @@ class PackedLayout:
         allowed[:, :, 0] |= ~real_query  # a padding query attends one key: no empty softmax row
         sequence_of = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths)  # [T]
         slot_of = torch.arange(int(lengths.sum()), device=device) - starts[sequence_of]  # [T]
-        flat_keys = key_index[real_key]  # [sum Lk_s], row-major: sequence by sequence
         zero = torch.zeros(1, dtype=torch.int32, device=device)
         return cls(
             query_index=query_index,
@@ -123,7 +189,7 @@ class PackedLayout:
             allowed=allowed[:, None],
             sequence_of=sequence_of,
             slot_of=slot_of,
-            flat_keys=flat_keys,
+            flat_keys=key_index[real_key],  # [sum Lk_s], row-major: sequence by sequence
             cu_queries=torch.cat([zero, lengths.cumsum(0).to(torch.int32)]),
             cu_keys=torch.cat([zero, key_lengths.cumsum(0).to(torch.int32)]),
             max_queries=max_queries,
@@ -142,18 +208,58 @@ def packed_attention(
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
     """Attention of a packed call: query [1, h, T, d], key/value [1, kv, K, d] -> ([1, T, h, d], None), each
-    sequence of ``kwargs[LAYOUT_ARGUMENT]`` attending only to the keys its layout allows."""
+    sequence of ``kwargs[LAYOUT_ARGUMENT]`` attending only to the keys its layout allows.
+
+    On CUDA: ``flash_attn_varlen_func`` when the ``flash-attn`` package is there and the model runs in half
+    precision, else one padded batch (few kernel launches). Elsewhere: one attention per sequence over its
+    own real queries and keys (no padding computed or saved for the backward)."""
     layout: PackedLayout = kwargs[LAYOUT_ARGUMENT]  # type: ignore[assignment]
     if _flash_varlen_usable(query):
-        return _flash_varlen(query, key, value, layout, dropout, scaling), None
-    q = query[0][:, layout.query_index].transpose(0, 1)  # [S, h, Lq, d]
-    k = key[0][:, layout.key_index].transpose(0, 1)  # [S, kv, Lk, d]
-    v = value[0][:, layout.key_index].transpose(0, 1)  # [S, kv, Lk, d]
+        return _flash_varlen(query, key, value, layout.index, dropout, scaling), None
+    if query.is_cuda:
+        return _padded_batch(query, key, value, layout.index, dropout, scaling), None
+    return _per_sequence(query, key, value, layout, dropout, scaling), None
+
+
+def _per_sequence(query, key, value, layout: PackedLayout, dropout: float, scaling) -> torch.Tensor:
+    """One ``scaled_dot_product_attention`` per run of equal sequences (``PackedLayout.runs``), on views of
+    the packed tensors: causal over each sequence's own keys, or over its prefix's keys then its own under
+    ``prefix_mask`` (the prefix's keys copied once per sequence that reads them)."""
+    prefixes = len(layout.prefix_lengths)
+    sizes = [count * length for count, length, _ in layout.runs]
+    queries = query[0].split(sizes, dim=1)  # [h, n*l, d] each
+    keys = key[0].split(layout.prefix_lengths + tuple(sizes), dim=1)  # [kv, P or n*l, d] each
+    values = value[0].split(layout.prefix_lengths + tuple(sizes), dim=1)
+    grouped = {"enable_gqa": True} if query.shape[1] != key.shape[1] else {}
+    outputs = []
+    for r, (count, length, owner) in enumerate(layout.runs):
+        q = queries[r].unflatten(1, (count, length)).transpose(0, 1)  # [n, h, l, d]
+        k = keys[prefixes + r].unflatten(1, (count, length)).transpose(0, 1)  # [n, kv, l, d]
+        v = values[prefixes + r].unflatten(1, (count, length)).transpose(0, 1)
+        mask = None
+        if owner is not None:
+            k = torch.cat([keys[owner].expand(count, -1, -1, -1), k], dim=2)  # [n, kv, P + l, d]
+            v = torch.cat([values[owner].expand(count, -1, -1, -1), v], dim=2)
+            mask = layout.prefix_mask(owner, q.dtype)[:length, : k.shape[2]]  # [l, P + l]
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None, scale=scaling, **grouped
+        )  # [n, h, l, d]
+        outputs.append(out.transpose(1, 2).flatten(0, 1))  # [n*l, h, d]
+    if not outputs:
+        return query.new_zeros(1, 0, query.shape[1], query.shape[3])
+    return torch.cat(outputs)[None]  # [1, T, h, d]
+
+
+def _padded_batch(query, key, value, index: PackedIndex, dropout: float, scaling) -> torch.Tensor:
+    """The sequences gathered into one batch padded to the longest, masked by ``index.allowed``."""
+    q = query[0][:, index.query_index].transpose(0, 1)  # [S, h, Lq, d]
+    k = key[0][:, index.key_index].transpose(0, 1)  # [S, kv, Lk, d]
+    v = value[0][:, index.key_index].transpose(0, 1)  # [S, kv, Lk, d]
     grouped = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
     out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=layout.allowed, dropout_p=dropout, scale=scaling, **grouped
+        q, k, v, attn_mask=index.allowed, dropout_p=dropout, scale=scaling, **grouped
     )  # [S, h, Lq, d]
-    return out[layout.sequence_of, :, layout.slot_of][None], None  # [1, T, h, d]
+    return out[index.sequence_of, :, index.slot_of][None]  # [1, T, h, d]
 
 
 def _flash_varlen_usable(query: torch.Tensor) -> bool:
@@ -169,14 +275,14 @@ def _flash_varlen():
     return flash_attn_varlen_func
 
 
-def _flash_varlen(query, key, value, layout: PackedLayout, dropout: float, scaling) -> torch.Tensor:
+def _flash_varlen(query, key, value, index: PackedIndex, dropout: float, scaling) -> torch.Tensor:
     """``flash_attn_varlen_func`` over the packed queries and each sequence's keys laid one after another (a
     prefix gathered once per sequence that reads it); causal, aligned to the end of each sequence's keys."""
     q = query[0].transpose(0, 1)  # [T, h, d]
-    k = key[0][:, layout.flat_keys].transpose(0, 1)  # [sum Lk, kv, d]
-    v = value[0][:, layout.flat_keys].transpose(0, 1)
+    k = key[0][:, index.flat_keys].transpose(0, 1)  # [sum Lk, kv, d]
+    v = value[0][:, index.flat_keys].transpose(0, 1)
     out = _flash_varlen()(
-        q, k, v, layout.cu_queries, layout.cu_keys, layout.max_queries, layout.max_keys,
+        q, k, v, index.cu_queries, index.cu_keys, index.max_queries, index.max_keys,
         dropout_p=dropout, softmax_scale=scaling, causal=True,
     )  # fmt: skip  # [T, h, d]
     return out[None]  # [1, T, h, d]
