@@ -8,9 +8,10 @@ are left out: they exist anyway.
 
     python benchmarks/saved_activations.py [--model DIR]
 
-prints the saved bytes by shape, the total, and the part held by the packed attention's per-row batches
-(``grpokit.models.packing``: queries and keys gathered per row, padded to the longest, and the mask) next
-to what the same tensors take over the real tokens only.
+prints the saved bytes by shape, the total, and the part the packed attention saves
+(``grpokit.models.packing``: the queries, keys, values and outputs it hands to
+``scaled_dot_product_attention``, and the masks) next to what queries, outputs, keys and values take over
+the real tokens only.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def main() -> None:
     from smollm2 import prepare
     from transformers import AutoModelForCausalLM
 
+    from grpokit.models import packing
     from grpokit.train.forward import completion_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(prepare(a.model), dtype=torch.float32)
@@ -61,13 +63,28 @@ def main() -> None:
     parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
     by_shape: collections.Counter = collections.Counter()
+    attention = {"inside": False, "bytes": 0}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
         if storage.data_ptr() not in seen and storage.data_ptr() not in parameters:
             seen[storage.data_ptr()] = storage.nbytes()
             by_shape[(tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))] += storage.nbytes()
+            attention["bytes"] += storage.nbytes() if attention["inside"] else 0
         return tensor
+
+    def counted(kernel):
+        def run(*args):
+            attention["inside"] = True
+            try:
+                return kernel(*args)
+            finally:
+                attention["inside"] = False
+
+        return run
+
+    for name in ("_per_sequence", "_padded_batch"):  # the kernels packed_attention runs off flash-attn
+        setattr(packing, name, counted(getattr(packing, name)))
 
     batch = w4_batch(config.vocab_size)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -78,15 +95,13 @@ def main() -> None:
     real = sum(PROMPTS) + completions
     print(f"{rows} rows, {real} real tokens ({sum(PROMPTS)} prompt, {completions} completion)")
     print(f"saved for the backward, parameters excluded: {sum(seen.values()) / mib:.0f} MiB")
-    per_row = sum(b for (shape, _), b in by_shape.items() if len(shape) == 4 and shape[0] == rows)
     heads, kv = config.num_attention_heads, config.num_key_value_heads
     head_dim = config.hidden_size // heads
     keys = sum(PROMPTS[g] * G + sum(LENGTHS[g * G : (g + 1) * G]) for g in range(GROUPS))  # each row's keys
     unpadded = 4 * config.num_hidden_layers * head_dim * (2 * heads * completions + 2 * kv * keys)
     print(
-        f"the packed attention's per-row batches [{rows}, ...]: {per_row / mib:.0f} MiB; queries, outputs, "
-        f"keys and values over the real tokens only (each row's prompt keys included): "
-        f"{unpadded / mib:.0f} MiB"
+        f"saved by the packed attention: {attention['bytes'] / mib:.0f} MiB; queries, outputs, keys and "
+        f"values over the real tokens only (each row's prompt keys included): {unpadded / mib:.0f} MiB"
     )
     for (shape, dtype), size in by_shape.most_common(16):
         print(f"{size / mib:9.1f} MiB  {shape} {dtype}")
