@@ -104,11 +104,19 @@ def main() -> None:
         help="grpokit trainer sides: one optimizer step over all rows in micro-batches filled up to this "
         "many real tokens (GRPOConfig.micro_batch_tokens) instead of whole groups of a padded token budget",
     )
+    ap.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="grpokit trainer sides: gradient_checkpointing=True, TRL GRPOConfig's default (grpokit's is "
+        "False)",
+    )
     ap.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "grpokit-bench"))
     ap.add_argument("--json", default=None, help="also write the summary here")
     a = ap.parse_args()
     if a.micro_batch_tokens is not None and a.impl != "trainer":
         raise SystemExit("--micro-batch-tokens runs with --impl trainer")
+    if a.gradient_checkpointing and a.impl != "trainer":
+        raise SystemExit("--gradient-checkpointing runs with --impl trainer")
 
     os.makedirs(a.work_dir, exist_ok=True)
     model_dirs = {}  # per model kind: tiny_model.py's random Qwen2, smollm2.py's SmolLM2-135M-Instruct
@@ -164,6 +172,8 @@ def main() -> None:
                     args += ["--impl", a.impl]
                     if a.micro_batch_tokens is not None:
                         args += ["--micro-batch-tokens", str(a.micro_batch_tokens)]
+                    if a.gradient_checkpointing:
+                        args += ["--gradient-checkpointing"]
                 t0 = time.time()
                 run_side(pythons[impl], scripts[impl], args, env, out + ".log")
                 with open(out) as f:
@@ -185,8 +195,12 @@ def main() -> None:
             "python": platform.python_version(),
         },
         "settings": {
-            "rounds": a.rounds, "steps": a.steps, "warmup": a.warmup, "impl": a.impl,
+            "rounds": a.rounds,
+            "steps": a.steps,
+            "warmup": a.warmup,
+            "impl": a.impl,
             "micro_batch_tokens": a.micro_batch_tokens,
+            "gradient_checkpointing": a.gradient_checkpointing,
         },
         "versions": {s: raw[(s, workloads[0])][0].get("versions") for s in sides},
         "workloads": {},

@@ -29,22 +29,23 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 GROUPS, G = 2, 8
 PROMPTS = (165, 90)
 LENGTHS = (2, 44, 151, 256, 8, 46, 256, 30, 12, 60, 100, 20, 256, 5, 40, 90)
-MAX_COMPLETION = 256
 
 
-def w4_batch(vocab: int) -> tuple[torch.Tensor, ...]:
-    """prompt ids/mask [16, 165] (left-padded, one prompt per group), completion ids/mask [16, 256]."""
+def w4_batch(
+    vocab: int, prompts: tuple[int, ...] = PROMPTS, lengths: tuple[int, ...] = LENGTHS, group: int = G
+) -> tuple[torch.Tensor, ...]:
+    """prompt ids/mask [B, P] (left-padded, one prompt of ``prompts`` per group of ``group`` rows), completion
+    ids/mask [B, C] (right-padded to the longest of ``lengths``); random ids, fixed seed."""
     generator = torch.Generator().manual_seed(0)
-    width = max(PROMPTS)
-    prompt_mask = torch.zeros(GROUPS * G, width, dtype=torch.long)
-    prompt_ids = torch.zeros(GROUPS * G, width, dtype=torch.long)
-    for g, length in enumerate(PROMPTS):
+    rows, width, longest = len(lengths), max(prompts), max(lengths)
+    prompt_mask = torch.zeros(rows, width, dtype=torch.long)
+    prompt_ids = torch.zeros(rows, width, dtype=torch.long)
+    for g, length in enumerate(prompts):
         ids = torch.randint(10, vocab, (length,), generator=generator)
-        prompt_mask[g * G : (g + 1) * G, width - length :] = 1
-        prompt_ids[g * G : (g + 1) * G, width - length :] = ids
-    lengths = torch.tensor(LENGTHS)
-    completion_mask = (torch.arange(MAX_COMPLETION)[None] < lengths[:, None]).long()
-    completion_ids = torch.randint(10, vocab, (GROUPS * G, MAX_COMPLETION), generator=generator)
+        prompt_mask[g * group : (g + 1) * group, width - length :] = 1
+        prompt_ids[g * group : (g + 1) * group, width - length :] = ids
+    completion_mask = (torch.arange(longest)[None] < torch.tensor(lengths)[:, None]).long()
+    completion_ids = torch.randint(10, vocab, (rows, longest), generator=generator)
     return prompt_ids, prompt_mask, completion_ids, completion_mask
 
 

@@ -10,7 +10,7 @@ Two implementations of the same step, chosen with ``--impl``:
   metrics).
 
 Usage: python side_grpokit.py --model DIR --workload W1 --steps 3 --warmup 1 --out result.json
-    [--impl trainer] [--precision bf16] [--micro-batch-tokens N]
+    [--impl trainer] [--precision bf16] [--micro-batch-tokens N] [--gradient-checkpointing]
 """
 
 from __future__ import annotations
@@ -112,11 +112,14 @@ def run_trainer(
     precision: str = "fp32",
     warmup: int = 1,
     micro_batch_tokens: int | None = None,
+    gradient_checkpointing: bool = False,
 ) -> dict:
     """The same workload through grpokit.GRPOTrainer (fast backend); phases from its time/* metrics.
     ``precision`` bf16: ``bf16=True``, autocast over the fp32 weights (generation, log-prob passes and
     update). ``micro_batch_tokens``: the optimizer step's rows in micro-batches filled up to that many real
-    tokens (``GRPOConfig.micro_batch_tokens``) instead of whole groups within ``micro_batch_rows``' budget."""
+    tokens (``GRPOConfig.micro_batch_tokens``) instead of whole groups within ``micro_batch_rows``' budget.
+    ``gradient_checkpointing``: the update's layers recompute their activations in the backward (TRL's
+    default)."""
     import torch
     from transformers import PreTrainedTokenizerFast
 
@@ -137,6 +140,7 @@ def run_trainer(
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=wl.batch // micro,
         micro_batch_tokens=micro_batch_tokens,
+        gradient_checkpointing=gradient_checkpointing,
         max_steps=steps,
         logging_steps=1,
         report_to=[],
@@ -174,6 +178,7 @@ def main() -> None:
     ap = side_arguments()
     ap.add_argument("--impl", choices=("loop", "trainer"), default="loop")
     ap.add_argument("--micro-batch-tokens", type=int, default=None, help="GRPOConfig.micro_batch_tokens")
+    ap.add_argument("--gradient-checkpointing", action="store_true", help="GRPOConfig.gradient_checkpointing")
     a = ap.parse_args()
     wl = WORKLOADS[a.workload]
     timer = PhaseTimer()
@@ -184,9 +189,11 @@ def main() -> None:
         extra = run_loop(a.model, wl, a.warmup + a.steps, a.seed, timer)
     else:
         extra = run_trainer(
-            a.model, wl, a.warmup + a.steps, a.seed, timer, a.precision, a.warmup, a.micro_batch_tokens
-        )
+            a.model, wl, a.warmup + a.steps, a.seed, timer, a.precision, a.warmup, a.micro_batch_tokens,
+            a.gradient_checkpointing,
+        )  # fmt: skip
         extra["micro_batch_tokens"] = a.micro_batch_tokens
+        extra["gradient_checkpointing"] = a.gradient_checkpointing
     extra["wall_s"] = time.perf_counter() - start
     extra["impl"] = a.impl
     extra["precision"] = a.precision

@@ -545,9 +545,10 @@ def check_half_billion_run(device: str, tmp: Path, quick: bool) -> None:
 # ---------------------------------------------------------------------------------- 7. padding-free passes
 def check_padding_free(device: str, tmp: Path, quick: bool) -> None:
     """Packed passes (``padding_free=True``: flash-attn's variable-length kernel where it is installed and the
-    model is half precision, else per-row SDPA) against the padded ones, with and without the shared prefix:
-    log-probs and every gradient; then forward+backward tokens/s of both on a batch whose completions
-    spread from 1/8 to the whole length, and the fast sampler's decode with and without compaction."""
+    model is half precision, else SDPA over one padded batch on CUDA, per run of equal rows elsewhere)
+    against the padded ones, with and without the shared prefix: log-probs and every gradient; then
+    forward+backward tokens/s of both on a batch whose completions spread from 1/8 to the whole length, and
+    the fast sampler's decode with and without compaction."""
     from grpokit.models.packing import _flash_varlen_usable
 
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
@@ -570,11 +571,9 @@ def check_padding_free(device: str, tmp: Path, quick: bool) -> None:
             g_diff = max(
                 float((g_a[k] - g_b[k]).abs().max() / g_a[k].abs().max().clamp(min=1e-6)) for k in g_a
             )
-            kernel = (
-                "flash-attn varlen"
-                if _flash_varlen_usable(lp_a.new_zeros(1, dtype=dtype))
-                else "SDPA per row"
-            )
+            kernel = "SDPA per run of rows" if device != "cuda" else "SDPA, one padded batch"
+            if _flash_varlen_usable(lp_a.new_zeros(1, dtype=dtype)):
+                kernel = "flash-attn varlen"
             name = f"padding-free equals padded ({str(dtype)[6:]}, shared prefix {shared}, {kernel})"
             report(
                 name,
