@@ -11,15 +11,17 @@ Two layouts cover the training passes (``grpokit.train.forward``):
 - ``PackedLayout.causal(lengths)``: each sequence attends causally to itself (a row's prompt and completion);
 - ``PackedLayout.on_prefix(prefix_lengths, owners, lengths)``: sequences that continue a prefix packed in an
   earlier call (a group's prompt, its keys/values read from a cache): each sees all of its owner's prefix,
-  then itself causally. The G completions of a group share one prefix, never copied G times.
+  then itself causally. The G completions of a group share one prefix, computed once (the CPU attention
+  copies its keys/values into the batch of each run that reads them; no layer's input is copied).
 
 The attention itself (``packed_attention``, the function a model's layers call once
-``use_packed_attention`` has installed it) runs one ``scaled_dot_product_attention`` per sequence on views
-of the packed tensors (causal, or under one float mask per prefix that every layer shares), so that neither
-the compute nor what the backward saves counts padding; on CUDA it takes ``flash_attn_varlen_func`` on the
-packed tensors when the ``flash-attn`` package is there and the model runs in half precision (its causal mask
-is aligned to the end of the keys, which is what ``on_prefix`` needs), else one padded batch of the
-sequences (``PackedIndex``), which costs a few kernel launches instead of one per sequence and layer.
+``use_packed_attention`` has installed it) runs one ``scaled_dot_product_attention`` per run of consecutive
+sequences of one length on one prefix (``PackedLayout.runs``), on views of the packed tensors: causal, or
+under one float mask per prefix that every layer shares. Neither its compute nor what the backward saves
+counts padding. On CUDA it takes ``flash_attn_varlen_func`` on the packed tensors when the ``flash-attn``
+package is there and the model runs in half precision (its causal mask is aligned to the end of the keys,
+which is what ``on_prefix`` needs), else one padded batch of the sequences (``PackedIndex``): a few kernel
+launches instead of one per run and layer.
 Calls without a layout go to the model's own attention unchanged.
 """
 
