@@ -151,6 +151,7 @@ class PackedIndex:
 
     @classmethod
     def of(cls, layout: PackedLayout) -> PackedIndex:
+        """The index tensors of ``layout``, on its device."""
         device = layout.device
         lengths = torch.tensor(layout.lengths, dtype=torch.long, device=device)  # [S]
         if layout.owners:
