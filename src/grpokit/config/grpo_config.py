@@ -561,8 +561,9 @@ class GRPOConfigBase(metaclass=RefusesMovedFields):
     padding_free: bool | None = None
     """Run the reference, old-policy and update passes over each row's real tokens packed into one sequence
     (TRL's name in its SFT trainer; ``grpokit.models.packing``): no padding through the backbone, attention
-    kept within each row (per-row positions and a block-diagonal mask; ``flash-attn``'s variable-length
-    kernel on CUDA where it is installed), combined with the shared-prefix forward. The same log-probs and
+    kept within each row (per-row positions; one attention per run of equal rows over their real keys,
+    ``flash-attn``'s variable-length kernel on CUDA where it is installed), combined with the shared-prefix
+    forward. The same log-probs and
     gradients as the padded passes, up to float rounding. None: wherever the model supports it (Llama,
     Qwen2, Qwen3, Mistral without a sliding window; text only, no routing replay) and padding is at least
     10% of a pass's tokens; True: always (refused where it cannot run); False: never."""
