@@ -84,7 +84,7 @@ def main() -> None:
 
         return run
 
-    for name in ("_per_sequence", "_padded_batch"):  # the kernels packed_attention runs off flash-attn
+    for name in ("_per_run", "_padded_batch"):  # the kernels packed_attention runs off flash-attn
         setattr(packing, name, counted(getattr(packing, name)))
 
     batch = w4_batch(config.vocab_size)

@@ -62,11 +62,11 @@ def test_layout_on_prefix_is_the_hand_built_mask():
 
 
 @pytest.mark.parametrize("on_prefix", [False, True])
-def test_attention_per_sequence_equals_the_padded_batch_and_each_row_alone(on_prefix):
-    """The two non-flash kernels of ``packed_attention`` (one SDPA per sequence on CPU, one padded batch on
-    CUDA) against each sequence's attention written out: softmax over the keys it may see, 3 query heads per
-    key head. Values and the gradients of the packed query, key and value."""
-    from grpokit.models.packing import _padded_batch, _per_sequence
+def test_attention_per_run_equals_the_padded_batch_and_each_row_alone(on_prefix):
+    """The two non-flash kernels of ``packed_attention`` (one SDPA per run of equal rows on CPU, one padded
+    batch on CUDA) against each sequence's attention written out: softmax over the keys it may see, 3 query
+    heads per key head. Values and the gradients of the packed query, key and value."""
+    from grpokit.models.packing import _padded_batch, _per_run
 
     lengths = torch.tensor([3, 0, 3, 2, 2, 1])
     if on_prefix:
@@ -103,7 +103,7 @@ def test_attention_per_sequence_equals_the_padded_batch_and_each_row_alone(on_pr
         return torch.stack(rows)[None]  # [1, T, 6, 8]
 
     results = []
-    for attend in (by_hand, lambda: _per_sequence(q, k, v, layout, 0.0, None),
+    for attend in (by_hand, lambda: _per_run(q, k, v, layout, 0.0, None),
                    lambda: _padded_batch(q, k, v, layout.index, 0.0, None)):  # fmt: skip
         out = attend()
         grads = torch.autograd.grad((out * weights).sum(), (q, k, v))

@@ -64,7 +64,7 @@ class PackedLayout:
     the ``prefix_lengths`` of the prefixes packed in an earlier call (none for ``causal``), then the
     sequences' own. Sequence s continues prefix ``owners[s]`` (``owners`` is empty when there are no
     prefixes). What a kernel needs beyond that is derived once per call and shared by its layers:
-    ``prefix_mask`` (the per-sequence attention's float mask) and ``index`` (the padded batch and
+    ``prefix_mask`` (the per-run attention's float mask) and ``index`` (the padded batch and
     ``flash-attn``'s offsets).
     """
 
@@ -107,7 +107,7 @@ class PackedLayout:
     def runs(self) -> tuple[tuple[int, int, int | None], ...]:
         """The sequences in order as runs of ``(count, length, prefix)``: consecutive sequences of one length
         continuing one prefix (None: none, or an empty one), empty sequences left out. A run is one batch of
-        the per-sequence attention: every row of it real, none padded."""
+        the per-run attention: every row of it real, none padded."""
         runs: list[list] = []
         for s, length in enumerate(self.lengths):
             owner = self.owners[s] if self.owners else None
@@ -221,10 +221,10 @@ def packed_attention(
         return _flash_varlen(query, key, value, layout.index, dropout, scaling), None
     if query.is_cuda:
         return _padded_batch(query, key, value, layout.index, dropout, scaling), None
-    return _per_sequence(query, key, value, layout, dropout, scaling), None
+    return _per_run(query, key, value, layout, dropout, scaling), None
 
 
-def _per_sequence(query, key, value, layout: PackedLayout, dropout: float, scaling) -> torch.Tensor:
+def _per_run(query, key, value, layout: PackedLayout, dropout: float, scaling) -> torch.Tensor:
     """One ``scaled_dot_product_attention`` per run of equal sequences (``PackedLayout.runs``), on views of
     the packed tensors: causal over each sequence's own keys, or over its prefix's keys then its own under
     ``prefix_mask`` (the prefix's keys copied once per sequence that reads them)."""
