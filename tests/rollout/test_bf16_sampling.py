@@ -114,3 +114,56 @@ def test_bf16_turn_sessions_report_the_full_forward_logprobs(turn_model):
             fp32 = full_forward_logprobs(model, prompt, episode.completion_ids)[mask]
             widest = max(widest, (reported - fp32).abs().max().item())
     assert widest > 1e-4
+
+
+def parameter_casts(model, run) -> int:
+    """How many times ``run()`` casts one of ``model``'s parameters to another dtype (autocast's casts, and
+    the decoder's own; either is a ``to`` of the parameter's storage that returns another dtype)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    class Casts(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func in casts and args[0].dtype != out.dtype:
+                Casts.count += args[0].untyped_storage().data_ptr() in storages
+            return out
+
+    casts = (torch.ops.aten.to.dtype, torch.ops.aten._to_copy.default)
+
+    with Casts():
+        run()
+    return Casts.count
+
+
+def test_the_native_decode_casts_each_weight_once_per_call_with_autocasts_numbers(qwen2, monkeypatch):
+    """Under bf16 autocast the native decode casts its weights to bf16 once per call, not at every step
+    (the sampler runs in inference mode, where autocast keeps no cast): the parameter casts of a call do not
+    grow with its steps. Its tokens and log-probs are those of autocast casting the float32 weights at every
+    step (the decode with its own casts turned off), bit for bit; qwen2's q/k/v biases included."""
+    from grpokit.rollout import native_decode
+
+    model, tok = qwen2
+    prompts = [_encode(tok, p) for p in PROMPTS[:2]]
+
+    def sample(steps: int):
+        params_ = SamplingParams(max_new_tokens=steps, eos_token_ids=(), pad_token_id=PAD)
+        with bf16():
+            return FastSampler(model, impl="native", generator=torch.Generator().manual_seed(5)).generate(
+                prompts, 3, params_
+            )
+
+    once = sample(6)
+    casts = [parameter_casts(model, lambda n=n: sample(n)) for n in (2, 6)]
+    assert casts[0] == casts[1]  # one cast per weight per call, whatever the number of steps
+    monkeypatch.setattr(native_decode, "_autocast_dtype", lambda device: None)  # autocast casts at each step
+    every_step = sample(6)
+    assert once.completion_ids == every_step.completion_ids
+    assert torch.equal(torch.tensor(once.logprobs), torch.tensor(every_step.logprobs))
+    per_step = [parameter_casts(model, lambda n=n: sample(n)) for n in (2, 6)]
+    assert per_step[1] - per_step[0] == 4 * (2 * 2 + 1)  # seen: 4 steps x (2 layers x (o, down) + head)
+    fp32 = forward_logprobs(model, prompts[0], once.completion_ids[0])  # and the numbers are bf16's
+    assert (torch.tensor(once.logprobs[0]) - fp32).abs().max() > 1e-4

@@ -482,18 +482,18 @@ def plan_memory(
     # layer, [gate; up] (an MoE block runs as its own module); each prompt's cache once
     if args.generation_backend in ("fast", "auto"):
 
-        def fused(moe: bool) -> int:
-            kept = (
-                ("q_proj", "k_proj", "v_proj")
-                if moe
-                else ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
-            )
-            return sum(i * o for name, (i, o) in shape.linear_shapes(moe).items() if name in kept)
+        def weights_of(names: tuple[str, ...], moe: bool) -> int:
+            return sum(i * o for name, (i, o) in shape.linear_shapes(moe).items() if name in names)
 
-        fused_proj = dense_layers * fused(False) + shape.moe_layers * fused(True)
-        p["generation_weights"] += fused_proj * g
-        if c != g and not lora:  # autocast caches casts of the weights applied as modules
-            p["generation_weights"] += c * (linear_all - fused_proj + vocab * hidden)
+        qkv, gate_up = ("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")
+        fused_proj = dense_layers * weights_of(qkv + gate_up, False)
+        fused_proj += shape.moe_layers * weights_of(qkv, True)
+        if c != g:  # autocast: the decode casts every weight it applies once per call, the head included
+            applied = dense_layers * weights_of(("o_proj", "down_proj"), False)
+            applied += shape.moe_layers * weights_of(("o_proj",), True) + vocab * hidden
+            p["generation_weights"] += c * (fused_proj + applied)
+        else:
+            p["generation_weights"] += g * fused_proj
         call_prompts = min(args.generation_micro_batch_size or prompts, prompts)  # prompts per call
         prefill_rows = min(FAST_PREFILL_PROMPTS, call_prompts)
         kv_tokens = call_prompts * prompt + call_prompts * group * completion

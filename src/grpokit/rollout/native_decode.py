@@ -52,10 +52,18 @@ class NativeDecoder:
         self.slots: torch.Tensor | None = None  # [rows] each row's place in the [prompts x G] grid (None:
         # every row of every prompt, in order: no finished row has left yet)
         # Fused projections (one matmul instead of three, resp. two), rebuilt from the live weights per call.
-        self.qkv = [
-            _fuse_linear(a.q_proj, a.k_proj, a.v_proj) for a in (lay.self_attn for lay in self.base.layers)
-        ]
-        self.gate_up = [_fuse_mlp(layer.mlp) for layer in self.base.layers]
+        # Under autocast every weight the step applies is cast here once, to the dtype autocast would cast
+        # it to at each step (the sampler runs in inference mode, where autocast keeps no cast of its own).
+        compute = _autocast_dtype(device)
+        layers = self.base.layers
+        attentions = [layer.self_attn for layer in layers]
+        self.qkv = [_cast(*_fuse_linear(a.q_proj, a.k_proj, a.v_proj), dtype=compute) for a in attentions]
+        fused_mlps = [_fuse_mlp(layer.mlp) for layer in layers]
+        self.gate_up = [None if w is None else _cast(w, dtype=compute)[0] for w in fused_mlps]
+        self.o_proj = [_cast_linear(a.o_proj, compute) for a in attentions]
+        self.down_proj = [None if w is None else _cast_linear(layer.mlp.down_proj, compute)
+                          for layer, w in zip(layers, fused_mlps, strict=True)]  # fmt: skip
+        self.head_weights = _cast_linear(self.head, compute)
 
     def keep(self, running: torch.Tensor, t: int) -> torch.Tensor:
         """Let the finished rows leave the decode batch after step ``t``'s tokens were sampled: ``running``
@@ -110,9 +118,9 @@ class NativeDecoder:
                 h = residual + layer.mlp(x)
             else:
                 gate, up = torch.nn.functional.linear(x, fused).chunk(2, dim=-1)
-                h = residual + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+                h = residual + _apply(layer.mlp.down_proj, self.down_proj[i], layer.mlp.act_fn(gate) * up)
         h = self.base.norm(h)
-        return self.head(h[:, 0]).float()  # [N, V]
+        return _apply(self.head, self.head_weights, h[:, 0]).float()  # [N, V]
 
     def _attention(self, attn: nn.Module, x: torch.Tensor, cos, sin, i: int, t: int) -> torch.Tensor:
         rows = x.shape[0]
@@ -169,7 +177,7 @@ class NativeDecoder:
         if self.slots is not None:
             o_prompt = o_prompt[self.slots]  # [N, kv, rep, d]
         out = o_prompt + torch.matmul(probs[..., plen:], gv)  # [N, kv, rep, d]
-        return attn.o_proj(out.reshape(rows, 1, kvh * rep * d))
+        return _apply(attn.o_proj, self.o_proj[i], out.reshape(rows, 1, kvh * rep * d))
 
 
 def _fuse_linear(*linears: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -188,6 +196,42 @@ def _fuse_mlp(mlp: nn.Module) -> torch.Tensor | None:
     if any(p is None or getattr(p, "bias", None) is not None for p in parts) or not hasattr(mlp, "act_fn"):
         return None
     return torch.cat([linear_weight(parts[0]), linear_weight(parts[1])])
+
+
+def _autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The dtype autocast runs matmuls in on ``device``; None where autocast is off."""
+    if not torch.is_autocast_enabled(device.type):
+        return None
+    return torch.get_autocast_dtype(device.type)
+
+
+Weights = tuple[torch.Tensor, torch.Tensor | None]
+"""A linear map's ``(weight [out, in], bias [out] or None)``."""
+
+
+def _cast(weight: torch.Tensor, bias: torch.Tensor | None = None, *, dtype: torch.dtype | None) -> Weights:
+    """``(weight, bias)`` as autocast's ``linear`` uses them: cast to ``dtype`` (None: autocast is off, kept
+    as they are). Autocast leaves a tensor already in its dtype as it is, so a linear over the cast weights
+    gives the same result as over the originals."""
+    if dtype is None:
+        return weight, bias
+    return weight.to(dtype), None if bias is None else bias.to(dtype)
+
+
+def _cast_linear(module: nn.Module, dtype: torch.dtype | None) -> Weights | None:
+    """A linear layer's weight and bias, cast once for the whole call (``_cast``). None where autocast is off,
+    or where one floating-point weight cannot express the layer (``linear_weight``): the module then runs
+    itself, as it did before."""
+    weight = linear_weight(module) if dtype is not None else None
+    if weight is None or not weight.is_floating_point():
+        return None
+    base = module.get_base_layer() if hasattr(module, "get_base_layer") else module
+    return _cast(weight, base.bias, dtype=dtype)
+
+
+def _apply(module: nn.Module, weights: Weights | None, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)``, or the linear map by its weights cast for the call (``_cast_linear``)."""
+    return module(x) if weights is None else torch.nn.functional.linear(x, *weights)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
