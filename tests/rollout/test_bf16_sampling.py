@@ -167,3 +167,15 @@ def test_the_native_decode_casts_each_weight_once_per_call_with_autocasts_number
     assert per_step[1] - per_step[0] == 4 * (2 * 2 + 1)  # seen: 4 steps x (2 layers x (o, down) + head)
     fp32 = forward_logprobs(model, prompts[0], once.completion_ids[0])  # and the numbers are bf16's
     assert (torch.tensor(once.logprobs[0]) - fp32).abs().max() > 1e-4
+
+
+def test_the_linear_by_columns_equals_f_linear_with_and_without_bias():
+    from grpokit.rollout.native_decode import _linear_by_columns
+
+    gen = torch.Generator().manual_seed(0)
+    weight, bias, x = (torch.randn(*s, generator=gen) for s in ((37, 11), (37,), (3, 11)))
+    for b in (None, bias):
+        out = _linear_by_columns(weight, b, x)
+        expected = x @ weight.T + (0 if b is None else b)  # [3, 37]
+        assert out.shape == (3, 37) and out.is_contiguous()
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
