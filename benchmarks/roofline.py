@@ -159,7 +159,10 @@ class Rates:
         self.cache: dict[tuple[str, int, int, int], float] = {}
 
     def __call__(self, precision: str, m: int, k: int, n: int) -> float:
-        """FLOP/s of torch.mm at [m, k] x [k, n] in ``precision`` (best of 3 repeats of ~0.2 GFLOP each)."""
+        """FLOP/s of the product [m, k] x [k, n] in ``precision``: the fastest of the layouts a linear layer
+        can compute it in (``a @ b`` with b stored [k, n]; ``a @ w.T`` with w stored [n, k], as ``F.linear``;
+        ``(w @ a.T).T``), each the best of 3 repeats of ~0.2 GFLOP. BLAS libraries differ by layout: MKL's
+        float32 product with a few rows and a wide output runs several times faster as ``w @ a.T``."""
         import torch
 
         key = (precision, m, k, n)
@@ -167,19 +170,28 @@ class Rates:
             dtype = getattr(torch, PRECISIONS[precision])
             a = torch.randn(m, k, device=self.device).to(dtype)
             b = torch.randn(k, n, device=self.device).to(dtype)
-            sync = torch.cuda.synchronize if self.device.startswith("cuda") else (lambda: None)
-            torch.mm(a, b)
-            sync()
-            reps = max(1, int(2e8 / (2 * m * k * n)))
-            best = float("inf")
-            for _ in range(3):
-                start = time.perf_counter()
-                for _ in range(reps):
-                    torch.mm(a, b)
-                sync()
-                best = min(best, (time.perf_counter() - start) / reps)
-            self.cache[key] = 2 * m * k * n / best
+            w = b.T.contiguous()  # [n, k]
+            layouts = (lambda: torch.mm(a, b), lambda: torch.mm(a, w.T), lambda: torch.mm(w, a.T))
+            flops = 2 * m * k * n
+            self.cache[key] = flops / min(self._seconds(product, flops) for product in layouts)
         return self.cache[key]
+
+    def _seconds(self, product, flops: int) -> float:
+        """Seconds of one call of ``product`` (best of 3 repeats of ~0.2 GFLOP, after one warm-up call)."""
+        import torch
+
+        sync = torch.cuda.synchronize if self.device.startswith("cuda") else (lambda: None)
+        product()
+        sync()
+        reps = max(1, int(2e8 / flops))
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            for _ in range(reps):
+                product()
+            sync()
+            best = min(best, (time.perf_counter() - start) / reps)
+        return best
 
     def gflops(self, precision: str) -> dict[str, float]:
         """``{"MxKxN": GFLOP/s}`` of the shapes measured in ``precision``."""
