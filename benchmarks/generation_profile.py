@@ -1,0 +1,92 @@
+"""Where W4's generation time goes: one W4-shaped sampling call (SmolLM2-135M-Instruct, 4 of W4's varied chat
+prompts x G = 8, EOS on, up to 256 new tokens, temperature 1) through the fast sampler, timed on its own and
+then under ``torch.profiler``, its operators' own CPU time summed by kind:
+
+- projections and LM head: ``aten::mm`` / ``addmm`` (the decode's fused and plain linear layers, and the
+  prefill's);
+- attention: ``bmm``, ``scaled_dot_product_*`` and softmax (the decode's split attention, the prefill's SDPA);
+- casts: ``copy_`` / ``_to_copy`` (under autocast: the activations cast to bf16 before each product);
+- the rest: element-wise work (norms, rotary, SiLU, residuals), indexing and the KV buffers' bookkeeping, and
+  sampling (the processed scores' softmax, cumulative sums, the inverse CDF).
+
+    python benchmarks/generation_profile.py [--model DIR] [--bf16] [--seed 0]
+
+Run it alone on the machine. The profiler adds its own overhead: compare the kinds' shares, not their sums
+with the unprofiled time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+KINDS = {
+    "projections and LM head": ("aten::mm", "aten::addmm"),
+    "attention": ("aten::bmm", "aten::_softmax", "aten::_scaled_dot_product_flash_attention_for_cpu"),
+    "casts": ("aten::copy_", "aten::_to_copy"),
+}
+"""Operator names summed into each kind (self CPU time); every other operator is "the rest"."""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=os.path.join(tempfile.gettempdir(), "grpokit-bench", "smollm2"))
+    ap.add_argument("--bf16", action="store_true", help="bf16 autocast over the float32 weights")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    from common import WORKLOADS, benchmark_rows
+    from smollm2 import prepare
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpokit.rollout.base import SamplingParams
+    from grpokit.rollout.fast import FastSampler
+
+    folder = prepare(a.model)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    wl = WORKLOADS["W4"]
+    rows = benchmark_rows(wl, wl.num_prompts, seed=a.seed)
+    prompts = [list(tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True,
+                                                  return_dict=True)["input_ids"]) for r in rows]  # fmt: skip
+    params = SamplingParams.for_tokenizer(
+        tokenizer, max_new_tokens=wl.max_new_tokens, temperature=wl.temperature
+    )
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if a.bf16 else contextlib.nullcontext()
+
+    def sample() -> tuple[float, FastSampler, list[list[int]]]:
+        sampler = FastSampler(model, generator=torch.Generator().manual_seed(a.seed))
+        begin = time.perf_counter()
+        with autocast:
+            out = sampler.generate(prompts, wl.num_generations, params)
+        return time.perf_counter() - begin, sampler, out.completion_ids
+
+    sample()  # warm-up
+    seconds, sampler, completions = sample()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        sample()
+    own = {event.key: event.self_cpu_time_total / 1e6 for event in prof.key_averages()}
+    total = sum(own.values())
+    by_kind = {kind: sum(own.get(name, 0.0) for name in names) for kind, names in KINDS.items()}
+    by_kind["the rest"] = total - sum(by_kind.values())
+    lengths = sorted(len(c) for c in completions)
+    precision = "bf16 autocast" if a.bf16 else "fp32"
+    print(f"SmolLM2-135M-Instruct, {precision}, {torch.get_num_threads()} threads")
+    print(f"prompts of {[len(p) for p in prompts]} tokens x {wl.num_generations}")
+    print(f"completion lengths {lengths}")
+    print(f"{sum(lengths)} completion tokens, {sampler.last_stats['decode_steps']} decode steps")
+    print(f"sampling call: {seconds:.2f} s unprofiled; profiled, operators' own CPU time {total:.2f} s:")
+    for kind, spent in by_kind.items():
+        print(f"  {kind:26s} {spent:6.2f} s  {spent / total:5.1%}")
+
+
+if __name__ == "__main__":
+    main()
