@@ -35,6 +35,7 @@ import argparse
 import dataclasses
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -206,6 +207,14 @@ def roofline(products: list[tuple[int, int, int, int]], rates: Rates, precision:
     return flops / 1e9, seconds
 
 
+def median_floor(
+    by_step: list[dict[str, list[tuple[int, int, int, int]]]], phase: str, rates: Rates, precision: str
+) -> tuple[float, float]:
+    """(GFLOP, seconds) of ``phase``: the median over the timed steps of each step's ``roofline``."""
+    per_step = [roofline(phases[phase], rates, precision) for phases in by_step]
+    return statistics.median(g for g, _ in per_step), statistics.median(s for _, s in per_step)
+
+
 def measured_precisions(device: str, support) -> list[str]:
     """fp32; bf16 where the device has some bf16 instruction (a CPU without any emulates it, two orders of
     magnitude slower: measuring the step's shapes would take hours); fp16 on GPUs and on CPUs with
@@ -303,28 +312,30 @@ def main() -> None:
         print("|---|---|---|---|---|---|")
         total_floor = total_time = 0.0
         report[name] = {}
-        phases = phase_products(shape, wl)
         steps = (measured or {}).get("grpokit", {}).get("lengths")
         if wl.eos and not steps:
             raise SystemExit(f"{name}: real lengths need --results with the runs' lengths (bench_grpo.py)")
-        if steps:  # real lengths: each timed step's products over its real tokens; the median step's kept
-            per_step = [real_phase_products(shape, wl, s["prompts"], s["completions"]) for s in steps]
-            per_step.sort(key=lambda ph: sum(roofline(v, rates, args.precision)[1] for v in ph.values()))
-            phases = per_step[len(per_step) // 2]
+        if steps:  # real lengths: each timed step's products over its real tokens
+            by_step = [real_phase_products(shape, wl, s["prompts"], s["completions"]) for s in steps]
             print(f"floors over real tokens: completion tokens per timed step "
                   f"{[sum(s['completions']) for s in steps]}, prompts {steps[0]['prompts']}")  # fmt: skip
+        else:
+            by_step = [phase_products(shape, wl)]
         if measured and grpokit.get("policy_forward", 0.0) == 0.0:  # the trainer times the update as one
-            phases["backward"] = phases.pop("policy_forward") + phases["backward"]
+            for phases in by_step:
+                phases["backward"] = phases.pop("policy_forward") + phases["backward"]
             trl = {**trl, "backward": trl.get("policy_forward", 0.0) + trl.get("backward", 0.0)}
         floors: dict[str, dict[str, float]] = {}
-        if measured and "old_logps" in phases and grpokit.get("old_logps", 0.0) < 0.01:
+        if measured and "old_logps" in by_step[0] and grpokit.get("old_logps", 0.0) < 0.01:
             # the trainer took pi_old's log-probs from the sampler (reuse_sampler_logprobs): no pass to count
-            del phases["old_logps"]
+            for phases in by_step:
+                del phases["old_logps"]
             print(f"| old_logps | - (the sampler's) | - | {grpokit.get('old_logps', 0.0):.2f} | - | "
                   f"{trl.get('old_logps', 0.0):.2f} |")  # fmt: skip
-        for phase, products in phases.items():
-            floors[phase] = {p: roofline(products, rates, p)[1] for p in precisions}
-            gflop, floor = roofline(products, rates, args.precision)
+        for phase in by_step[0]:
+            # the median over the timed steps of each step's floor, as the times are medians over those steps
+            floors[phase] = {p: median_floor(by_step, phase, rates, p)[1] for p in precisions}
+            gflop, floor = median_floor(by_step, phase, rates, args.precision)
             spent = grpokit.get(phase, 0.0)
             total_floor, total_time = total_floor + floor, total_time + spent
             report[name][phase] = {"gflop": gflop, "roofline_s": floor, "grpokit_s": spent,
