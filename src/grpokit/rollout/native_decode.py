@@ -64,7 +64,9 @@ class NativeDecoder:
         self.down_proj = [None if w is None else _cast_linear(layer.mlp.down_proj, compute)
                           for layer, w in zip(layers, fused_mlps, strict=True)]  # fmt: skip
         self.head_weights = _cast_linear(self.head, compute)
-        self.head_by_columns = _float32_cpu_weights(self.head) if compute is None and device.type == "cpu" else None
+        # The float32 LM head on a CPU, by columns (``_linear_by_columns``); None: as the module computes it.
+        by_columns = compute is None and device.type == "cpu"
+        self.head_by_columns = _float32_cpu_weights(self.head) if by_columns else None
 
     def keep(self, running: torch.Tensor, t: int) -> torch.Tensor:
         """Let the finished rows leave the decode batch after step ``t``'s tokens were sampled: ``running``
@@ -122,7 +124,8 @@ class NativeDecoder:
                 h = residual + _apply(layer.mlp.down_proj, self.down_proj[i], layer.mlp.act_fn(gate) * up)
         h = self.base.norm(h)[:, 0]  # [N, H]
         if self.head_by_columns is not None and h.shape[0] > 1:
-            return _linear_by_columns(*self.head_by_columns, h)  # [N, V]
+            # float32 hidden states, as a head made float32 by cast_lm_head_to_fp32 casts its input
+            return _linear_by_columns(*self.head_by_columns, h.float())  # [N, V]
         return _apply(self.head, self.head_weights, h).float()  # [N, V]
 
     def _attention(self, attn: nn.Module, x: torch.Tensor, cos, sin, i: int, t: int) -> torch.Tensor:
