@@ -66,7 +66,7 @@ class NativeDecoder:
         self.head_weights = _cast_linear(self.head, compute)
         # The float32 LM head on a CPU, by columns (``_linear_by_columns``); None: as the module computes it.
         by_columns = compute is None and device.type == "cpu"
-        self.head_by_columns = _float32_cpu_weights(self.head) if by_columns else None
+        self.head_by_columns = _float32_weights(self.head) if by_columns else None
 
     def keep(self, running: torch.Tensor, t: int) -> torch.Tensor:
         """Let the finished rows leave the decode batch after step ``t``'s tokens were sampled: ``running``
@@ -224,15 +224,21 @@ def _cast(weight: torch.Tensor, bias: torch.Tensor | None = None, *, dtype: torc
     return weight.to(dtype), None if bias is None else bias.to(dtype)
 
 
-def _cast_linear(module: nn.Module, dtype: torch.dtype | None) -> Weights | None:
-    """A linear layer's weight and bias, cast once for the whole call (``_cast``). None where autocast is off,
-    or where one floating-point weight cannot express the layer (``linear_weight``): the module then runs
-    itself, as it did before."""
-    weight = linear_weight(module) if dtype is not None else None
+def _linear_weights(module: nn.Module) -> Weights | None:
+    """A linear layer's floating-point ``(weight, bias)``; None where one weight cannot express the layer
+    (``linear_weight``)."""
+    weight = linear_weight(module)
     if weight is None or not weight.is_floating_point():
         return None
     base = module.get_base_layer() if hasattr(module, "get_base_layer") else module
-    return _cast(weight, base.bias, dtype=dtype)
+    return weight, base.bias
+
+
+def _cast_linear(module: nn.Module, dtype: torch.dtype | None) -> Weights | None:
+    """A linear layer's weight and bias, cast once for the whole call (``_cast``). None where autocast is off,
+    or where ``_linear_weights`` has none: the module then runs itself, as it did before."""
+    weights = _linear_weights(module) if dtype is not None else None
+    return None if weights is None else _cast(*weights, dtype=dtype)
 
 
 def _apply(module: nn.Module, weights: Weights | None, x: torch.Tensor) -> torch.Tensor:
@@ -240,20 +246,16 @@ def _apply(module: nn.Module, weights: Weights | None, x: torch.Tensor) -> torch
     return module(x) if weights is None else torch.nn.functional.linear(x, *weights)
 
 
-def _float32_cpu_weights(module: nn.Module) -> Weights | None:
-    """A linear layer's float32 weight and bias, for ``_linear_by_columns``; None where one weight cannot
-    express the layer (``linear_weight``) or it is not float32."""
-    weight = linear_weight(module)
-    if weight is None or weight.dtype != torch.float32:
-        return None
-    base = module.get_base_layer() if hasattr(module, "get_base_layer") else module
-    return weight, base.bias
+def _float32_weights(module: nn.Module) -> Weights | None:
+    """A linear layer's ``_linear_weights`` where they are float32, for ``_linear_by_columns``; else None."""
+    weights = _linear_weights(module)
+    return weights if weights is not None and weights[0].dtype == torch.float32 else None
 
 
 def _linear_by_columns(weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for x [n, in] as ``(weight @ x.T).T`` ([n, out], contiguous). The same
-    product in the other orientation: on CPUs, float32 with 2-16 rows and a wide output (the LM head: 49,152
-    x 576) runs 2-6x faster this way than as ``x @ weight.T`` (MKL, Zen 4;
+    product in the other orientation: on CPUs, float32 with a wide output (the LM head: 49,152 x 576) runs
+    2-6x faster this way than as ``x @ weight.T`` with 2-8 rows, 1.3-1.4x with 16-32 (MKL, Zen 4;
     ``benchmarks/results/decode-head-orientation-2026-12-05.txt``)."""
     out = weight @ x.T  # [out, n]
     if bias is not None:
