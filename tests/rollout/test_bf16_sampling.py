@@ -6,6 +6,8 @@ product's output to 8 bits of mantissa, so log-probs agree to bf16's resolution 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -173,9 +175,29 @@ def test_the_linear_by_columns_equals_f_linear_with_and_without_bias():
     from grpokit.rollout.native_decode import _linear_by_columns
 
     gen = torch.Generator().manual_seed(0)
-    weight, bias, x = (torch.randn(*s, generator=gen) for s in ((37, 11), (37,), (3, 11)))
-    for b in (None, bias):
-        out = _linear_by_columns(weight, b, x)
-        expected = x @ weight.T + (0 if b is None else b)  # [3, 37]
-        assert out.shape == (3, 37) and out.is_contiguous()
-        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    weight, bias = torch.randn(37, 11, generator=gen), torch.randn(37, generator=gen)
+    for rows in (1, 3):  # one row is computed as two equal ones
+        x = torch.randn(rows, 11, generator=gen)
+        for b in (None, bias):
+            out = _linear_by_columns(weight, b, x)
+            expected = x @ weight.T + (0 if b is None else b)  # [rows, 37]
+            assert out.shape == (rows, 37) and out.is_contiguous()
+            torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("group", [1, 3])
+def test_a_bf16_model_with_a_float32_head_samples_its_forwards_logprobs(qwen2, group):
+    """bf16 weights and an LM head made float32 by cast_lm_head_to_fp32, no autocast: the decode step's
+    head gets float32 hidden states as the module's hook gives it (one row and several), and the reported
+    log-probs are the full forward's."""
+    from grpokit.models.policy import cast_lm_head_to_fp32
+
+    model = copy.deepcopy(qwen2[0]).to(torch.bfloat16)
+    cast_lm_head_to_fp32(model)
+    assert model.get_output_embeddings().weight.dtype == torch.float32
+    prompt = _encode(qwen2[1], PROMPTS[0])
+    torch.manual_seed(0)
+    out = FastSampler(model).generate([prompt], group, SamplingParams(max_new_tokens=6, eos_token_ids=()))
+    for completion, logprobs in zip(out.completion_ids, out.logprobs, strict=True):
+        expected = forward_logprobs(model, prompt, completion)
+        torch.testing.assert_close(torch.tensor(logprobs), expected, atol=ATOL, rtol=0)

@@ -64,9 +64,7 @@ class NativeDecoder:
         self.down_proj = [None if w is None else _cast_linear(layer.mlp.down_proj, compute)
                           for layer, w in zip(layers, fused_mlps, strict=True)]  # fmt: skip
         self.head_weights = _cast_linear(self.head, compute)
-        # The float32 LM head on a CPU, by columns (``_linear_by_columns``); None: as the module computes it.
-        by_columns = compute is None and device.type == "cpu"
-        self.head_by_columns = _float32_weights(self.head) if by_columns else None
+        self.compute = compute  # the dtype of every product (None: each weight's own)
 
     def keep(self, running: torch.Tensor, t: int) -> torch.Tensor:
         """Let the finished rows leave the decode batch after step ``t``'s tokens were sampled: ``running``
@@ -120,20 +118,36 @@ class NativeDecoder:
             if fused is None:
                 h = residual + layer.mlp(x)
             else:
-                gate, up = torch.nn.functional.linear(x, fused).chunk(2, dim=-1)
-                h = residual + _apply(layer.mlp.down_proj, self.down_proj[i], layer.mlp.act_fn(gate) * up)
+                gate, up = self._linear(x, (fused, None)).chunk(2, dim=-1)
+                down = self.down_proj[i]
+                h = residual + self._apply(layer.mlp.down_proj, down, layer.mlp.act_fn(gate) * up)
         h = self.base.norm(h)[:, 0]  # [N, H]
-        if self.head_by_columns is not None and h.shape[0] > 1:
-            # float32 hidden states, as a head made float32 by cast_lm_head_to_fp32 casts its input
-            return _linear_by_columns(*self.head_by_columns, h.float())  # [N, V]
-        return _apply(self.head, self.head_weights, h).float()  # [N, V]
+        return self._apply(self.head, self.head_weights, h).float()  # [N, V]
+
+    def _linear(self, x: torch.Tensor, weights: Weights) -> torch.Tensor:
+        """``F.linear(x, *weights)`` for x [N, 1, in] or [N, in], in the orientation ``_columns_from`` picks
+        for N rows in the product's dtype."""
+        rows = x.shape[0]
+        columns_from = _columns_from(x.device, self.compute or weights[0].dtype)
+        if columns_from is None or rows < columns_from:
+            return torch.nn.functional.linear(x, *weights)
+        return _linear_by_columns(*weights, x.reshape(rows, x.shape[-1])).view(*x.shape[:-1], -1)
+
+    def _apply(self, module: nn.Module, weights: Weights | None, x: torch.Tensor) -> torch.Tensor:
+        """``module(x)``, or the linear map by its weights (``_cast_linear``); outside autocast the input is
+        cast to the weight's dtype first, as a head made float32 by ``cast_lm_head_to_fp32`` casts it."""
+        if weights is None:
+            return module(x)
+        if not torch.is_autocast_enabled(x.device.type):
+            x = x.to(weights[0].dtype)
+        return self._linear(x, weights)
 
     def _attention(self, attn: nn.Module, x: torch.Tensor, cos, sin, i: int, t: int) -> torch.Tensor:
         rows = x.shape[0]
         d, kvh, rep = self.head_dim, self.kv_heads, self.n_rep
         num_prompts = self.prompt_keys[i].shape[0]
         w, b = self.qkv[i]
-        q, k, v = torch.nn.functional.linear(x, w, b).split([kvh * rep * d, kvh * d, kvh * d], dim=-1)
+        q, k, v = self._linear(x, (w, b)).split([kvh * rep * d, kvh * d, kvh * d], dim=-1)
         q = q.reshape(rows, 1, kvh * rep, d)  # [N, 1, h, d]
         k = k.reshape(rows, 1, kvh, d)
         v = v.reshape(rows, 1, kvh, d)
@@ -183,7 +197,7 @@ class NativeDecoder:
         if self.slots is not None:
             o_prompt = o_prompt[self.slots]  # [N, kv, rep, d]
         out = o_prompt + torch.matmul(probs[..., plen:], gv)  # [N, kv, rep, d]
-        return _apply(attn.o_proj, self.o_proj[i], out.reshape(rows, 1, kvh * rep * d))
+        return self._apply(attn.o_proj, self.o_proj[i], out.reshape(rows, 1, kvh * rep * d))
 
 
 def _fuse_linear(*linears: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -235,32 +249,38 @@ def _linear_weights(module: nn.Module) -> Weights | None:
 
 
 def _cast_linear(module: nn.Module, dtype: torch.dtype | None) -> Weights | None:
-    """A linear layer's weight and bias, cast once for the whole call (``_cast``). None where autocast is off,
-    or where ``_linear_weights`` has none: the module then runs itself, as it did before."""
-    weights = _linear_weights(module) if dtype is not None else None
+    """A linear layer's weight and bias as the decode step applies them: cast once for the whole call under
+    autocast (``_cast``); outside it, a plain ``nn.Linear``'s own. None where ``_linear_weights`` has none, or
+    where they would be a new tensor outside autocast (a LoRA layer): the module then runs itself."""
+    if dtype is None:
+        return (module.weight, module.bias) if type(module) is nn.Linear else None
+    weights = _linear_weights(module)
     return None if weights is None else _cast(*weights, dtype=dtype)
 
 
-def _apply(module: nn.Module, weights: Weights | None, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)``, or the linear map by its weights cast for the call (``_cast_linear``)."""
-    return module(x) if weights is None else torch.nn.functional.linear(x, *weights)
-
-
-def _float32_weights(module: nn.Module) -> Weights | None:
-    """A linear layer's ``_linear_weights`` where they are float32, for ``_linear_by_columns``; else None."""
-    weights = _linear_weights(module)
-    return weights if weights is not None and weights[0].dtype == torch.float32 else None
+def _columns_from(device: torch.device, dtype: torch.dtype) -> int | None:
+    """From how many rows a linear map of the decode step runs by columns (``_linear_by_columns``) for
+    products in ``dtype`` on ``device``; None: never (by rows, as ``F.linear``). Float32 on a CPU: from one
+    row. There MKL runs SmolLM2-135M's four projections over its 30 layers, their weights read from memory
+    as in decode, 1.1-4x faster by columns (2.5-4x at 1-3 rows), and a decode step of the whole model takes
+    0.5-0.9x the time by rows (``benchmarks/results/decode-orientation-2026-12-05.txt``). bfloat16 gains
+    nothing measurable in the whole step, other devices were not measured: by rows."""
+    if device.type != "cpu" or dtype != torch.float32:
+        return None
+    return 1
 
 
 def _linear_by_columns(weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for x [n, in] as ``(weight @ x.T).T`` ([n, out], contiguous). The same
-    product in the other orientation: on CPUs, float32 with a wide output (the LM head: 49,152 x 576) runs
-    2-6x faster this way than as ``x @ weight.T`` with 2-8 rows, 1.3-1.4x with 16-32 (MKL, Zen 4;
-    ``benchmarks/results/decode-head-orientation-2026-12-05.txt``)."""
+    """``F.linear(x, weight, bias)`` for x [n, in] as ``(weight @ x.T).T`` ([n, out], contiguous): the same
+    product in the other orientation. One row is computed as two equal ones: MKL's one-column product
+    (a matrix-vector product) reads the weight at about a third of the rate of its two-column one."""
+    rows = x.shape[0]
+    if rows == 1:
+        x = torch.cat([x, x])  # [2, in]
     out = weight @ x.T  # [out, n]
     if bias is not None:
         out = out + bias[:, None]
-    return out.T.contiguous()
+    return out[:, :rows].T.contiguous()
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
