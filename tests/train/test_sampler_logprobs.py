@@ -121,8 +121,11 @@ def test_a_run_with_and_without_the_pass_takes_the_same_losses(tiny_model_dir, t
         assert mine["loss"] == pytest.approx(theirs["loss"], abs=1e-5)
         assert mine["ratio_mean"] == pytest.approx(theirs["ratio_mean"], abs=1e-5)
         assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-4)
+    # AdamW divides each update by the root of its second moment, so where an element's gradient is near
+    # zero the float rounding between the sampler's log-probs and the pass's (products in other
+    # orientations) can move it by a few percent of one step's lr (1e-2): 1.1e-4 seen after four steps.
     for mine, theirs in zip(reused_model.parameters(), passed_model.parameters()):
-        torch.testing.assert_close(mine, theirs, atol=1e-4, rtol=0)
+        torch.testing.assert_close(mine, theirs, atol=3e-4, rtol=0)
 
 
 @pytest.mark.parametrize(

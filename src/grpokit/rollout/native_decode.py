@@ -262,9 +262,10 @@ def _columns_from(device: torch.device, dtype: torch.dtype) -> int | None:
     """From how many rows a linear map of the decode step runs by columns (``_linear_by_columns``) for
     products in ``dtype`` on ``device``; None: never (by rows, as ``F.linear``). Float32 on a CPU: from one
     row. There MKL runs SmolLM2-135M's four projections over its 30 layers, their weights read from memory
-    as in decode, 1.1-4x faster by columns (2.5-4x at 1-3 rows), and a decode step of the whole model takes
-    0.5-0.9x the time by rows (``benchmarks/results/decode-orientation-2026-12-05.txt``). bfloat16 gains
-    nothing measurable in the whole step, other devices were not measured: by rows."""
+    as in decode, 2.0-3.4x faster by columns with 1-4 rows (1.2-1.5x with 8-64), and a decode step of the
+    whole model takes 0.4-0.7x of its time by rows with 1-4 rows, 0.8-1.0x with 16-32
+    (``benchmarks/results/decode-orientation-2026-12-05.txt``). bfloat16 gains nothing measurable in the
+    whole step, and other devices were not measured: by rows."""
     if device.type != "cpu" or dtype != torch.float32:
         return None
     return 1
@@ -273,7 +274,7 @@ def _columns_from(device: torch.device, dtype: torch.dtype) -> int | None:
 def _linear_by_columns(weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for x [n, in] as ``(weight @ x.T).T`` ([n, out], contiguous): the same
     product in the other orientation. One row is computed as two equal ones: MKL's one-column product
-    (a matrix-vector product) reads the weight at about a third of the rate of its two-column one."""
+    (a matrix-vector product) reads the weight at a third to a half of the rate of its two-column one."""
     rows = x.shape[0]
     if rows == 1:
         x = torch.cat([x, x])  # [2, in]
