@@ -125,12 +125,11 @@ class NativeDecoder:
         return self._apply(self.head, self.head_weights, h).float()  # [N, V]
 
     def _linear(self, x: torch.Tensor, weights: Weights) -> torch.Tensor:
-        """``F.linear(x, *weights)`` for x [N, 1, in] or [N, in], in the orientation ``_columns_from`` picks
-        for N rows in the product's dtype."""
-        rows = x.shape[0]
-        columns_from = _columns_from(x.device, self.compute or weights[0].dtype)
-        if columns_from is None or rows < columns_from:
+        """``F.linear(x, *weights)`` for x [N, 1, in] or [N, in], in the orientation ``_by_columns`` picks for
+        the product's dtype."""
+        if not _by_columns(x.device, self.compute or weights[0].dtype):
             return torch.nn.functional.linear(x, *weights)
+        rows = x.shape[0]
         return _linear_by_columns(*weights, x.reshape(rows, x.shape[-1])).view(*x.shape[:-1], -1)
 
     def _apply(self, module: nn.Module, weights: Weights | None, x: torch.Tensor) -> torch.Tensor:
@@ -258,17 +257,15 @@ def _cast_linear(module: nn.Module, dtype: torch.dtype | None) -> Weights | None
     return None if weights is None else _cast(*weights, dtype=dtype)
 
 
-def _columns_from(device: torch.device, dtype: torch.dtype) -> int | None:
-    """From how many rows a linear map of the decode step runs by columns (``_linear_by_columns``) for
-    products in ``dtype`` on ``device``; None: never (by rows, as ``F.linear``). Float32 on a CPU: from one
-    row. There MKL runs SmolLM2-135M's four projections over its 30 layers, their weights read from memory
+def _by_columns(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the decode step's linear maps run by columns (``_linear_by_columns``) for products in
+    ``dtype`` on ``device``, at every row count; else by rows, as ``F.linear``. True for float32 on a CPU:
+    there MKL runs SmolLM2-135M's four projections over its 30 layers, their weights read from memory
     as in decode, 2.0-3.4x faster by columns with 1-4 rows (1.2-1.5x with 8-64), and a decode step of the
     whole model takes 0.4-0.7x of its time by rows with 1-4 rows, 0.8-1.0x with 16-32
     (``benchmarks/results/decode-orientation-2026-12-05.txt``). bfloat16 gains nothing measurable in the
     whole step, and other devices were not measured: by rows."""
-    if device.type != "cpu" or dtype != torch.float32:
-        return None
-    return 1
+    return device.type == "cpu" and dtype == torch.float32
 
 
 def _linear_by_columns(weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
