@@ -4,9 +4,10 @@ Runs ``completion_logprobs`` (the update's forward: packed, shared prefix, with 
 SmolLM2-135M-Instruct over 2 groups of 8 completions with W4's spread of lengths (prompts of 165 and 90
 tokens, completions of 2-256), and records every tensor autograd saves for the backward
 (``torch.autograd.graph.saved_tensors_hooks``), each storage once. Parameters (the weights a matmul saves)
-are left out: they exist anyway.
+are left out: they exist anyway. The model's MLPs and norms are the lean ones the trainer installs
+(``lean_activations``), or ``transformers``' own with ``--transformers-layers``.
 
-    python benchmarks/saved_activations.py [--model DIR]
+    python benchmarks/saved_activations.py [--model DIR] [--transformers-layers]
 
 prints the saved bytes by shape, the total, and the part the packed attention saves
 (``grpokit.models.packing``: the queries, keys, values and outputs it hands to
@@ -52,14 +53,18 @@ def w4_batch(
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=os.path.join(tempfile.gettempdir(), "grpokit-bench", "smollm2"))
+    ap.add_argument("--transformers-layers", action="store_true", help="without the lean MLPs and norms")
     a = ap.parse_args()
     from smollm2 import prepare
     from transformers import AutoModelForCausalLM
 
     from grpokit.models import packing
+    from grpokit.models.lean_layers import use_lean_layers
     from grpokit.train.forward import completion_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(prepare(a.model), dtype=torch.float32)
+    if not a.transformers_layers:
+        use_lean_layers(model)
     config = model.config
     parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}

@@ -17,6 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from grpokit import GRPOConfig
 from grpokit.cli.memory_plan import FAST_PREFILL_PROMPTS, GIB, layer_activation_bytes, plan_memory
+from grpokit.models.lean_layers import use_lean_layers
 from grpokit.models.shape import ModelShape, count_lora_parameters, count_parameters
 from grpokit.parallel.cpu_runtime import FORCE_GQA
 from grpokit.rollout import FastSampler
@@ -78,9 +79,14 @@ def test_shipped_configs_have_the_published_sizes(name, published):
 
 
 # ---------------------------------------------------------------------------------------- activations
-def saved_bytes(config, dtype, autocast: bool, attention: str, batch: int = 2, seq: int = 24) -> int:
-    """Bytes of the distinct tensors autograd saves in a forward of the decoder (parameters excluded)."""
+def saved_bytes(
+    config, dtype, autocast: bool, attention: str, batch: int = 2, seq: int = 24, lean: bool = False
+) -> int:
+    """Bytes of the distinct tensors autograd saves in a forward of the decoder (parameters excluded);
+    ``lean``: with the lean norms and MLP the trainer installs (``lean_activations``)."""
     model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention).train()
+    if lean:
+        assert use_lean_layers(model) > 0
     ids = torch.randint(0, config.vocab_size, (batch, seq))
     mask = torch.ones(batch, seq, dtype=torch.long)
     mask[0, :3] = 0  # left padding, as the trainer's batches have
@@ -99,6 +105,7 @@ def saved_bytes(config, dtype, autocast: bool, attention: str, batch: int = 2, s
     return sum(seen.values())
 
 
+@pytest.mark.parametrize("lean", [False, True], ids=["transformers", "lean"])
 @pytest.mark.parametrize("kv_copies", [True, False])
 @pytest.mark.parametrize(
     "arch, dtype, autocast, attention",
@@ -113,24 +120,34 @@ def saved_bytes(config, dtype, autocast: bool, attention: str, batch: int = 2, s
     ],
 )
 def test_layer_activation_bytes_equal_what_autograd_saves(
-    arch, dtype, autocast, attention, kv_copies, monkeypatch
+    arch, dtype, autocast, attention, kv_copies, lean, monkeypatch
 ):
     """One more layer adds exactly ``layer_activation_bytes`` per token (plus, under autocast over float32
-    weights, the bf16 copies of its linear weights that the backward keeps), with sdpa copying the key/value
-    heads to every query head (transformers' default off CUDA) or not (what CPU runs set)."""
+    weights, the bf16 copies of its linear weights that the backward keeps: the attention's only with the
+    lean MLP), with sdpa copying the key/value heads to every query head (transformers' default off CUDA)
+    or not (what CPU runs set), with ``transformers``' norms and MLP or the lean ones."""
     monkeypatch.setenv(FORCE_GQA, "0" if kv_copies else "1")
     batch, seq = 2, 24
     one, two = (tiny_config(arch, num_hidden_layers=n, head_dim=16) for n in (1, 2))
-    per_layer = saved_bytes(two, dtype, autocast, attention) - saved_bytes(one, dtype, autocast, attention)
+    per_layer = saved_bytes(two, dtype, autocast, attention, lean=lean)
+    per_layer -= saved_bytes(one, dtype, autocast, attention, lean=lean)
     r = 4 if dtype == torch.float32 else 2
     c = 2 if autocast else r
     shape = ModelShape.from_config(one)
-    copies = c * shape.layer_linear_parameters() if c != r else 0
+    mlp_weights = 3 * shape.hidden_size * shape.intermediate_size if lean else 0
+    copies = c * (shape.layer_linear_parameters() - mlp_weights) if c != r else 0
     expected = (
         batch
         * seq
         * layer_activation_bytes(
-            shape, seq, residual_bytes=r, compute_bytes=c, attention=attention, kv_copies=kv_copies
+            shape,
+            seq,
+            residual_bytes=r,
+            compute_bytes=c,
+            attention=attention,
+            kv_copies=kv_copies,
+            lean_norms=lean,
+            lean_mlp=lean,
         )
     )
     assert per_layer == expected + copies
@@ -218,14 +235,18 @@ def test_reference_rules():
     assert on_device.phases["logprobs"] == offloaded.phases["logprobs"]  # on the device for its pass
 
 
-def test_activations_with_and_without_checkpointing():
+@pytest.mark.parametrize("lean", [False, True], ids=["transformers", "lean"])
+def test_activations_with_and_without_checkpointing(lean):
     # per layer-token, float32, T = 12 + 20 = 32: norms 2*(4*64 + 4*64 + 4) = 1032, norm outputs 2*4*64 = 512,
     # q/k/v/output 4*64*4 = 1024, logsumexp 4*4 = 16, mask 32*4 = 128, MLP 4*128*4 = 2048  -> 4760
     # outside the layers: ids 8, cos/sin 2*16*4 = 128, final norm 4*64 + 4*64 + 4 = 516  -> 652
+    # lean_activations: norms 2*(4*64 + 4) = 520, MLP 2*128*4 = 1024 -> 3224; final norm 4*64 + 4 -> 396
+    layer, outside = (3224, 396) if lean else (4760, 652)
     tokens = 4 * 32
-    full = tokens * (2 * 4760 + 652)
-    checkpointed = tokens * (2 * 4 * 64 + 652 + 4760) + 4 * 32 * 32 * 4  # layer inputs, one layer, the mask
-    off, on = small_plan(), small_plan(small_args(gradient_checkpointing=True))
+    full = tokens * (2 * layer + outside)
+    checkpointed = tokens * (2 * 4 * 64 + outside + layer) + 4 * 32 * 32 * 4  # layer inputs, one layer, mask
+    off = small_plan(small_args(lean_activations=lean))
+    on = small_plan(small_args(gradient_checkpointing=True, lean_activations=lean))
     assert (off.activations, off.activations_other) == (full, checkpointed)
     assert (on.activations, on.activations_other) == (checkpointed, full)
 
@@ -539,12 +560,15 @@ def test_zero3_lora():
 
 
 def test_fsdp_under_autocast_gathers_in_bf16_and_keeps_no_casts():
-    """bf16 autocast over float32 weights: DDP's backward keeps a bf16 copy of every linear weight; FSDP
-    gathers the units in bf16 (for the backward again), so it keeps none, and its reference root (bf16)."""
+    """bf16 autocast over float32 weights: DDP's backward keeps a bf16 copy of every linear weight (of the
+    attention's only with the lean MLP, which casts its weights again in the backward); FSDP gathers the
+    units in bf16 (for the backward again), so it keeps none, and its reference root (bf16)."""
     args = small_args(bf16=True)
     ddp = small_plan(args)
     fsdp = small_plan(args, num_processes=2, strategy="fsdp")
-    assert ddp.autocast_copies == 2 * 2 * (4096 + 2048 + 2048 + 4096 + 24576)  # 2 layers, 2 bytes
+    assert ddp.autocast_copies == 2 * 2 * (4096 + 2048 + 2048 + 4096)  # 2 layers, 2 bytes
+    no_lean = small_plan(small_args(bf16=True, lean_activations=False))
+    assert no_lean.autocast_copies == 2 * 2 * (4096 + 2048 + 2048 + 4096 + 24576)
     assert fsdp.autocast_copies == 0
     assert fsdp.reference == PARAMS * 4 // 2 + ROOT * 2
     assert fsdp.generation_weights == PARAMS * 2 and fsdp.gathered == (ROOT + 3 * LAYER) * 2

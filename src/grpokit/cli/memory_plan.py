@@ -59,7 +59,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpokit.config import GRPOConfig
-from grpokit.models.shape import DTYPE_BYTES, ModelShape, count_lora_parameters, dtype_name
+from grpokit.models.lean_layers import LEAN_MODEL_TYPES
+from grpokit.models.shape import DTYPE_BYTES, LINEARS, ModelShape, count_lora_parameters, dtype_name
 from grpokit.parallel.hardware import default_mixed_precision
 from grpokit.train.lm_head import head_chunk_rows
 
@@ -88,6 +89,8 @@ def layer_activation_bytes(
     attention: str = "sdpa",
     kv_copies: bool = True,
     moe: bool | None = None,
+    lean_norms: bool = False,
+    lean_mlp: bool = False,
 ) -> int:
     """Bytes one decoder layer keeps for its backward, per token of a [rows, seq_len] training forward
     (``moe``: of an MoE layer, ``moe_mlp_bytes``; None: the model's largest layer).
@@ -101,23 +104,26 @@ def layer_activation_bytes(
     sdpa, a float32 logsumexp [heads] and the layer's copy of the padding mask [T] c, for eager the float32
     softmax [heads, T] (and its cast [heads, T] c); the MLP keeps gate, up, act(gate), act(gate)*up
     (4 x [I] c); qwen3's q/k norms keep their inputs in float32 and x/rms [heads + kv_heads, d].
+    ``lean_norms`` / ``lean_mlp``: the layers of ``grpokit.models.lean_layers`` (``lean_activations``): each
+    RMSNorm keeps its input as it comes and 1/rms; the MLP keeps gate and up (2 x [I] c) and, under
+    autocast, one cast of its input for both linears.
     """
     hidden, heads, kv, d = shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim
     r, c = residual_bytes, compute_bytes
-    norms = 2 * (4 * hidden + r * hidden + 4)
-    linear_inputs = 2 * r * hidden if c == r else 5 * c * hidden
+    norms = 2 * (r * hidden + 4) if lean_norms else 2 * (4 * hidden + r * hidden + 4)
+    linear_inputs = 2 * r * hidden if c == r else (4 if lean_mlp else 5) * c * hidden
     attn = (4 * heads if kv_copies or attention == "eager" else 2 * heads + 2 * kv) * d * c
     if attention == "eager":
         attn += heads * seq_len * 4 + (heads * seq_len * c if c != 4 else 0)
     else:  # sdpa / flash kernels: no [T, T] probabilities
         attn += 4 * heads + seq_len * c
-    qk_norm = (heads + kv) * (d * (4 + c) + 4) if shape.qk_norm else 0
+    qk_norm = (heads + kv) * (d * (c if lean_norms else 4 + c) + 4) if shape.qk_norm else 0
     if moe if moe is not None else shape.is_moe:  # the router's casts replace gate's and up's
         linear_inputs = 2 * r * hidden if c == r else 4 * c * hidden
         return (
             norms + linear_inputs + attn + qk_norm + moe_mlp_bytes(shape, residual_bytes=r, compute_bytes=c)
         )
-    return norms + linear_inputs + attn + qk_norm + 4 * shape.intermediate_size * c
+    return norms + linear_inputs + attn + qk_norm + (2 if lean_mlp else 4) * shape.intermediate_size * c
 
 
 def moe_mlp_bytes(shape: ModelShape, *, residual_bytes: int, compute_bytes: int) -> int:
@@ -409,8 +415,14 @@ def plan_memory(
     copies = (
         device_type != "cpu"
     )  # CPU runs give sdpa the key/value heads as they are (parallel/cpu_runtime.py)
+    # lean_activations: the lean norms and MLP of dense llama/qwen2/qwen3/mistral layers, the MLP where no
+    # LoRA adapter wraps its linears
+    lean_norms = args.lean_activations and shape.model_type in LEAN_MODEL_TYPES
+    mlp_adapted = lora and set(lora_target_modules or LINEARS) & {"gate_proj", "up_proj", "down_proj"}
+    lean_mlp = lean_norms and not mlp_adapted
+    lean = {"lean_norms": lean_norms, "lean_mlp": lean_mlp}
     layer = layer_activation_bytes(
-        shape, seq, residual_bytes=w, compute_bytes=c, attention=attention, kv_copies=copies
+        shape, seq, residual_bytes=w, compute_bytes=c, attention=attention, kv_copies=copies, **lean
     )
     every_layer = layers * layer
     if shape.is_moe:  # its dense layers keep their own
@@ -418,7 +430,8 @@ def plan_memory(
             shape, seq, residual_bytes=w, compute_bytes=c, attention=attention, kv_copies=copies, moe=False
         )
         every_layer = shape.moe_layers * layer + dense_layers * dense_layer
-    outside = 8 + 2 * shape.head_dim * w + (4 * hidden + w * hidden + 4)  # ids, cos/sin, final norm
+    final_norm = w * hidden + 4 if lean_norms else 4 * hidden + w * hidden + 4
+    outside = 8 + 2 * shape.head_dim * w + final_norm  # ids, cos/sin, final norm
     full = tokens * (every_layer + outside)
     # checkpointing: each layer's input [T, H], one layer recomputed, the mask [T, T] passed to every layer
     checkpointed = tokens * (layers * w * hidden + outside + layer) + tokens * seq * w
@@ -429,8 +442,11 @@ def plan_memory(
     )
     # autocast over float32 weights: the backward keeps each linear's low-precision weight (FSDP under mixed
     # precision gathers the weights in c for the forward and again for the backward: nothing to cast)
-    if c != w and strategy != "fsdp":
+    if c != w and strategy != "fsdp":  # (the lean MLP casts its weights again in the backward instead)
+        mlp = 3 * shape.hidden_size * shape.intermediate_size if lean_mlp else 0
+        kept_layers = 1 if args.gradient_checkpointing else layers
         p["autocast_copies"] = c * (linear_layer if args.gradient_checkpointing else linear_all)
+        p["autocast_copies"] -= c * kept_layers * mlp
     completion_tokens = rows * completion if budget is None else min(tokens, step_rows * completion)
     chunk = min(head_chunk_rows(vocab), completion_tokens)
     p["head"] = 2 * completion_tokens * hidden * w + 2 * chunk * vocab * 4  # h, grad_h; z and e (or coef)

@@ -551,6 +551,11 @@ class GRPOConfigBase(metaclass=RefusesMovedFields):
     thresholds raised to 1 GiB), as the CUDA caching allocator does on GPUs, instead of page-faulting
     every step's large tensors afresh. Faster (the SmolLM2 benchmark's update: -10%), at the price of
     resident memory; process-wide (``parallel/cpu_runtime.py``)."""
+    lean_activations: bool = True
+    """The policy's gated MLPs and RMSNorms (llama, qwen2, qwen3, mistral) keep their inputs for the backward
+    and run silu(gate) * up and x / rms again there, instead of keeping them (``models/lean_layers.py``):
+    the same outputs and gradients, no matrix product run twice, a third less activation memory per layer
+    (SmolLM2-135M in float32). A LoRA-adapted or quantized MLP keeps ``transformers``' forward."""
     gradient_checkpointing: bool = False
     """Trade compute for memory in the policy's backward: each decoder layer keeps only its input and is run
     again in the backward. Exact on every forward path (the shared-prefix one included)."""

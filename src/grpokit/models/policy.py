@@ -1,5 +1,5 @@
 """Loading the policy to train and its tokenizer: TRL's ``model_init_kwargs``, gradient checkpointing, PEFT
-adapters, ``disable_dropout``, ``cast_lm_head_to_fp32``."""
+adapters, ``disable_dropout``, ``cast_lm_head_to_fp32``, ``lean_activations``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, PreTrainedModel
 
 from grpokit.data.integrity import InputError, check_model_dir
+from grpokit.models.lean_layers import use_lean_layers
 from grpokit.models.loading import load_processor, load_tokenizer
 from grpokit.models.vision import VISION_MODULE_NAMES, is_vision_language, vision_modules
 
@@ -36,6 +37,7 @@ class PolicyOptions(Protocol):
     model_init_kwargs: dict[str, Any] | None
     trust_remote_code: bool
     gradient_checkpointing: bool
+    lean_activations: bool
     gradient_checkpointing_kwargs: dict[str, Any] | None
     disable_dropout: bool
     cast_lm_head_to_fp32: bool
@@ -269,5 +271,7 @@ def load_policy(
         disable_dropout(policy)
     if getattr(args, "cast_lm_head_to_fp32", False):
         cast_lm_head_to_fp32(policy)
+    if getattr(args, "lean_activations", False):  # after PEFT: an adapted MLP keeps its own forward
+        use_lean_layers(policy)
     return policy
 

@@ -1,0 +1,200 @@
+"""The lean MLP and RMSNorm (``grpokit.models.lean_layers``) against ``transformers``' own modules: the same
+outputs bit for bit, the same gradients, and where they must not run, the modules' own forward. What they
+save for the backward is counted exactly in tests/train/test_memory_plan.py
+(``test_layer_activation_bytes_equal_what_autograd_saves``)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from grpokit import GRPOConfig
+from grpokit.models.lean_layers import GatedMLP, use_lean_layers
+from grpokit.models.policy import load_policy
+
+ARCHS = ["llama", "qwen2", "qwen3", "mistral"]
+PRECISIONS = {  # weights' dtype, autocast
+    "fp32": (torch.float32, False),
+    "bf16": (torch.bfloat16, False),
+    "autocast": (torch.float32, True),
+}
+
+
+def tiny(arch: str, dtype: torch.dtype = torch.float32, **overrides) -> torch.nn.Module:
+    values = dict(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
+    values |= dict(num_key_value_heads=2, intermediate_size=96, max_position_embeddings=128, head_dim=16)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(AutoConfig.for_model(arch, **values, **overrides), dtype=dtype)
+
+
+def run(module: torch.nn.Module, x: torch.Tensor, autocast: bool) -> tuple[torch.Tensor, dict]:
+    """The module's output on a copy of x, and the gradients of a fixed function of it: x's and every
+    parameter's. The module gets x as a layer does, computed (autocast keeps one cast of a leaf for all its
+    uses, and one per use of anything else)."""
+    x = x.detach().clone().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        out = module(x.clone())
+    weights = torch.linspace(-1, 1, out.numel()).view(out.shape)
+    (out.float() * weights).sum().backward()
+    grads = {"x": x.grad} | {name: p.grad for name, p in module.named_parameters()}
+    return out.detach(), grads
+
+
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("part", ["mlp", "input_layernorm"])
+def test_a_lean_module_computes_what_the_transformers_module_does_bit_for_bit(arch, precision, part):
+    """Alone, each lean module's output and every gradient (its input's, its weights') equal the
+    ``transformers`` module's exactly, in float32, bf16 and under bf16 autocast over float32 weights."""
+    dtype, autocast = PRECISIONS[precision]
+    original = getattr(tiny(arch, dtype).model.layers[0], part)
+    lean = copy.deepcopy(original)
+    assert use_lean_layers(lean) == 1
+    x = torch.randn(2, 7, 64, generator=torch.Generator().manual_seed(1)).to(dtype)
+    (want, want_grads), (got, got_grads) = run(original, x, autocast), run(lean, x, autocast)
+    assert got.dtype == want.dtype and torch.equal(got, want)
+    for name, grad in want_grads.items():
+        assert got_grads[name].dtype == grad.dtype and torch.equal(got_grads[name], grad), name
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "mlp_bias"])
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+def test_the_lean_mlp_with_biases(precision, bias):
+    """llama's ``mlp_bias``: the biases' gradients too, exactly."""
+    dtype, autocast = PRECISIONS[precision]
+    original = tiny("llama", dtype, mlp_bias=bias).model.layers[0].mlp
+    lean = copy.deepcopy(original)
+    use_lean_layers(lean)
+    x = torch.randn(3, 5, 64, generator=torch.Generator().manual_seed(2)).to(dtype)
+    (want, want_grads), (got, got_grads) = run(original, x, autocast), run(lean, x, autocast)
+    assert torch.equal(got, want)
+    assert ("gate_proj.bias" in want_grads) == bias
+    for name, grad in want_grads.items():
+        assert torch.equal(got_grads[name], grad), name
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_a_whole_model_with_lean_layers_has_the_same_logits_and_gradients(arch, dtype):
+    """Every layer lean: the logits equal bit for bit; the gradients too in bf16, and in float32 to the last
+    bits (the residual stream's gradient adds the norm's two terms before the residual's, autograd after)."""
+    original = tiny(arch, dtype)
+    lean = copy.deepcopy(original)
+    assert use_lean_layers(lean) == 2 * 3 + 1 + (2 * 2 * (arch == "qwen3"))  # + final norm, + q/k norms
+    ids = torch.randint(0, 100, (2, 11), generator=torch.Generator().manual_seed(3))
+    results = []
+    for model in (original, lean):
+        logits = model(input_ids=ids).logits
+        (logits.float().square().mean()).backward()
+        results.append((logits.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (want, want_grads), (got, got_grads) = results
+    assert torch.equal(got, want)
+    for name, grad in want_grads.items():
+        if dtype == torch.bfloat16:
+            assert torch.equal(got_grads[name], grad), name
+        else:
+            torch.testing.assert_close(got_grads[name], grad, rtol=1e-5, atol=1e-6 * grad.abs().max().item())
+
+
+def test_with_gradient_checkpointing_the_gradients_are_the_same():
+    original = tiny("qwen2")
+    original.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    lean = copy.deepcopy(original)
+    use_lean_layers(lean)
+    ids = torch.randint(0, 100, (2, 9), generator=torch.Generator().manual_seed(4))
+    grads = []
+    for model in (original.train(), lean.train()):
+        model(input_ids=ids).logits.square().mean().backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-5, atol=1e-6 * grad.abs().max().item())
+
+
+def calls_of_the_lean_mlp(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    apply = GatedMLP.apply
+
+    def counted(*args):
+        calls.append(1)
+        return apply(*args)
+
+    monkeypatch.setattr(GatedMLP, "apply", counted)
+    return calls
+
+
+def test_without_gradients_the_modules_own_forward_runs(monkeypatch):
+    calls = calls_of_the_lean_mlp(monkeypatch)
+    model = tiny("llama")
+    use_lean_layers(model)
+    ids = torch.randint(0, 100, (1, 6))
+    with torch.no_grad():
+        model(input_ids=ids)
+    with torch.inference_mode():
+        model(input_ids=ids)
+    assert calls == []
+    model(input_ids=ids)
+    assert len(calls) == 2  # one per layer
+
+
+def test_an_mlp_whose_linears_have_hooks_keeps_its_own_forward(monkeypatch):
+    """A hook on a linear (DeepSpeed ZeRO-3 gathers its partitioned weights in one) still runs: the lean
+    MLP is not used for that module."""
+    calls = calls_of_the_lean_mlp(monkeypatch)
+    model = tiny("llama")
+    use_lean_layers(model)
+    seen = []
+    model.model.layers[1].mlp.up_proj.register_forward_pre_hook(lambda module, args: seen.append(module))
+    model(input_ids=torch.randint(0, 100, (1, 6))).logits.sum().backward()
+    assert len(seen) == 1 and len(calls) == 1  # layer 0 lean, layer 1 its own forward with the hook
+
+
+def test_a_lora_adapted_mlp_keeps_its_own_forward_and_trains_the_same(monkeypatch):
+    peft = pytest.importorskip("peft")
+    calls = calls_of_the_lean_mlp(monkeypatch)
+    config = peft.LoraConfig(r=4, target_modules=["gate_proj", "q_proj"], init_lora_weights=False)
+    original = peft.get_peft_model(tiny("qwen2"), config)
+    lean = copy.deepcopy(original)
+    use_lean_layers(lean)
+    ids = torch.randint(0, 100, (2, 8), generator=torch.Generator().manual_seed(5))
+    grads = []
+    for model in (original, lean):
+        model(input_ids=ids).logits.square().mean().backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.requires_grad})
+    assert calls == []  # the adapted MLPs ran transformers' forward; the norms ran lean
+    assert any("lora" in name for name in grads[0])
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-5, atol=1e-6 * grad.abs().max().item())
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_the_policy_gets_the_lean_layers_unless_turned_off(lean):
+    args = GRPOConfig(output_dir="unused", lean_activations=lean)
+    policy = load_policy(tiny("llama"), args)
+    marked = [m for m in policy.modules() if getattr(m, "_grpokit_lean", False)]
+    assert len(marked) == (7 if lean else 0)
+    assert GRPOConfig(output_dir="unused").lean_activations  # on by default
+
+
+def test_other_modules_are_left_alone():
+    """A mixture of experts' layers (their own classes) get nothing; installing twice changes nothing."""
+    moe = AutoModelForCausalLM.from_config(
+        AutoConfig.for_model(
+            "qwen2_moe",
+            vocab_size=100,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            intermediate_size=64,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=16,
+            num_experts=4,
+            num_experts_per_tok=2,
+        )
+    )
+    assert use_lean_layers(moe) == 0
+    model = tiny("mistral")
+    assert use_lean_layers(model) == use_lean_layers(model) == 7
