@@ -9,7 +9,9 @@ then under ``torch.profiler``, its operators' own CPU time summed by kind:
 - the rest: element-wise work (norms, rotary, SiLU, residuals), indexing and the KV buffers' bookkeeping, and
   sampling (the processed scores' softmax, cumulative sums, the inverse CDF).
 
-    python benchmarks/generation_profile.py [--model DIR] [--bf16] [--seed 0]
+    python benchmarks/generation_profile.py [--model DIR] [--bf16] [--seed 0] [--top N]
+
+``--top N`` also lists the N operators with the most own CPU time, with their calls.
 
 Run it alone on the machine. The profiler adds its own overhead: compare the kinds' shares, not their sums
 with the unprofiled time.
@@ -41,6 +43,7 @@ def main() -> None:
     ap.add_argument("--model", default=os.path.join(tempfile.gettempdir(), "grpokit-bench", "smollm2"))
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast over the float32 weights")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--top", type=int, default=0, help="also list the operators with the most own time")
     a = ap.parse_args()
     from common import WORKLOADS, benchmark_rows
     from smollm2 import prepare
@@ -73,7 +76,8 @@ def main() -> None:
     seconds, sampler, completions = sample()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         sample()
-    own = {event.key: event.self_cpu_time_total / 1e6 for event in prof.key_averages()}
+    events = prof.key_averages()
+    own = {event.key: event.self_cpu_time_total / 1e6 for event in events}
     total = sum(own.values())
     by_kind = {kind: sum(own.get(name, 0.0) for name in names) for kind, names in KINDS.items()}
     by_kind["the rest"] = total - sum(by_kind.values())
@@ -86,6 +90,9 @@ def main() -> None:
     print(f"sampling call: {seconds:.2f} s unprofiled; profiled, operators' own CPU time {total:.2f} s:")
     for kind, spent in by_kind.items():
         print(f"  {kind:26s} {spent:6.2f} s  {spent / total:5.1%}")
+    for event in sorted(events, key=lambda e: -e.self_cpu_time_total)[: a.top]:
+        spent = event.self_cpu_time_total / 1e6
+        print(f"  {event.key:48s} {spent:6.2f} s  {spent / total:5.1%}  {event.count:8d} calls")
 
 
 if __name__ == "__main__":
