@@ -151,10 +151,15 @@ def test_an_mlp_whose_linears_have_hooks_keeps_its_own_forward(monkeypatch):
     assert len(seen) == 1 and len(calls) == 1  # layer 0 lean, layer 1 its own forward with the hook
 
 
-def test_a_lora_adapted_mlp_keeps_its_own_forward_and_trains_the_same(monkeypatch):
+@pytest.mark.parametrize(
+    "targets, lean_mlps", [(["gate_proj", "q_proj"], 0), (["q_proj", "v_proj"], 2)], ids=["mlp", "attention"]
+)
+def test_with_lora_the_adapters_train_the_same(targets, lean_mlps, monkeypatch):
+    """An adapted MLP runs its own forward; an MLP left frozen runs lean and gives its input's gradient
+    only (its weights get none)."""
     peft = pytest.importorskip("peft")
     calls = calls_of_the_lean_mlp(monkeypatch)
-    config = peft.LoraConfig(r=4, target_modules=["gate_proj", "q_proj"], init_lora_weights=False)
+    config = peft.LoraConfig(r=4, target_modules=targets, init_lora_weights=False)
     original = peft.get_peft_model(tiny("qwen2"), config)
     lean = copy.deepcopy(original)
     use_lean_layers(lean)
@@ -163,8 +168,9 @@ def test_a_lora_adapted_mlp_keeps_its_own_forward_and_trains_the_same(monkeypatc
     for model in (original, lean):
         model(input_ids=ids).logits.square().mean().backward()
         grads.append({n: p.grad for n, p in model.named_parameters() if p.requires_grad})
-    assert calls == []  # the adapted MLPs ran transformers' forward; the norms ran lean
-    assert any("lora" in name for name in grads[0])
+        assert all(p.grad is None for p in model.parameters() if not p.requires_grad)
+    assert len(calls) == lean_mlps
+    assert grads[0].keys() == grads[1].keys() and any("lora" in name for name in grads[0])
     for name, grad in grads[0].items():
         torch.testing.assert_close(grads[1][name], grad, rtol=1e-5, atol=1e-6 * grad.abs().max().item())
 

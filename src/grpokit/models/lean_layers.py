@@ -143,7 +143,6 @@ class GatedMLP(torch.autograd.Function):
         ctx.save_for_backward(xc, gate, up, gate_weight, up_weight, down_weight)
         ctx.dtype = dtype
         ctx.input_dtype = x.dtype
-        ctx.biases = (gate_bias is not None, up_bias is not None, down_bias is not None)
         return out
 
     @staticmethod
@@ -153,35 +152,29 @@ class GatedMLP(torch.autograd.Function):
         dtype = ctx.dtype
         hidden, inter = xc.shape[-1], gate.shape[-1]
         with torch.autocast(xc.device.type, enabled=False):
+            needs = ctx.needs_input_grad  # (x, gate w, gate b, up w, up b, down w, down b, dtype)
             d_out = grad_out.reshape(-1, hidden).to(gate.dtype)  # [N, H]
             x2, g2, u2 = xc.reshape(-1, hidden), gate.reshape(-1, inter), up.reshape(-1, inter)  # [N, .]
             act = F.silu(g2)  # [N, I]
-            d_down = d_out.t().mm(act * u2)  # [H, I]
+            d_down = d_out.t().mm(act * u2).to(down_weight.dtype) if needs[5] else None  # [H, I]
             d_h = d_out.mm(_cast(down_weight, dtype))  # [N, I]
             d_up = d_h * act  # [N, I]
             d_gate = torch.ops.aten.silu_backward(d_h * u2, g2)  # [N, I]
             del act, d_h
-            # [N, H]: each linear's input gradient back in x's dtype, then summed (autograd casts each of
-            # autocast's two casts of x back before adding)
-            d_x = d_gate.mm(_cast(gate_weight, dtype)).to(ctx.input_dtype)
-            d_x = d_x + d_up.mm(_cast(up_weight, dtype)).to(ctx.input_dtype)
-            d_gate_weight, d_up_weight = d_gate.t().mm(x2), d_up.t().mm(x2)  # [I, H]
-            gate_b, up_b, down_b = ctx.biases
+            d_x = None
+            if needs[0]:  # [N, H]: each linear's input gradient back in x's dtype, then summed (autograd
+                # casts each of autocast's two casts of x back before adding)
+                d_x = d_gate.mm(_cast(gate_weight, dtype)).to(ctx.input_dtype)
+                d_x = (d_x + d_up.mm(_cast(up_weight, dtype)).to(ctx.input_dtype)).reshape(xc.shape)
+            d_gate_weight = d_gate.t().mm(x2).to(gate_weight.dtype) if needs[1] else None  # [I, H]
+            d_up_weight = d_up.t().mm(x2).to(up_weight.dtype) if needs[3] else None  # [I, H]
+            gate_b, up_b, down_b = needs[2], needs[4], needs[6]  # (False for a missing bias)
             biases = (
-                d_gate.sum(0) if gate_b else None,
-                d_up.sum(0) if up_b else None,
-                d_out.sum(0) if down_b else None,
+                d_gate.sum(0).to(gate_weight.dtype) if gate_b else None,
+                d_up.sum(0).to(up_weight.dtype) if up_b else None,
+                d_out.sum(0).to(down_weight.dtype) if down_b else None,
             )
-        return (
-            d_x.reshape(xc.shape),
-            d_gate_weight.to(gate_weight.dtype),
-            _cast(biases[0], gate_weight.dtype),
-            d_up_weight.to(up_weight.dtype),
-            _cast(biases[1], up_weight.dtype),
-            d_down.to(down_weight.dtype),
-            _cast(biases[2], down_weight.dtype),
-            None,
-        )
+        return d_x, d_gate_weight, biases[0], d_up_weight, biases[1], d_down, biases[2], None
 
 
 class RMSNorm(torch.autograd.Function):
@@ -206,7 +199,9 @@ class RMSNorm(torch.autograd.Function):
         x, weight, rstd = ctx.saved_tensors
         x32 = x.to(torch.float32)  # [*, H]
         normed = (x32 * rstd).to(x.dtype)  # [*, H]
-        d_weight = (grad_out * normed).sum_to_size(weight.shape).to(weight.dtype)  # [H]
+        d_weight = None
+        if ctx.needs_input_grad[1]:
+            d_weight = (grad_out * normed).sum_to_size(weight.shape).to(weight.dtype)  # [H]
         d_normed = (grad_out * weight).to(x.dtype).to(torch.float32)  # [*, H] (back through n's cast)
         del normed
         d_rstd = (d_normed * x32).sum(-1, keepdim=True)  # [*, 1]
