@@ -58,6 +58,10 @@ test_reference_memory.py, test_memory_plan.py):
    to 512 tokens; the fast sampler's tokens/s decoding every row to the end and letting finished rows
    leave (tests/train/test_padding_free.py, tests/rollout/test_compaction.py).
 
+7. Lean layers (``lean_activations``, ``grpokit.models.lean_layers``) against ``transformers``' MLPs and
+   norms: the logits bit for bit, every gradient (float32 1e-5; bf16 weights and bf16 autocast 2e-2), fewer
+   bytes kept for the backward; INFO: forward+backward tokens/s of both (tests/models/test_lean_layers.py).
+
 ``--quick`` makes every model small (the CPU smoke test); on CUDA it then skips the memory band, which a
 small model's fixed workspaces would dominate. On an H200 the whole script takes about 2-3 minutes
 (estimate: not yet run on a GPU); ``check.sh`` stops it at 8 minutes.
@@ -542,7 +546,7 @@ def check_half_billion_run(device: str, tmp: Path, quick: bool) -> None:
         del trainer, history
 
 
-# ---------------------------------------------------------------------------------- 7. padding-free passes
+# ---------------------------------------------------------------------------------- 6. padding-free passes
 def check_padding_free(device: str, tmp: Path, quick: bool) -> None:
     """Packed passes (``padding_free=True``: flash-attn's variable-length kernel where it is installed and the
     model is half precision, else SDPA over one padded batch on CUDA, per run of equal rows elsewhere)
@@ -632,6 +636,79 @@ def check_padding_free(device: str, tmp: Path, quick: bool) -> None:
     )
 
 
+# ---------------------------------------------------------------------------------------- 7. lean layers
+def check_lean_layers(device: str, tmp: Path, quick: bool) -> None:
+    """The lean MLPs and norms (``lean_activations``) against ``transformers``' on the device's kernels: the
+    logits bit for bit, every gradient (1e-5 in float32; 2e-2 in bf16 and under bf16 autocast, where the
+    residual stream's gradient adds its terms in another order), and fewer bytes kept for the backward;
+    then forward+backward tokens/s of both."""
+    from grpokit.models.lean_layers import use_lean_layers
+
+    def saved_and_grads(model, ids, autocast):
+        weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        seen: dict[int, int] = {}
+
+        def pack(t):
+            if t.untyped_storage().data_ptr() not in weights:
+                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        model.zero_grad(set_to_none=True)
+        hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+        with hooks, torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+            logits = model(input_ids=ids).logits
+        logits.float().square().mean().backward()
+        grads = {n: p.grad.float().clone() for n, p in model.named_parameters()}
+        return logits.detach(), grads, sum(seen.values())
+
+    ids = torch.randint(3, 257, (4, 48), generator=torch.Generator().manual_seed(2)).to(device)
+    for label, dtype, autocast, tol in (
+        ("float32", torch.float32, False, 1e-5),
+        ("bfloat16", torch.bfloat16, False, 2e-2),
+        ("bf16 autocast", torch.float32, True, 2e-2),
+    ):
+        plain = qwen2(device, dtype)
+        lean = copy.deepcopy(plain)
+        use_lean_layers(lean)
+        lg_a, g_a, saved_a = saved_and_grads(plain, ids, autocast)
+        lg_b, g_b, saved_b = saved_and_grads(lean, ids, autocast)
+        g_diff = max(float((g_a[k] - g_b[k]).abs().max() / g_a[k].abs().max().clamp(min=1e-6)) for k in g_a)
+        report(
+            f"lean layers equal transformers' ({label})",
+            torch.equal(lg_a, lg_b) and g_diff <= tol and saved_b < saved_a,
+            f"logits equal {torch.equal(lg_a, lg_b)}, grad {g_diff:.1e} (bound {tol:.0e}), "
+            f"saved for the backward {saved_b / saved_a:.2f}x",
+        )
+    # speed: a Qwen2 of tiny_sizes, 8 rows of 512 tokens, bf16 on CUDA
+    sizes = tiny_sizes(quick)
+    cfg = Qwen2Config(
+        vocab_size=32000, hidden_size=sizes["hidden_size"], intermediate_size=sizes["intermediate_size"],
+        num_hidden_layers=sizes["num_layers"], num_attention_heads=sizes["num_heads"],
+        num_key_value_heads=sizes["num_kv_heads"], max_position_embeddings=1024, tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    plain = Qwen2ForCausalLM(cfg).to(device=device, dtype=dtype).train()
+    lean = copy.deepcopy(plain)
+    use_lean_layers(lean)
+    rows, length = (2, 64) if quick else (8, 512)
+    ids = torch.randint(3, 32000, (rows, length), generator=torch.Generator().manual_seed(3)).to(device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    seconds = {}
+    for name, model in (("transformers", plain), ("lean", lean), ("transformers", plain), ("lean", lean)):
+        sync()
+        begin = time.perf_counter()
+        model(input_ids=ids).logits.float().mean().backward()
+        sync()
+        seconds[name] = time.perf_counter() - begin  # the second of each is kept
+        model.zero_grad(set_to_none=True)
+    info(
+        "lean layers forward+backward",
+        f"{rows * length} tokens: transformers {rows * length / seconds['transformers']:.0f} tokens/s, lean "
+        f"{rows * length / seconds['lean']:.0f} tokens/s ({seconds['transformers'] / seconds['lean']:.2f}x)",
+    )
+
+
 CHECKS: list[Callable[[str, Path, bool], None]] = [
     check_checkpointing_exact,
     check_trainer_lr0,
@@ -640,6 +717,7 @@ CHECKS: list[Callable[[str, Path, bool], None]] = [
     check_reference_offload,
     check_half_billion_run,
     check_padding_free,
+    check_lean_layers,
 ]
 
 

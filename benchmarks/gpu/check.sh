@@ -2,7 +2,7 @@
 # One-GPU check of the real-model path, on a GPU machine without network (benchmarks/gpu/check.py says what
 # it checks): bf16 lr-0 invariants, gradient checkpointing, LoRA with the fast sampler, both samplers, the
 # reference offload, a GRPO run on a Qwen2.5-0.5B-shaped model with its peak memory against `grpokit plan`,
-# and tokens/s. One command, about 2-3 minutes on an H200 (estimate; not yet run on a GPU); check.py is
+# padding-free passes, the lean layers, and tokens/s. One command, about 2-3 minutes on an H200 (estimate; not yet run on a GPU); check.py is
 # stopped at GPU_CHECK_TIMEOUT_S (default 480 s), so the whole command ends within 9 minutes.
 #
 # First, on a machine with network: bash benchmarks/gpu/prepare.sh (the wheels of what the GPU machine

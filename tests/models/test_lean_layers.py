@@ -6,6 +6,7 @@ save for the backward is counted exactly in tests/train/test_memory_plan.py
 from __future__ import annotations
 
 import copy
+import pickle
 
 import pytest
 import torch
@@ -182,6 +183,19 @@ def test_the_policy_gets_the_lean_layers_unless_turned_off(lean):
     marked = [m for m in policy.modules() if getattr(m, "_grpokit_lean", False)]
     assert len(marked) == (7 if lean else 0)
     assert GRPOConfig(output_dir="unused").lean_activations  # on by default
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copy_of_a_lean_model_is_lean_and_trains_its_own_weights(how, monkeypatch):
+    calls = calls_of_the_lean_mlp(monkeypatch)
+    model = tiny("llama")
+    use_lean_layers(model)
+    twin = copy.deepcopy(model) if how == "deepcopy" else pickle.loads(pickle.dumps(model))
+    ids = torch.randint(0, 100, (1, 6))
+    twin(input_ids=ids).logits.sum().backward()
+    assert len(calls) == 2  # the copy's two MLPs ran lean
+    assert all(p.grad is None for p in model.parameters())  # into the copy's weights, not the original's
+    assert all(p.grad is not None for p in twin.parameters())
 
 
 def test_other_modules_are_left_alone():
