@@ -251,6 +251,19 @@ def test_activations_with_and_without_checkpointing(lean):
     assert (on.activations, on.activations_other) == (checkpointed, full)
 
 
+def test_an_mlp_adapted_by_lora_keeps_transformers_activations():
+    """LoRA on an MLP linear: the MLP runs transformers' forward (4 x [I] per token); LoRA on the attention
+    only: the lean MLP (2 x [I]). 'all-linear' and None adapt every linear."""
+    tokens, layers, inter = 4 * 32, 2, 128
+
+    def activations(targets):
+        return small_plan(lora_r=4, lora_target_modules=targets).activations
+
+    everything = activations(None)
+    assert activations(["all-linear"]) == activations("all-linear") == activations(["up_proj"]) == everything
+    assert everything - activations(["q_proj", "v_proj"]) == tokens * layers * 2 * inter * 4
+
+
 def test_a_token_budget_bounds_the_planned_activations():
     """micro_batch_tokens: an update micro-batch holds at most the budget's tokens, or one whole group
     (12 + 4 x 20 = 92 tokens) over it, or at most the optimizer step's 8 rows x 32 tokens; the activations

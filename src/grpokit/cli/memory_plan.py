@@ -418,7 +418,9 @@ def plan_memory(
     # lean_activations: the lean norms and MLP of dense llama/qwen2/qwen3/mistral layers, the MLP where no
     # LoRA adapter wraps its linears
     lean_norms = args.lean_activations and shape.model_type in LEAN_MODEL_TYPES
-    mlp_adapted = lora and set(lora_target_modules or LINEARS) & {"gate_proj", "up_proj", "down_proj"}
+    every_linear = lora_target_modules in (None, "all-linear", ["all-linear"])  # as count_lora_parameters
+    targets = set(LINEARS if every_linear else lora_target_modules)
+    mlp_adapted = lora and bool(targets & {"gate_proj", "up_proj", "down_proj"})
     lean_mlp = lean_norms and not mlp_adapted
     lean = {"lean_norms": lean_norms, "lean_mlp": lean_mlp}
     layer = layer_activation_bytes(
