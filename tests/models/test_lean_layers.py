@@ -61,6 +61,19 @@ def test_a_lean_module_computes_what_the_transformers_module_does_bit_for_bit(ar
         assert got_grads[name].dtype == grad.dtype and torch.equal(got_grads[name], grad), name
 
 
+def test_qwen3s_head_norm_on_bf16_queries_with_a_float32_weight():
+    """Under autocast over float32 weights, qwen3's q_norm gets the bf16 output of q_proj and multiplies it
+    by its float32 weight (a float32 result): the lean norm follows the same promotions, bit for bit."""
+    original = tiny("qwen3").model.layers[0].self_attn.q_norm
+    lean = copy.deepcopy(original)
+    assert use_lean_layers(lean) == 1
+    x = torch.randn(2, 5, 4, 16, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    (want, want_grads), (got, got_grads) = run(original, x, False), run(lean, x, False)
+    assert want.dtype == torch.float32 and torch.equal(got, want)
+    for name, grad in want_grads.items():
+        assert got_grads[name].dtype == grad.dtype and torch.equal(got_grads[name], grad), name
+
+
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "mlp_bias"])
 @pytest.mark.parametrize("precision", list(PRECISIONS))
 def test_the_lean_mlp_with_biases(precision, bias):

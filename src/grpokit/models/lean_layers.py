@@ -32,6 +32,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import FunctionCtx, once_differentiable
+from torch.nn.modules import module as nn_module
 
 __all__ = ["LEAN_MODEL_TYPES", "MLP_CLASSES", "NORM_CLASSES", "GatedMLP", "RMSNorm", "use_lean_layers"]
 
@@ -91,8 +92,6 @@ def _is_silu(activation: object) -> bool:
 def _taking_gradients(*tensors: torch.Tensor) -> bool:
     """A forward whose graph is recorded: gradients on, some input or weight requiring one, and no module-wide
     hooks that expect the submodules to be called."""
-    from torch.nn.modules import module as nn_module
-
     hooks = nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks
     hooks = hooks or nn_module._global_backward_hooks or nn_module._global_backward_pre_hooks
     return torch.is_grad_enabled() and not hooks and any(t.requires_grad for t in tensors)
@@ -100,7 +99,10 @@ def _taking_gradients(*tensors: torch.Tensor) -> bool:
 
 def _plain_linear(linear: torch.nn.Module) -> bool:
     return type(linear) is torch.nn.Linear and not (
-        linear._forward_hooks or linear._forward_pre_hooks or linear._backward_hooks
+        linear._forward_hooks
+        or linear._forward_pre_hooks
+        or linear._backward_hooks
+        or linear._backward_pre_hooks
     )
 
 
