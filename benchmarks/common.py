@@ -219,6 +219,23 @@ def length_summary(values: list[int]) -> dict:
     return {"min": ordered[0], "median": median, "p90": p90, "max": ordered[-1], "sum": sum(ordered)}
 
 
+def print_operator_time(events, kinds: dict, rest: str, top: int = 0, indent: int = 2) -> None:
+    """Print a ``torch.profiler`` run's operators' own CPU time summed by kind (``kinds``: kind -> operator
+    names; every other operator counts as ``rest``), then its ``top`` operators with their calls.
+    ``events``: ``prof.key_averages()``."""
+    own = {event.key: event.self_cpu_time_total / 1e6 for event in events}
+    total = sum(own.values())
+    by_kind = {kind: sum(own.get(name, 0.0) for name in names) for kind, names in kinds.items()}
+    by_kind[rest] = total - sum(by_kind.values())
+    pad = " " * indent
+    print(f"{pad}(operators' own CPU time {total:.2f} s)")
+    for kind, spent in by_kind.items():
+        print(f"{pad}{kind:26s} {spent:6.2f} s  {spent / total:5.1%}")
+    for event in sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]:
+        spent = event.self_cpu_time_total / 1e6
+        print(f"{pad}  {event.key:56s} {spent:6.2f} s  {spent / total:5.1%}  {event.count:8d} calls")
+
+
 def peak_rss_mib() -> float:
     """Peak resident set size of this process so far (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

@@ -45,7 +45,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--top", type=int, default=0, help="also list the operators with the most own time")
     a = ap.parse_args()
-    from common import WORKLOADS, benchmark_rows
+    from common import WORKLOADS, benchmark_rows, print_operator_time
     from smollm2 import prepare
     from torch.profiler import ProfilerActivity, profile
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -77,22 +77,14 @@ def main() -> None:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         sample()
     events = prof.key_averages()
-    own = {event.key: event.self_cpu_time_total / 1e6 for event in events}
-    total = sum(own.values())
-    by_kind = {kind: sum(own.get(name, 0.0) for name in names) for kind, names in KINDS.items()}
-    by_kind["the rest"] = total - sum(by_kind.values())
     lengths = sorted(len(c) for c in completions)
     precision = "bf16 autocast" if a.bf16 else "fp32"
     print(f"SmolLM2-135M-Instruct, {precision}, {torch.get_num_threads()} threads")
     print(f"prompts of {[len(p) for p in prompts]} tokens x {wl.num_generations}")
     print(f"completion lengths {lengths}")
     print(f"{sum(lengths)} completion tokens, {sampler.last_stats['decode_steps']} decode steps")
-    print(f"sampling call: {seconds:.2f} s unprofiled; profiled, operators' own CPU time {total:.2f} s:")
-    for kind, spent in by_kind.items():
-        print(f"  {kind:26s} {spent:6.2f} s  {spent / total:5.1%}")
-    for event in sorted(events, key=lambda e: -e.self_cpu_time_total)[: a.top]:
-        spent = event.self_cpu_time_total / 1e6
-        print(f"  {event.key:48s} {spent:6.2f} s  {spent / total:5.1%}  {event.count:8d} calls")
+    print(f"sampling call: {seconds:.2f} s unprofiled; profiled:")
+    print_operator_time(events, KINDS, "the rest", a.top)
 
 
 if __name__ == "__main__":

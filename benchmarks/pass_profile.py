@@ -45,6 +45,7 @@ def main() -> None:
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast over the float32 weights")
     ap.add_argument("--top", type=int, default=0, help="also list the operators with the most own time")
     a = ap.parse_args()
+    from common import print_operator_time
     from saved_activations import G, w4_batch
     from smollm2 import prepare
     from torch.profiler import ProfilerActivity, profile
@@ -83,16 +84,8 @@ def main() -> None:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             run()
         events = prof.key_averages()
-        own = {event.key: event.self_cpu_time_total / 1e6 for event in events}
-        total = sum(own.values())
-        by_kind = {kind: sum(own.get(op, 0.0) for op in ops) for kind, ops in KINDS.items()}
-        by_kind["element-wise and the rest"] = total - sum(by_kind.values())
-        print(f"{name}: {seconds:.2f} s unprofiled; profiled, operators' own CPU time {total:.2f} s:")
-        for kind, spent in by_kind.items():
-            print(f"  {kind:26s} {spent:6.2f} s  {spent / total:5.1%}")
-        for event in sorted(events, key=lambda e: -e.self_cpu_time_total)[: a.top]:
-            spent = event.self_cpu_time_total / 1e6
-            print(f"    {event.key:56s} {spent:6.2f} s  {spent / total:5.1%}  {event.count:7d} calls")
+        print(f"{name}: {seconds:.2f} s unprofiled; profiled:")
+        print_operator_time(events, KINDS, "element-wise and the rest", a.top)
 
 
 if __name__ == "__main__":

@@ -161,6 +161,20 @@ def qwen2(device: str, dtype: torch.dtype) -> Qwen2ForCausalLM:
     return Qwen2ForCausalLM(cfg).to(device=device, dtype=dtype).train()
 
 
+def timed_qwen2(device: str, quick: bool) -> Qwen2ForCausalLM:
+    """The Qwen2 the speed measurements time: ``tiny_sizes``, vocabulary 32,000, 1,024 positions; bf16 on
+    CUDA, float32 elsewhere."""
+    sizes = tiny_sizes(quick)
+    cfg = Qwen2Config(
+        vocab_size=32000, hidden_size=sizes["hidden_size"], intermediate_size=sizes["intermediate_size"],
+        num_hidden_layers=sizes["num_layers"], num_attention_heads=sizes["num_heads"],
+        num_key_value_heads=sizes["num_kv_heads"], max_position_embeddings=1024, tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    return Qwen2ForCausalLM(cfg).to(device=device, dtype=dtype).train()
+
+
 def batch(device: str, groups: int = 3, group: int = 4, prompt: int = 24, completion: int = 12):
     gen = torch.Generator().manual_seed(0)
     p_ids = torch.randint(3, 257, (groups, prompt), generator=gen).repeat_interleave(group, 0)
@@ -585,15 +599,7 @@ def check_padding_free(device: str, tmp: Path, quick: bool) -> None:
                 f"logp {lp_diff:.1e}, grad {g_diff:.1e} (bound {tol:.0e})",
             )
     # speed: 16 groups of 8, prompts of 128 tokens, completions of 64..512 tokens
-    sizes = tiny_sizes(quick)
-    cfg = Qwen2Config(
-        vocab_size=32000, hidden_size=sizes["hidden_size"], intermediate_size=sizes["intermediate_size"],
-        num_hidden_layers=sizes["num_layers"], num_attention_heads=sizes["num_heads"],
-        num_key_value_heads=sizes["num_kv_heads"], max_position_embeddings=1024, tie_word_embeddings=False,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    model = Qwen2ForCausalLM(cfg).to(device=device, dtype=dtype).train()
+    model = timed_qwen2(device, quick)
     groups, group, prompt, longest = (2, 4, 32, 64) if quick else (16, 8, 128, 512)
     gen = torch.Generator().manual_seed(1)
     p_ids = torch.randint(3, 32000, (groups, prompt), generator=gen).repeat_interleave(group, 0)
@@ -680,15 +686,7 @@ def check_lean_layers(device: str, tmp: Path, quick: bool) -> None:
             f"saved for the backward {saved_b / saved_a:.2f}x",
         )
     # speed: a Qwen2 of tiny_sizes, 8 rows of 512 tokens, bf16 on CUDA
-    sizes = tiny_sizes(quick)
-    cfg = Qwen2Config(
-        vocab_size=32000, hidden_size=sizes["hidden_size"], intermediate_size=sizes["intermediate_size"],
-        num_hidden_layers=sizes["num_layers"], num_attention_heads=sizes["num_heads"],
-        num_key_value_heads=sizes["num_kv_heads"], max_position_embeddings=1024, tie_word_embeddings=False,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    plain = Qwen2ForCausalLM(cfg).to(device=device, dtype=dtype).train()
+    plain = timed_qwen2(device, quick)
     lean = copy.deepcopy(plain)
     use_lean_layers(lean)
     rows, length = (2, 64) if quick else (8, 512)

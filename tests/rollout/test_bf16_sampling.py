@@ -161,7 +161,7 @@ def test_the_native_decode_casts_each_weight_once_per_call_with_autocasts_number
     once = sample(6)
     casts = [parameter_casts(model, lambda n=n: sample(n)) for n in (2, 6)]
     assert casts[0] == casts[1]  # one cast per weight per call, whatever the number of steps
-    monkeypatch.setattr(native_decode, "_autocast_dtype", lambda device: None)  # autocast casts at each step
+    monkeypatch.setattr(native_decode, "autocast_dtype", lambda device: None)  # autocast casts at each step
     every_step = sample(6)
     assert once.completion_ids == every_step.completion_ids
     assert torch.equal(torch.tensor(once.logprobs), torch.tensor(every_step.logprobs))

@@ -34,6 +34,8 @@ import torch.nn.functional as F
 from torch.autograd.function import FunctionCtx, once_differentiable
 from torch.nn.modules import module as nn_module
 
+from grpokit.models.parts import autocast_dtype
+
 __all__ = ["LEAN_MODEL_TYPES", "MLP_CLASSES", "NORM_CLASSES", "GatedMLP", "RMSNorm", "use_lean_layers"]
 
 LEAN_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
@@ -111,7 +113,7 @@ def _lean_mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
     lean = all(_plain_linear(linear) for linear in (gate, up, down))
     if not (lean and _taking_gradients(x, gate.weight, up.weight, down.weight)):
         return type(self).forward(self, x)
-    dtype = _autocast_dtype(x)
+    dtype = autocast_dtype(x.device)  # autocast's compute dtype, or None
     return GatedMLP.apply(x, gate.weight, gate.bias, up.weight, up.bias, down.weight, down.bias, dtype)
 
 
@@ -119,14 +121,6 @@ def _lean_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     if not _taking_gradients(hidden_states, self.weight):
         return type(self).forward(self, hidden_states)
     return RMSNorm.apply(hidden_states, self.weight, self.variance_epsilon)
-
-
-def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
-    """The dtype autocast would run a linear on ``x`` in, or None outside autocast."""
-    device = x.device.type
-    if not torch.is_autocast_enabled(device):
-        return None
-    return torch.get_autocast_dtype(device)
 
 
 def _cast(tensor: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tensor | None:

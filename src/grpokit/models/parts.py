@@ -1,6 +1,6 @@
 """Reaching into a ``transformers`` causal LM: its decoder (the backbone under the LM head), the cache a
-forward returned, the device its weights are on. The lean training forward and the fast sampler run the
-backbone themselves; this is where both find it."""
+forward returned, the device its weights are on, the dtype autocast computes in. The lean training forward
+and the fast sampler run the backbone themselves; this is where both find it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,21 @@ from typing import Any
 
 import torch
 
-__all__ = ["cache_argument", "decoder_of", "linear_weight", "model_device", "returned_cache"]
+__all__ = [
+    "autocast_dtype",
+    "cache_argument",
+    "decoder_of",
+    "linear_weight",
+    "model_device",
+    "returned_cache",
+]
+
+
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The dtype autocast runs matmuls in on ``device``; None where autocast is off."""
+    if not torch.is_autocast_enabled(device.type):
+        return None
+    return torch.get_autocast_dtype(device.type)
 
 
 def decoder_of(model: torch.nn.Module) -> torch.nn.Module:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from grpokit.models.parts import decoder_of, linear_weight
+from grpokit.models.parts import autocast_dtype, decoder_of, linear_weight
 
 __all__ = ["NATIVE_MODEL_TYPES", "NativeDecoder", "native_supported"]
 
@@ -54,7 +54,7 @@ class NativeDecoder:
         # Fused projections (one matmul instead of three, resp. two), rebuilt from the live weights per call.
         # Under autocast every weight the step applies is cast here once, to the dtype autocast would cast
         # it to at each step (the sampler runs in inference mode, where autocast keeps no cast of its own).
-        compute = _autocast_dtype(device)
+        compute = autocast_dtype(device)
         layers = self.base.layers
         attentions = [layer.self_attn for layer in layers]
         self.qkv = [_cast(*_fuse_linear(a.q_proj, a.k_proj, a.v_proj), dtype=compute) for a in attentions]
@@ -215,13 +215,6 @@ def _fuse_mlp(mlp: nn.Module) -> torch.Tensor | None:
     if any(p is None or getattr(p, "bias", None) is not None for p in parts) or not hasattr(mlp, "act_fn"):
         return None
     return torch.cat([linear_weight(parts[0]), linear_weight(parts[1])])
-
-
-def _autocast_dtype(device: torch.device) -> torch.dtype | None:
-    """The dtype autocast runs matmuls in on ``device``; None where autocast is off."""
-    if not torch.is_autocast_enabled(device.type):
-        return None
-    return torch.get_autocast_dtype(device.type)
 
 
 Weights = tuple[torch.Tensor, torch.Tensor | None]
