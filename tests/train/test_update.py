@@ -199,6 +199,56 @@ def test_token_budget_fills_consecutive_units_up_to_the_budget():
         token_budget_micro_batches([5], unit_size=1, budget=0)
 
 
+def test_token_budget_balances_the_fewest_micro_batches():
+    from grpokit.train.batch import token_budget_micro_batches
+
+    # 8 groups of 170 tokens, budget 1,024: filled in order [6 groups = 1,020 | 2 = 340]; as two micro-batches
+    # the fullest can hold 4 groups (680 tokens), and the activations it keeps bound the update's memory
+    parts = token_budget_micro_batches([170] * 8, unit_size=8, budget=1024)
+    assert [len(p) // 8 for p in parts] == [4, 4]
+    # 9, 1, 1, 1, 8 with budget 12: filling gives [9+1+1+1 = 12 | 8]; [9+1 | 1+1+8] is two as well, max 10
+    parts = token_budget_micro_batches([9, 1, 1, 1, 8], unit_size=1, budget=12)
+    assert [p.tolist() for p in parts] == [[0, 1], [2, 3, 4]]
+    # a unit over the budget stays alone and the rest are balanced around it
+    parts = token_budget_micro_batches([3, 3, 3, 3, 20, 2, 2], unit_size=1, budget=9)
+    assert [p.tolist() for p in parts] == [[0, 1], [2, 3], [4], [5, 6]]
+
+
+def _fewest_then_most_balanced(unit_tokens: list[int], budget: int) -> tuple[int, int]:
+    """Every way to cut ``unit_tokens`` into consecutive parts, each within ``budget`` or a single unit: the
+    fewest parts, and the smallest largest part among partitions of that many (brute force)."""
+    import itertools
+
+    n, best = len(unit_tokens), None
+    for cuts in itertools.product((False, True), repeat=n - 1):
+        parts, start = [], 0
+        for i, cut in enumerate([*cuts, True]):
+            if cut:
+                parts.append(unit_tokens[start : i + 1])
+                start = i + 1
+        if all(len(part) == 1 or sum(part) <= budget for part in parts):
+            key = (len(parts), max(sum(part) for part in parts))
+            best = key if best is None else min(best, key)
+    return best
+
+
+def test_token_budget_micro_batches_are_the_fewest_and_most_balanced():
+    """Against every partition of random units into consecutive micro-batches: as few as any partition
+    within the budget, and a largest micro-batch no larger than any other partition of that many has."""
+    from grpokit.train.batch import token_budget_micro_batches
+
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        n = int(torch.randint(1, 10, (1,), generator=generator))
+        units = torch.randint(1, 30, (n,), generator=generator).tolist()
+        budget = int(torch.randint(1, 60, (1,), generator=generator))
+        parts = token_budget_micro_batches(units, unit_size=1, budget=budget)
+        assert torch.cat(parts).tolist() == list(range(n))  # each row once, in order
+        sizes = [sum(units[i] for i in p.tolist()) for p in parts]
+        assert all(len(p) == 1 or s <= budget for p, s in zip(parts, sizes))
+        assert (len(parts), max(sizes)) == _fewest_then_most_balanced(units, budget), (units, budget)
+
+
 @pytest.mark.parametrize(
     ("loss_type", "entropy_coef"),
     [("grpo", 0.0), ("dr_grpo", 0.0), ("dapo", 0.0), ("luspo", 0.0), ("sapo", 0.0), ("grpo", 0.3)],

@@ -203,12 +203,13 @@ class GRPOConfigBase(metaclass=RefusesMovedFields):
     ``ppo_max_token_len_per_gpu``): an optimizer step still takes per_device_train_batch_size x
     gradient_accumulation_steps rows, but its micro-batches are consecutive rows (whole groups where
     per_device_train_batch_size is a multiple of num_generations) holding at most this many real backbone
-    tokens (each group's prompt once, every completion token; a longer unit runs alone). Activation memory
-    then follows the tokens, not the longest completion. Each micro-batch's loss is weighted by its share of
-    the step's rows (the entropy bonus by its share of tokens), so the step equals one micro-batch holding
-    all its rows. Refused with ``loss_type="bnpo"`` (normalised by each micro-batch's own tokens),
-    ``top_entropy_quantile < 1`` (a quantile over each micro-batch) and an MoE load-balancing loss. None:
-    micro-batches of per_device_train_batch_size rows (TRL's accumulation)."""
+    tokens (each group's prompt once, every completion token; a longer unit runs alone): as few
+    micro-batches as the budget allows, balanced so that the fullest holds as few tokens as it can.
+    Activation memory then follows the tokens, not the longest completion. Each micro-batch's loss is
+    weighted by its share of the step's rows (the entropy bonus by its share of tokens), so the step equals
+    one micro-batch holding all its rows. Refused with ``loss_type="bnpo"`` (normalised by each
+    micro-batch's own tokens), ``top_entropy_quantile < 1`` (a quantile over each micro-batch) and an MoE
+    load-balancing loss. None: micro-batches of per_device_train_batch_size rows (TRL's accumulation)."""
     steps_per_generation: int | None = None
     """Optimizer steps per epoch over one generation batch. None: derived from ``generation_batch_size``,
     or 1 (the paper's one update per exploration) if that is unset too."""

@@ -185,22 +185,26 @@ def token_budget_micro_batches(
     """Row indices of micro-batches filled by real tokens rather than by a number of rows.
 
     ``unit_tokens``: the real backbone tokens of each unit, a unit being ``unit_size`` consecutive rows (a
-    whole group, so the shared-prefix forward still applies, or one row). Consecutive units join a
-    micro-batch while its tokens stay within ``budget``; a unit larger than the budget is a micro-batch of its
-    own. ``count``: make exactly that many micro-batches (every process must run as many forwards when the
-    weights are sharded): the micro-batch with the most tokens among those of two or more units is split at
-    its token midpoint until there are ``count``. Returns row indices in order, each row once.
+    whole group, so the shared-prefix forward still applies, or one row). Micro-batches are consecutive
+    units, as few as hold at most ``budget`` tokens each (a unit larger than the budget is a micro-batch of
+    its own), and among those partitions the one whose largest micro-batch holds the fewest tokens: the
+    activations of the fullest forward bound the update's memory, so [6 groups | 2 groups] becomes [4 | 4]
+    at the same number of forwards. ``count``: make exactly that many micro-batches (every process must run
+    as many forwards when the weights are sharded): the micro-batch with the most tokens among those of two
+    or more units is split at its token midpoint until there are ``count``. Returns row indices in order,
+    each row once.
     """
     if budget < 1:
         raise ValueError(f"budget must be >= 1 token, got {budget}")
-    chunks: list[list[int]] = []
-    filled = budget + 1  # tokens in the open micro-batch (none open yet)
-    for unit, tokens in enumerate(unit_tokens):
-        if filled + tokens > budget:
-            chunks.append([])
-            filled = 0
-        chunks[-1].append(unit)
-        filled += tokens
+    fewest = len(_fill_up_to(unit_tokens, budget))
+    low, high = 1, budget  # the smallest cap that still needs no more micro-batches (counts fall as it grows)
+    while low < high:
+        cap = (low + high) // 2
+        if len(_fill_up_to(unit_tokens, cap)) <= fewest:
+            high = cap
+        else:
+            low = cap + 1
+    chunks = _fill_up_to(unit_tokens, low)
     if count is not None:
         if count < len(chunks) or count > len(unit_tokens):
             raise ValueError(
@@ -214,6 +218,20 @@ def token_budget_micro_batches(
         torch.tensor([u * unit_size + r for u in chunk for r in range(unit_size)], dtype=torch.long)
         for chunk in chunks
     ]
+
+
+def _fill_up_to(unit_tokens: list[int], cap: int) -> list[list[int]]:
+    """Consecutive units joined while their tokens stay within ``cap`` (a larger unit alone): the fewest
+    micro-batches of at most ``cap`` tokens (each filled as far as it goes)."""
+    chunks: list[list[int]] = []
+    filled = cap + 1  # tokens in the open micro-batch (none open yet)
+    for unit, tokens in enumerate(unit_tokens):
+        if filled + tokens > cap:
+            chunks.append([])
+            filled = 0
+        chunks[-1].append(unit)
+        filled += tokens
+    return chunks
 
 
 def _split_at_token_midpoint(chunk: list[int], unit_tokens: list[int]) -> list[list[int]]:
