@@ -201,6 +201,7 @@ def main() -> None:
             "impl": a.impl,
             "micro_batch_tokens": a.micro_batch_tokens,
             "gradient_checkpointing": a.gradient_checkpointing,
+            "ld_preload": os.environ.get("LD_PRELOAD"),  # an allocator every side ran under (jemalloc)
         },
         "versions": {s: raw[(s, workloads[0])][0].get("versions") for s in sides},
         "workloads": {},
