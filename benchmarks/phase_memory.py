@@ -7,7 +7,7 @@ update (weights, the reference model, the runtime), what the first update adds f
 moments) and what each update's activations add on top can be read off.
 
 With glibc, each line also gives what the C allocator (which holds every CPU tensor) had handed out at the
-phase's peak ("live", sampled every 2 ms) and the size of its heap afterwards ("heap", in-use plus free).
+phase's peak ("live", sampled every 20 ms) and the size of its heap afterwards ("heap", in-use plus free).
 The resident size is the heap plus what is not in it (the libraries, weights mapped from their file); a
 heap larger than the live peak is memory the allocator could not reuse, at the places the step freed it.
 
@@ -51,13 +51,17 @@ class _MallInfo2(ctypes.Structure):
 class _Allocator:
     """The C allocator's bytes in use (``uordblks`` + ``hblkhd``: heap blocks and mapped blocks handed out)
     and its heap (``arena`` + ``hblkhd``), with a thread keeping the highest in-use value seen since
-    ``reset``. ``available`` is False off glibc."""
+    ``reset``. ``available`` is False off glibc, and where another allocator serves ``malloc``."""
 
     def __init__(self) -> None:
+        from grpokit.parallel.cpu_runtime import preloaded_allocator
+
+        self.available = False
+        if preloaded_allocator() is not None:
+            return
         try:
             self._mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
         except (OSError, AttributeError):
-            self.available = False
             return
         self._mallinfo2.restype = _MallInfo2
         self.available, self.peak, self._lock = True, 0, threading.Lock()
@@ -75,7 +79,7 @@ class _Allocator:
         while True:
             with self._lock:  # (a value read before a reset must not land after it)
                 self.peak = max(self.peak, self.sizes()[0])
-            time.sleep(0.002)
+            time.sleep(0.02)  # (each look takes the allocator's lock: the phases' times are not step times)
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ from grpokit.parallel.cpu_runtime import (
     apply_cpu_runtime,
     attention_without_copies,
     keep_freed_memory,
+    preloaded_allocator,
 )
 
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
@@ -46,7 +47,9 @@ def _faults(setting: str) -> tuple[str, int]:
     return out[0], int(out[1])
 
 
-@pytest.mark.skipif(not GLIBC, reason="the policy sets glibc's thresholds")
+@pytest.mark.skipif(
+    not GLIBC or preloaded_allocator() is not None, reason="the policy sets glibc's thresholds"
+)
 def test_freed_blocks_are_reused_instead_of_page_faulted_again():
     pages = 64 * 2**20 // 4096  # 16,384 pages per 64 MiB block
     applied, faults_on = _faults("on")
@@ -54,6 +57,33 @@ def test_freed_blocks_are_reused_instead_of_page_faulted_again():
     applied, faults_off = _faults("off")
     # glibc's default maps a 64 MiB block fresh every time (above its 32 MiB dynamic ceiling)
     assert applied == "False" and faults_off >= 8 * pages * 0.95
+
+
+JEMALLOC = next(
+    (f"/usr/lib/{arch}-linux-gnu/libjemalloc.so.2" for arch in ("x86_64", "aarch64")
+     if os.path.exists(f"/usr/lib/{arch}-linux-gnu/libjemalloc.so.2")),
+    None,
+)  # fmt: skip
+
+
+@pytest.mark.skipif(not GLIBC or JEMALLOC is None, reason="needs glibc and jemalloc (apt: libjemalloc2)")
+def test_a_preloaded_allocator_is_left_to_its_own_reuse():
+    env = dict(os.environ, LD_PRELOAD=JEMALLOC)
+    out = subprocess.run(
+        [sys.executable, "-c", FAULTS, "on"], capture_output=True, text=True, check=True, env=env
+    ).stdout.split()
+    assert out[0] == "False"  # glibc's thresholds not set: jemalloc serves every block
+
+
+def test_preloaded_allocator_reads_the_process_maps(tmp_path):
+    maps = tmp_path / "maps"
+    line = "7f00-7f10 r-xp 00000000 08:01 42   {}\n"
+    maps.write_text(line.format("/usr/lib/x86_64-linux-gnu/libc.so.6") + "7f20-7f30 rw-p 0 0 0 [heap]\n")
+    assert preloaded_allocator(str(maps)) is None
+    maps.write_text(maps.read_text() + line.format("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"))
+    assert preloaded_allocator(str(maps)) == "jemalloc"
+    assert preloaded_allocator(str(tmp_path / "missing")) is None
+    assert preloaded_allocator() is None or os.environ.get("LD_PRELOAD")  # this process: glibc's own
 
 
 def test_gqa_without_copies_gives_the_copying_paths_logits_and_gradients(monkeypatch):

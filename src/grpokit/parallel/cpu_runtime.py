@@ -16,7 +16,9 @@ reuse, grouped-query attention without copied keys/values, and bounded oneDNN ke
   (``mallopt``) to ``KEEP_BYTES``: blocks up to that size come from the heap, and up to that much free heap
   is kept, so the next step reuses the same pages.
 - The price is resident memory: the process keeps what it freed, up to a step's high-water mark. The
-  setting stays after training. Other C libraries (macOS, musl, Windows) are left as they are.
+  setting stays after training. Other C libraries (macOS, musl, Windows) are left as they are, and so is a
+  process running another allocator in glibc's place (jemalloc or tcmalloc through ``LD_PRELOAD``), which
+  manages its own reuse.
 
 **Grouped-query attention without copies.**
 - For a model with fewer key/value heads than query heads, ``transformers``' ``sdpa`` attention copies the
@@ -60,6 +62,7 @@ __all__ = [
     "attention_without_copies",
     "bound_onednn_caches",
     "keep_freed_memory",
+    "preloaded_allocator",
 ]
 
 logger = logging.getLogger(__name__)
@@ -75,6 +78,9 @@ ONEDNN_CACHES = ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
 ONEDNN_CACHE_CAPACITY = 256
 """The capacity a CPU run gives each: a step's recurring shapes stay cached (SmolLM2's 30 layers meet a few
 dozen per step; at 64 its bf16 update took ~5% longer than at 1,024, at 256 no longer)."""
+
+ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
+"""Allocators that replace glibc's ``malloc`` when preloaded (their libraries' names)."""
 
 _M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
 _M_MMAP_THRESHOLD = -3
@@ -95,6 +101,10 @@ def keep_freed_memory(args: object) -> bool:
         return False
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
+    other = preloaded_allocator()
+    if other is not None:
+        logger.info("grpokit: %s serves malloc; cpu_memory_reuse (glibc's thresholds) leaves it alone", other)
+        return False
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     applied = bool(libc.mallopt(_M_MMAP_THRESHOLD, KEEP_BYTES)) and bool(
         libc.mallopt(_M_TRIM_THRESHOLD, KEEP_BYTES)
@@ -102,6 +112,19 @@ def keep_freed_memory(args: object) -> bool:
     if applied:
         logger.info("grpokit: freed CPU memory kept for reuse (cpu_memory_reuse, %d MiB)", KEEP_BYTES >> 20)
     return applied
+
+
+def preloaded_allocator(maps: str = "/proc/self/maps") -> str | None:
+    """The allocator of ``ALLOCATORS`` mapped into this process (preloaded in glibc's place), or None."""
+    try:
+        with open(maps) as f:
+            libraries = {line.rsplit("/", 1)[-1].strip() for line in f if "/" in line}
+    except OSError:
+        return None
+    for name in ALLOCATORS:
+        if any(library.startswith(f"lib{name}") for library in libraries):
+            return name
+    return None
 
 
 def attention_without_copies() -> bool:
