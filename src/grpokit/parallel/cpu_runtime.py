@@ -79,9 +79,6 @@ ONEDNN_CACHE_CAPACITY = 256
 """The capacity a CPU run gives each: a step's recurring shapes stay cached (SmolLM2's 30 layers meet a few
 dozen per step; at 64 its bf16 update took ~5% longer than at 1,024, at 256 no longer)."""
 
-ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
-"""Allocators that replace glibc's ``malloc`` when preloaded (their libraries' names)."""
-
 _M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
 _M_MMAP_THRESHOLD = -3
 
@@ -114,17 +111,32 @@ def keep_freed_memory(args: object) -> bool:
     return applied
 
 
-def preloaded_allocator(maps: str = "/proc/self/maps") -> str | None:
-    """The allocator of ``ALLOCATORS`` mapped into this process (preloaded in glibc's place), or None."""
+def preloaded_allocator() -> str | None:
+    """The file name of the library serving ``malloc`` in glibc's place (preloaded: jemalloc, tcmalloc, ...),
+    or None where glibc's own ``malloc`` serves it: the process's ``malloc`` symbol against libc's."""
     try:
-        with open(maps) as f:
-            libraries = {line.rsplit("/", 1)[-1].strip() for line in f if "/" in line}
-    except OSError:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        served = ctypes.cast(ctypes.CDLL(None).malloc, ctypes.c_void_p).value
+        own = ctypes.cast(libc.malloc, ctypes.c_void_p).value
+    except (OSError, AttributeError):
         return None
-    for name in ALLOCATORS:
-        if any(library.startswith(f"lib{name}") for library in libraries):
-            return name
-    return None
+    if served == own:
+        return None
+    info = _DlInfo()
+    if not getattr(libc, "dladdr", None) or not libc.dladdr(ctypes.c_void_p(served), ctypes.byref(info)):
+        return "an allocator in glibc's place"
+    return os.path.basename((info.dli_fname or b"?").decode())
+
+
+class _DlInfo(ctypes.Structure):
+    """``Dl_info`` (dlfcn.h): the shared object holding an address."""
+
+    _fields_ = [
+        ("dli_fname", ctypes.c_char_p),
+        ("dli_fbase", ctypes.c_void_p),
+        ("dli_sname", ctypes.c_char_p),
+        ("dli_saddr", ctypes.c_void_p),
+    ]
 
 
 def attention_without_copies() -> bool:
