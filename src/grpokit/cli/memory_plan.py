@@ -60,7 +60,7 @@ from typing import Any
 
 from grpokit.config import GRPOConfig
 from grpokit.models.lean_layers import LEAN_MODEL_TYPES
-from grpokit.models.shape import DTYPE_BYTES, LINEARS, ModelShape, count_lora_parameters, dtype_name
+from grpokit.models.shape import DTYPE_BYTES, ModelShape, count_lora_parameters, dtype_name, lora_targets
 from grpokit.parallel.hardware import default_mixed_precision
 from grpokit.train.lm_head import head_chunk_rows
 
@@ -418,9 +418,8 @@ def plan_memory(
     # lean_activations: the lean norms and MLP of dense llama/qwen2/qwen3/mistral layers, the MLP where no
     # LoRA adapter wraps its linears
     lean_norms = args.lean_activations and shape.model_type in LEAN_MODEL_TYPES
-    every_linear = lora_target_modules in (None, "all-linear", ["all-linear"])  # as count_lora_parameters
-    targets = set(LINEARS if every_linear else lora_target_modules)
-    mlp_adapted = lora and bool(targets & {"gate_proj", "up_proj", "down_proj"})
+    mlp_linears = {"gate_proj", "up_proj", "down_proj"}
+    mlp_adapted = lora and bool(mlp_linears & set(lora_targets(lora_target_modules)))
     lean_mlp = lean_norms and not mlp_adapted
     lean = {"lean_norms": lean_norms, "lean_mlp": lean_mlp}
     layer = layer_activation_bytes(

@@ -19,6 +19,7 @@ __all__ = [
     "count_lora_parameters",
     "count_parameters",
     "dtype_name",
+    "lora_targets",
 ]
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "qwen2_moe", "qwen3_moe", "mixtral")
@@ -195,15 +196,19 @@ def count_parameters(model_config: Any) -> int:
     return ModelShape.from_config(model_config).total_parameters()
 
 
+def lora_targets(target_modules: str | list[str] | None) -> list[str]:
+    """The module names LoRA adapts: ``target_modules`` as given, or every linear layer of the decoder but the
+    LM head (``LINEARS``) for None or ``"all-linear"`` (peft's ``all-linear``)."""
+    return list(LINEARS) if target_modules in (None, "all-linear", ["all-linear"]) else list(target_modules)
+
+
 def count_lora_parameters(model_config: Any, r: int, target_modules: list[str] | None = None) -> int:
     """Trainable LoRA parameters: r * (in + out) per targeted linear layer. ``target_modules`` None (or
     ``"all-linear"``): every linear layer of the decoder but the LM head, as peft's ``all-linear``."""
     shape = model_config if isinstance(model_config, ModelShape) else ModelShape.from_config(model_config)
     if r < 1:
         raise ValueError(f"lora_r must be >= 1, got {r}")
-    targets = (
-        list(LINEARS) if target_modules in (None, "all-linear", ["all-linear"]) else list(target_modules)
-    )
+    targets = lora_targets(target_modules)
     known = {*LINEARS, "lm_head", "embed_tokens"}
     unknown = sorted(set(targets) - known)
     if unknown:

@@ -102,7 +102,7 @@ def keep_freed_memory(args: object) -> bool:
     if other is not None:
         logger.info("grpokit: %s serves malloc; cpu_memory_reuse (glibc's thresholds) leaves it alone", other)
         return False
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    libc = _libc()
     applied = bool(libc.mallopt(_M_MMAP_THRESHOLD, KEEP_BYTES)) and bool(
         libc.mallopt(_M_TRIM_THRESHOLD, KEEP_BYTES)
     )
@@ -115,7 +115,7 @@ def preloaded_allocator() -> str | None:
     """The file name of the library serving ``malloc`` in glibc's place (preloaded: jemalloc, tcmalloc, ...),
     or None where glibc's own ``malloc`` serves it: the process's ``malloc`` symbol against libc's."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = _libc()
         served = ctypes.cast(ctypes.CDLL(None).malloc, ctypes.c_void_p).value
         own = ctypes.cast(libc.malloc, ctypes.c_void_p).value
     except (OSError, AttributeError):
@@ -126,6 +126,10 @@ def preloaded_allocator() -> str | None:
     if not getattr(libc, "dladdr", None) or not libc.dladdr(ctypes.c_void_p(served), ctypes.byref(info)):
         return "an allocator in glibc's place"
     return os.path.basename((info.dli_fname or b"?").decode())
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
 
 
 class _DlInfo(ctypes.Structure):
