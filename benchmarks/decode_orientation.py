@@ -1,12 +1,15 @@
-"""The two orientations of the decode step's linear maps on this CPU: ``F.linear(x, W)`` (by rows, x @ W.T)
-against ``(W @ x.T).T`` (by columns; one row computed as two equal ones), over SmolLM2-135M-Instruct's four
-projections per layer (fused q/k/v 960 x 576, o 576 x 576, fused gate/up 3072 x 576, down 576 x 1536) in 30
-layers of distinct random weights, so that each product reads its weight from memory as a decode step does.
+"""The ways the decode step can run its linear maps on this CPU: ``F.linear(x, W)`` (by rows, x @ W.T),
+``(W @ x.T).T`` (by columns; one row computed as two equal ones) and oneDNN's product on the weight packed
+once into its blocked layout (``torch.ops.mkldnn._reorder_linear_weight``, ``_linear_pointwise``: what the
+native decoder runs where ``packs_weights`` says so). Over SmolLM2-135M-Instruct's four projections per
+layer (fused q/k/v 960 x 576, o 576 x 576, fused gate/up 3072 x 576, down 576 x 1536) in 30 layers of
+distinct random weights, so that each product reads its weight from memory as a decode step does, and
+over its LM head (49,152 x 576).
 
-    python benchmarks/decode_orientation.py [--rows 1 2 3 4 8 16 32 64] [--repeats 5]
+    python benchmarks/decode_orientation.py [--rows 1 2 3 4 8 14 16 24 32 64] [--repeats 5]
 
-Prints the milliseconds of one pass over the 120 products at each row count, float32 and bfloat16. Run it
-alone on the machine.
+Prints the milliseconds of one pass over the 120 products, and of one LM-head product, at each row count,
+float32 and bfloat16. Run it alone on the machine.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import torch
 
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
 """[out, in] of SmolLM2-135M's fused q/k/v, o, fused gate/up and down projections."""
+HEAD = (49152, 576)
+"""[out, in] of its LM head."""
 
 
 def by_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -31,6 +36,11 @@ def by_columns(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return (weight @ x.T)[:, :rows].T.contiguous()
 
 
+def packed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` packed by ``torch.ops.mkldnn._reorder_linear_weight``."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
+
+
 def milliseconds(step, repeats: int) -> float:
     step()
     step()
@@ -42,20 +52,30 @@ def milliseconds(step, repeats: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 3, 4, 8, 16, 32, 64])
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 3, 4, 8, 14, 16, 24, 32, 64])
     ap.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args()
     torch.manual_seed(0)
-    print(f"{torch.get_num_threads()} threads; ms per pass over 30 layers x 4 projections")
+    print(f"{torch.get_num_threads()} threads, CPU capability {torch.backends.cpu.get_cpu_capability()}; "
+          "ms per pass over 30 layers x 4 projections | ms per LM-head product")  # fmt: skip
     for dtype in (torch.float32, torch.bfloat16):
         weights = [torch.randn(o, i, dtype=dtype) for _ in range(30) for o, i in SHAPES]
-        print(f"{str(dtype).removeprefix('torch.')}\nrows  by-rows  by-columns  rows/columns")
+        head = torch.randn(*HEAD, dtype=dtype)
+        print(f"{str(dtype).removeprefix('torch.')}")
+        print("rows  by-rows  by-columns  packed   | by-rows  by-columns  packed")
+        ways = ((by_rows, weights, head), (by_columns, weights, head))
         with torch.inference_mode():
             for rows in a.rows:
                 inputs = {i: torch.randn(rows, i, dtype=dtype) for i in (576, 1536)}
-                times = [milliseconds(lambda f=f, x=inputs, ws=weights: [f(x[w.shape[1]], w) for w in ws],
-                                      a.repeats) for f in (by_rows, by_columns)]  # fmt: skip
-                print(f"{rows:<5} {times[0]:<8.2f} {times[1]:<11.2f} {times[0] / times[1]:.2f}")
+                packs = [torch.ops.mkldnn._reorder_linear_weight(w, max(rows, 2)) for w in weights]
+                head_packed = torch.ops.mkldnn._reorder_linear_weight(head, max(rows, 2))
+                times, heads = [], []
+                for f, ws, h in (*ways, (packed, packs, head_packed)):
+                    times.append(milliseconds(lambda f=f, x=inputs, ws=ws: [f(x[w.shape[1]], w) for w in ws],
+                                              a.repeats))  # fmt: skip
+                    heads.append(milliseconds(lambda f=f, x=inputs[576], h=h: f(x, h), a.repeats))
+                print(f"{rows:<5} {times[0]:<8.2f} {times[1]:<11.2f} {times[2]:<8.2f} | "
+                      f"{heads[0]:<8.2f} {heads[1]:<11.2f} {heads[2]:.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ For each row count, ``FastSampler.generate`` samples that many completions of on
 ``max_new_tokens`` 1 and 1 + N (no EOS); the difference over N is the time of one decode step. A line
 fitted through the row counts splits it into a per-step cost and a per-row cost.
 
-    python benchmarks/decode_rows.py [--model DIR] [--bf16] [--steps 64] [--rows 1 2 4 8 16 32]
+    python benchmarks/decode_rows.py [--model DIR] [--bf16] [--steps 64] [--rows 1 2 4 8 16 32] [--unpacked]
+
+``--unpacked`` runs the decode's products on the weights as they are, as where ``packs_weights`` says no.
 
 Run it alone on the machine.
 """
@@ -28,9 +30,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=os.path.join(tempfile.gettempdir(), "grpokit-bench", "smollm2"))
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast over the float32 weights")
+    ap.add_argument("--unpacked", action="store_true", help="products on the weights as they are")
     ap.add_argument("--steps", type=int, default=64, help="decode steps timed per row count")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     a = ap.parse_args()
+    if a.unpacked:
+        from grpokit.rollout import native_decode
+
+        native_decode.packs_weights = lambda device, dtype: False
     from smollm2 import prepare
     from transformers import AutoModelForCausalLM
 

@@ -2,14 +2,16 @@
 prompts x G = 8, EOS on, up to 256 new tokens, temperature 1) through the fast sampler, timed on its own and
 then under ``torch.profiler``, its operators' own CPU time summed by kind:
 
-- projections and LM head: ``aten::mm`` / ``addmm`` (the decode's fused and plain linear layers, and the
-  prefill's);
+- projections and LM head: ``aten::mm`` / ``addmm`` / ``mkldnn::_linear_pointwise`` (the decode's fused
+  and plain linear layers, on packed weights where ``packs_weights`` says so, and the prefill's);
 - attention: ``bmm``, ``scaled_dot_product_*`` and softmax (the decode's split attention, the prefill's SDPA);
 - casts: ``copy_`` / ``_to_copy`` (under autocast: the activations cast to bf16 before each product);
 - the rest: element-wise work (norms, rotary, SiLU, residuals), indexing and the KV buffers' bookkeeping, and
   sampling (the processed scores' softmax, cumulative sums, the inverse CDF).
 
-    python benchmarks/generation_profile.py [--model DIR] [--bf16] [--seed 0] [--top N]
+    python benchmarks/generation_profile.py [--model DIR] [--bf16] [--seed 0] [--top N] [--unpacked]
+
+``--unpacked`` runs the decode's products on the weights as they are, as where ``packs_weights`` says no.
 
 ``--top N`` also lists the N operators with the most own CPU time, with their calls.
 
@@ -31,7 +33,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 KINDS = {
-    "projections and LM head": ("aten::mm", "aten::addmm"),
+    "projections and LM head": ("aten::mm", "aten::addmm", "mkldnn::_linear_pointwise"),
     "attention": ("aten::bmm", "aten::_softmax", "aten::_scaled_dot_product_flash_attention_for_cpu"),
     "casts": ("aten::copy_", "aten::_to_copy"),
 }
@@ -42,9 +44,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=os.path.join(tempfile.gettempdir(), "grpokit-bench", "smollm2"))
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast over the float32 weights")
+    ap.add_argument("--unpacked", action="store_true", help="products on the weights as they are")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--top", type=int, default=0, help="also list the operators with the most own time")
     a = ap.parse_args()
+    if a.unpacked:
+        from grpokit.rollout import native_decode
+
+        native_decode.packs_weights = lambda device, dtype: False
     from common import WORKLOADS, benchmark_rows, print_operator_time
     from smollm2 import prepare
     from torch.profiler import ProfilerActivity, profile

@@ -150,6 +150,7 @@ def test_the_native_decode_casts_each_weight_once_per_call_with_autocasts_number
 
     model, tok = qwen2
     prompts = [_encode(tok, p) for p in PROMPTS[:2]]
+    monkeypatch.setattr(native_decode, "packs_weights", lambda device, dtype: False)  # the same kernels
 
     def sample(steps: int):
         params_ = SamplingParams(max_new_tokens=steps, eos_token_ids=(), pad_token_id=PAD)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpokit.rollout import FastSampler, SamplingParams
+from grpokit.rollout import FastSampler, SamplingParams, native_decode
 from grpokit.rollout.logits import process_logits
 
 from .test_fast_sampler import EOS, PAD, PROMPTS, _build, _encode, _hf_greedy
@@ -83,3 +83,51 @@ def test_whole_groups_leave_and_the_rest_decode_as_generate(model_and_tok):
     assert len(out.completion_ids[0]) <= 2 and max(len(c) for c in out.completion_ids) > 2
     stats = sampler.last_stats
     assert stats["decoded_rows"] < stats["rows"] * stats["decode_steps"]
+
+
+PACKS = native_decode.packs_weights(torch.device("cpu"), torch.float32)
+
+
+@pytest.mark.skipif(not PACKS, reason="the decode packs its weights on CPUs with AVX-512 (packs_weights)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_products_equal_f_linear(dtype):
+    """oneDNN's product on a packed weight equals ``F.linear`` on the weight as it is: float32 to float
+    rounding, bfloat16 to bf16's; with and without a bias, at the row counts the decode meets, on [N, in]
+    and on the decode's [N, 1, in]."""
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(96, 40, generator=gen).to(dtype)
+    bias = torch.randn(96, generator=gen).to(dtype)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 5e-2}
+    for b in (None, bias):
+        weights = native_decode._pack(native_decode.Weights(weight, b), rows=8)
+        assert weights.packed is not None and weights.weight is weight  # the plain weight is kept
+        for rows in (1, 3, 14):
+            x = torch.randn(rows, 1, 40, generator=gen)  # float32, as the residual stream under autocast
+            out = native_decode._packed_linear(x, weights.packed, b)
+            plain_bias = None if b is None else b.double()
+            expected = torch.nn.functional.linear(x.double(), weight.double(), plain_bias)
+            assert out.shape == (rows, 1, 96) and out.dtype == dtype
+            torch.testing.assert_close(out.double(), expected, **tol)
+
+
+@pytest.mark.skipif(not PACKS, reason="the decode packs its weights on CPUs with AVX-512 (packs_weights)")
+def test_packed_decode_samples_as_the_unpacked_one(model_and_tok, monkeypatch):
+    """The decode step on packed weights against the same step on the weights as they are (float32, the
+    same seed): the same tokens here, and log-probs equal to float rounding. Only the products' kernels
+    differ, so a token can differ only where two scores tie to rounding: the two samplers are equal in
+    distribution. The packed step's log-probs also equal a full forward
+    (``test_logprobs_equal_a_full_forward`` runs with it on such CPUs)."""
+    model, tok = model_and_tok
+    prompts = [_encode(tok, p) for p in PROMPTS]
+    params = SamplingParams(max_new_tokens=24, eos_token_ids=STOPS, top_k=20)
+    packed, _ = _sample(model, prompts, params, impl="native", compact=True)
+    made = []
+    real_pack = native_decode._pack
+    monkeypatch.setattr(native_decode, "_pack", lambda w, rows: made.append(real_pack(w, rows)) or made[-1])
+    _sample(model, prompts, params, impl="native", compact=True)
+    assert made and all(w.packed is not None for w in made)  # every product of the step ran packed
+    monkeypatch.setattr(native_decode, "packs_weights", lambda device, dtype: False)
+    plain, _ = _sample(model, prompts, params, impl="native", compact=True)
+    assert packed.completion_ids == plain.completion_ids
+    for a, b in zip(packed.logprobs, plain.logprobs):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-5, rtol=0)
