@@ -162,9 +162,13 @@ class Rates:
     def __call__(self, precision: str, m: int, k: int, n: int) -> float:
         """FLOP/s of the product [m, k] x [k, n] in ``precision``: the fastest of the layouts a linear layer
         can compute it in (``a @ b`` with b stored [k, n]; ``a @ w.T`` with w stored [n, k], as ``F.linear``;
-        ``(w @ a.T).T``), each the best of 3 repeats of ~0.2 GFLOP. BLAS libraries differ by layout: MKL's
-        float32 product with a few rows and a wide output runs several times faster as ``w @ a.T``."""
+        ``(w @ a.T).T``; on a CPU where the decode packs its weights, oneDNN's product on w packed,
+        ``native_decode.packs_weights``), each the best of 3 repeats of ~0.2 GFLOP. BLAS libraries differ by
+        layout: MKL's float32 product with a few rows and a wide output runs several times faster as
+        ``w @ a.T``, and oneDNN's on a packed weight faster still."""
         import torch
+
+        from grpokit.rollout.native_decode import packs_weights
 
         key = (precision, m, k, n)
         if key not in self.cache:
@@ -172,7 +176,10 @@ class Rates:
             a = torch.randn(m, k, device=self.device).to(dtype)
             b = torch.randn(k, n, device=self.device).to(dtype)
             w = b.T.contiguous()  # [n, k]
-            layouts = (lambda: torch.mm(a, b), lambda: torch.mm(a, w.T), lambda: torch.mm(w, a.T))
+            layouts = [lambda: torch.mm(a, b), lambda: torch.mm(a, w.T), lambda: torch.mm(w, a.T)]
+            if packs_weights(a.device, dtype):
+                packed = torch.ops.mkldnn._reorder_linear_weight(w, max(m, 2))
+                layouts.append(lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""))
             flops = 2 * m * k * n
             self.cache[key] = flops / min(self._seconds(product, flops) for product in layouts)
         return self.cache[key]

@@ -20,7 +20,7 @@ from grpokit.cli.memory_plan import FAST_PREFILL_PROMPTS, GIB, layer_activation_
 from grpokit.models.lean_layers import use_lean_layers
 from grpokit.models.shape import ModelShape, count_lora_parameters, count_parameters
 from grpokit.parallel.cpu_runtime import FORCE_GQA
-from grpokit.rollout import FastSampler
+from grpokit.rollout import FastSampler, native_decode
 
 
 def tiny_config(arch: str = "llama", **overrides):
@@ -286,6 +286,30 @@ def test_kv_cache_of_each_backend():
     assert small_plan(small_args(generation_backend="auto")) == fast  # auto picks fast for llama
     calls = small_args(per_device_train_batch_size=16, generation_micro_batch_size=2)
     assert small_plan(calls).kv_cache == 2 * 4 * (12 + 20) * per_token  # 2 of the 4 prompts per call
+
+
+def test_fast_sampler_weights_by_hand():
+    """The fast sampler's copies for its call (SMALL: hidden 64, 2 layers, kv 2 x 16, intermediate 128,
+    untied head 1000 x 64): fused [q; k; v] 64 x (64 + 32 + 32) and [gate; up] 64 x 256 per layer; under bf16
+    autocast a bf16 cast of those and of o (64 x 64), down (128 x 64) and the head. On a CPU where the decode
+    packs its weights for oneDNN (``packs_weights``), a packed copy of every weight it applies, in the
+    compute dtype; a LoRA layer outside autocast runs itself and is not packed."""
+    fused, applied = 2 * (64 * 128 + 64 * 256), 2 * (64 * 64 + 128 * 64) + 1000 * 64
+    fast = small_args(generation_backend="fast")
+    assert small_plan(fast, device_type="cuda").generation_weights == 4 * fused
+    bf16 = small_args(generation_backend="fast", bf16=True)
+    assert small_plan(bf16, device_type="cuda").generation_weights == 2 * (fused + applied)
+    packs = {
+        dtype: native_decode.packs_weights(torch.device("cpu"), dtype)
+        for dtype in (torch.float32, torch.bfloat16)
+    }
+    cpu = small_plan(fast, device_type="cpu").generation_weights
+    assert cpu == 4 * fused + (4 * (fused + applied) if packs[torch.float32] else 0)
+    cpu = small_plan(bf16, device_type="cpu").generation_weights
+    assert cpu == 2 * (fused + applied) * (2 if packs[torch.bfloat16] else 1)
+    lora = small_plan(fast, device_type="cpu", lora_r=4, lora_target_modules=["o_proj", "v_proj"])
+    own = applied - 2 * 64 * 64  # the adapted o_proj runs itself
+    assert lora.generation_weights == 4 * fused + (4 * (fused + own) if packs[torch.float32] else 0)
 
 
 def test_uncut_prompts_are_planned_as_long_as_the_model_allows():

@@ -23,6 +23,9 @@ What is counted, per device (process), and how exactly:
   sharded or partitioned).
 - **KV cache**: exact for the fast sampler (pre-allocated buffers); for ``transformers`` ``generate`` the
   cache at full length. Keys/values are in the compute dtype (bf16/fp16 under autocast, else the weights').
+- **The fast sampler's weights**: its fused [q; k; v] and [gate; up] copies, under autocast a cast of every
+  weight its decode applies; on a CPU where ``packs_weights`` holds (``device_type="cpu"``, this machine's
+  processor), also a copy of each packed for oneDNN, for the call.
 - **FSDP** (``parallel.fsdp``) gathers a unit's weights in the compute dtype under mixed precision (so
   autocast keeps no casts for the backward): generation holds the full weights in that dtype for its call;
   the passes and the update the root (embeddings, LM head) and two layers at a time. A root unit stays
@@ -58,10 +61,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from grpokit.config import GRPOConfig
 from grpokit.models.lean_layers import LEAN_MODEL_TYPES
 from grpokit.models.shape import DTYPE_BYTES, ModelShape, count_lora_parameters, dtype_name, lora_targets
 from grpokit.parallel.hardware import default_mixed_precision
+from grpokit.rollout.native_decode import packs_weights
 from grpokit.train.lm_head import head_chunk_rows
 
 __all__ = [
@@ -203,7 +209,9 @@ class MemoryPlan:
     logprob_pass: int = _part("a no-grad reference / old-policy pass over one micro-batch")
     gathered: int = _part("FSDP, ZeRO-3: weights gathered in the passes and the update")
     generation_copy: int = _part("generation_dtype's copy of the policy, kept in every phase")
-    generation_weights: int = _part("full weights (FSDP gathered, ZeRO-3 copied), fused/autocast copies")
+    generation_weights: int = _part(
+        "full weights (FSDP gathered, ZeRO-3 copied), fused/autocast/packed copies"
+    )
     kv_cache: int = _part("generation KV cache")
     generation_activations: int = _part("prefill of one batch of prompts, float32 sampling logits")
     vllm_engine: int = _part(
@@ -505,12 +513,18 @@ def plan_memory(
         qkv, gate_up = ("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")
         fused_proj = dense_layers * weights_of(qkv + gate_up, False)
         fused_proj += shape.moe_layers * weights_of(qkv, True)
+        applied = dense_layers * weights_of(("o_proj", "down_proj"), False)  # what the decode applies as is
+        applied += shape.moe_layers * weights_of(("o_proj",), True) + vocab * hidden
         if c != g:  # autocast: the decode casts every weight it applies once per call, the head included
-            applied = dense_layers * weights_of(("o_proj", "down_proj"), False)
-            applied += shape.moe_layers * weights_of(("o_proj",), True) + vocab * hidden
             p["generation_weights"] += c * (fused_proj + applied)
         else:
             p["generation_weights"] += g * fused_proj
+        if device_type == "cpu" and packs_weights(torch.device("cpu"), getattr(torch, compute_name)):
+            # and packs each of them once per call for oneDNN (a LoRA layer outside autocast runs itself)
+            adapted = set(lora_targets(lora_target_modules)) if lora and c == g else set()
+            own = applied - dense_layers * weights_of(tuple(adapted & {"o_proj", "down_proj"}), False)
+            own -= shape.moe_layers * weights_of(tuple(adapted & {"o_proj"}), True)
+            p["generation_weights"] += c * (fused_proj + own)
         call_prompts = min(args.generation_micro_batch_size or prompts, prompts)  # prompts per call
         prefill_rows = min(FAST_PREFILL_PROMPTS, call_prompts)
         kv_tokens = call_prompts * prompt + call_prompts * group * completion

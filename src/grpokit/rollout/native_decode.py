@@ -277,10 +277,12 @@ def packs_weights(device: torch.device, dtype: torch.dtype) -> bool:
     oneDNN's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``, then ``_linear_pointwise``: the
     kernels ``torch.compile`` uses for CPU linears). True for float32 and bfloat16 on a CPU with AVX-512
     where torch has the two operators: with few rows a product reads its whole weight from memory, and
-    MKL's, on the unpacked weight, runs at a fraction of the rate at most row counts (float32: the 120
-    projections of SmolLM2-135M's 30 layers with 14 rows in 67 ms by columns, 23 ms packed; 32 rows 57 and
-    41 ms; the LM head with 14 rows 21 and 5.7 ms; bfloat16 by rows with 14 rows 23 and 15 ms;
-    ``benchmarks/decode_products.py``). Other processors were not measured: as before."""
+    MKL's, on the unpacked weight, runs at a fraction of that rate at most row counts. float32, the 120
+    projections of SmolLM2-135M's 30 layers: 14 rows 72 ms by columns, 23 ms packed; 32 rows 66 and 40 ms;
+    its LM head with 14 rows 22 and 5.0 ms; bfloat16 by rows, 14 rows 26 and 15 ms (2-core AMD EPYC Zen 4,
+    ``python benchmarks/decode_orientation.py``; ``benchmarks/results/decode-products-2026-12-05.txt``).
+    With 1-2 rows float32 runs by columns on the plain weight, faster there (``_linear``). Processors
+    without AVX-512 were not measured: their products run as before (``_by_columns``)."""
     return (
         device.type == "cpu"
         and dtype in (torch.float32, torch.bfloat16)
@@ -307,8 +309,9 @@ def _packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 
 def _by_columns(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether the decode step's linear maps run by columns (``_linear_by_columns``) for products in
-    ``dtype`` on ``device``, at every row count; else by rows, as ``F.linear``. True for float32 on a CPU:
+    """Whether the decode step's linear maps on weights not packed (``packs_weights``; with 1-2 rows in
+    float32 also on packed ones) run by columns (``_linear_by_columns``) for products in ``dtype`` on
+    ``device``; else by rows, as ``F.linear``. True for float32 on a CPU:
     there MKL runs SmolLM2-135M's four projections over its 30 layers, their weights read from memory
     as in decode, 2.0-3.4x faster by columns with 1-4 rows (1.2-1.5x with 8-64), and a decode step of the
     whole model takes 0.4-0.7x of its time by rows with 1-4 rows, 0.8-1.0x with 16-32
