@@ -114,9 +114,9 @@ def test_packed_products_equal_f_linear(dtype):
 def test_packed_decode_samples_as_the_unpacked_one(model_and_tok, monkeypatch):
     """The decode step on packed weights against the same step on the weights as they are (float32, the
     same seed): the same tokens here, and log-probs equal to float rounding. Only the products' kernels
-    differ, so a token can differ only where two scores tie to rounding: the two samplers are equal in
-    distribution. The packed step's log-probs also equal a full forward
-    (``test_logprobs_equal_a_full_forward`` runs with it on such CPUs)."""
+    differ, so a token can differ only where a draw falls within rounding of the boundary between two
+    tokens: the two samplers are equal in distribution. The packed step's log-probs also equal a full
+    forward (``test_logprobs_equal_a_full_forward`` runs with it on such CPUs)."""
     model, tok = model_and_tok
     prompts = [_encode(tok, p) for p in PROMPTS]
     params = SamplingParams(max_new_tokens=24, eos_token_ids=STOPS, top_k=20)
