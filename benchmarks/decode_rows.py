@@ -7,7 +7,9 @@ fitted through the row counts splits it into a per-step cost and a per-row cost.
 
     python benchmarks/decode_rows.py [--model DIR] [--bf16] [--steps 64] [--rows 1 2 4 8 16 32] [--unpacked]
 
-``--unpacked`` runs the decode's products on the weights as they are, as where ``packs_weights`` says no.
+``--unpacked`` runs the decode's products on the weights as they are, as where ``packs_weights`` says no;
+without it, every call packs its weights where ``packs_weights`` allows it, however short (the packing is
+in both calls of a row count, so the difference is the decode steps' time alone).
 
 Run it alone on the machine.
 """
@@ -34,10 +36,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=64, help="decode steps timed per row count")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     a = ap.parse_args()
-    if a.unpacked:
-        from grpokit.rollout import native_decode
+    from grpokit.rollout import native_decode
 
+    if a.unpacked:
         native_decode.packs_weights = lambda device, dtype: False
+    # every call packs where the processor allows it, the 1-token one subtracted too: its packing cancels
+    native_decode.packing_pays = lambda dtype, rows, max_new: True
     from smollm2 import prepare
     from transformers import AutoModelForCausalLM
 

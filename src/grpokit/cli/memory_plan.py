@@ -67,7 +67,7 @@ from grpokit.config import GRPOConfig
 from grpokit.models.lean_layers import LEAN_MODEL_TYPES
 from grpokit.models.shape import DTYPE_BYTES, ModelShape, count_lora_parameters, dtype_name, lora_targets
 from grpokit.parallel.hardware import default_mixed_precision
-from grpokit.rollout.native_decode import packs_weights
+from grpokit.rollout.native_decode import packing_pays, packs_weights
 from grpokit.train.lm_head import head_chunk_rows
 
 __all__ = [
@@ -519,13 +519,15 @@ def plan_memory(
             p["generation_weights"] += c * (fused_proj + applied)
         else:
             p["generation_weights"] += g * fused_proj
-        if device_type == "cpu" and packs_weights(torch.device("cpu"), getattr(torch, compute_name)):
+        call_prompts = min(args.generation_micro_batch_size or prompts, prompts)  # prompts per call
+        compute_dtype = getattr(torch, compute_name)
+        packs = device_type == "cpu" and packs_weights(torch.device("cpu"), compute_dtype)
+        if packs and packing_pays(compute_dtype, call_prompts * group, completion):
             # and packs each of them once per call for oneDNN (a LoRA layer outside autocast runs itself)
             adapted = set(lora_targets(lora_target_modules)) if lora and c == g else set()
             own = applied - dense_layers * weights_of(tuple(adapted & {"o_proj", "down_proj"}), False)
             own -= shape.moe_layers * weights_of(tuple(adapted & {"o_proj"}), True)
             p["generation_weights"] += c * (fused_proj + own)
-        call_prompts = min(args.generation_micro_batch_size or prompts, prompts)  # prompts per call
         prefill_rows = min(FAST_PREFILL_PROMPTS, call_prompts)
         kv_tokens = call_prompts * prompt + call_prompts * group * completion
         extra_cache = call_prompts * prompt * kv_per_token  # prefill chunks joined into one copy

@@ -11,7 +11,7 @@ from torch import nn
 
 from grpokit.models.parts import autocast_dtype, decoder_of, linear_weight
 
-__all__ = ["NATIVE_MODEL_TYPES", "NativeDecoder", "native_supported"]
+__all__ = ["NATIVE_MODEL_TYPES", "NativeDecoder", "native_supported", "packing_pays", "packs_weights"]
 
 NATIVE_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "qwen2_moe", "qwen3_moe", "mixtral")
 """Decoders the native decode runs: the Llama family, and its mixtures of experts (Qwen2-MoE, Qwen3-MoE,
@@ -29,8 +29,8 @@ class NativeDecoder:
     """
 
     def __init__(self, model: nn.Module, pre: Any, group: int, max_new: int, *, pack: bool = True) -> None:
-        """``pack``: run the products on weights packed for oneDNN where ``packs_weights`` says it pays (off
-        for ``torch.compile``, which traces plain tensors)."""
+        """``pack``: run the products on weights packed for oneDNN where ``packs_weights`` and
+        ``packing_pays`` say so (off for ``torch.compile``, which traces plain tensors)."""
         self.model = model
         self.base = decoder_of(model)
         self.head = model.get_output_embeddings()
@@ -56,14 +56,14 @@ class NativeDecoder:
         # Fused projections (one matmul instead of three, resp. two), rebuilt from the live weights per call.
         # Under autocast every weight the step applies is cast here once, to the dtype autocast would cast
         # it to at each step (the sampler runs in inference mode, where autocast keeps no cast of its own).
-        # On CPUs where it pays, each weight is then packed once into oneDNN's layout (``_pack``).
+        # Where it pays (``packs_weights``, ``packing_pays``), each weight is then also packed once into
+        # oneDNN's layout (``_pack``); not where autocast runs without its dtype here (only a test of the
+        # casts does that), as autocast does not cast the input of a packed product.
         compute = autocast_dtype(device)
         layers = self.base.layers
         attentions = [layer.self_attn for layer in layers]
-
-        # (Not where autocast runs without its dtype here, which only a test of the casts does: autocast
-        # would not cast the input of a packed product.)
         pack = pack and (compute is not None or not torch.is_autocast_enabled(device.type))
+        pack = pack and packing_pays(compute or self.embed.weight.dtype, rows, max_new)
 
         def prepared(weights: Weights | None) -> Weights | None:
             return None if weights is None else _pack(weights, rows) if pack else weights
@@ -240,7 +240,7 @@ class Weights(NamedTuple):
     bias: torch.Tensor | None = None
     """[out] or None"""
     packed: torch.Tensor | None = None
-    """The weight in oneDNN's blocked layout (``_pack``), where ``packs_weights`` says it pays; else None."""
+    """The weight in oneDNN's blocked layout (``_pack``), where the call packs its weights; else None."""
 
 
 def _cast(weight: torch.Tensor, bias: torch.Tensor | None = None, *, dtype: torch.dtype | None) -> Weights:
@@ -291,6 +291,19 @@ def packs_weights(device: torch.device, dtype: torch.dtype) -> bool:
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     )
+
+
+def packing_pays(dtype: torch.dtype, rows: int, max_new: int) -> bool:
+    """Whether a sampling call of ``rows`` rows and up to ``max_new`` tokens gains from packing its weights
+    (where ``packs_weights`` allows it): the packing costs about as much as a few decode steps save.
+    SmolLM2-135M on a 2-core AMD EPYC Zen 4: packing every weight takes 0.19-0.23 s in float32 and 0.08 s in
+    bfloat16; a float32 step saves 7 ms with 3-4 rows and 24-66 ms with 8-64 (none with 1-2 rows, which
+    run by columns on the plain weights either way); a bfloat16 step 12-23 ms at any row count
+    (``benchmarks/results/decode-packing-cost-2026-12-05.txt``, ``decode-products-2026-12-05.txt``). So:
+    float32 from 8 tokens with 8 rows or more, from 32 tokens with 3-7 rows; bfloat16 from 8 tokens."""
+    if dtype == torch.float32:
+        return rows >= 3 and max_new >= (8 if rows >= 8 else 32)
+    return max_new >= 8
 
 
 def _pack(weights: Weights, rows: int) -> Weights:
