@@ -19,6 +19,8 @@ import time
 
 import torch
 
+from grpokit.rollout.native_decode import pack_weight, packed_linear
+
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
 """[out, in] of SmolLM2-135M's fused q/k/v, o, fused gate/up and down projections."""
 HEAD = (49152, 576)
@@ -37,8 +39,8 @@ def by_columns(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def packed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` packed by ``torch.ops.mkldnn._reorder_linear_weight``."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
+    """``weight`` packed by ``pack_weight``: the native decoder's own product."""
+    return packed_linear(x, weight)
 
 
 def milliseconds(step, repeats: int) -> float:
@@ -67,8 +69,8 @@ def main() -> None:
         with torch.inference_mode():
             for rows in a.rows:
                 inputs = {i: torch.randn(rows, i, dtype=dtype) for i in (576, 1536)}
-                packs = [torch.ops.mkldnn._reorder_linear_weight(w, max(rows, 2)) for w in weights]
-                head_packed = torch.ops.mkldnn._reorder_linear_weight(head, max(rows, 2))
+                packs = [pack_weight(w, rows) for w in weights]
+                head_packed = pack_weight(head, rows)
                 times, heads = [], []
                 for f, ws, h in (*ways, (packed, packs, head_packed)):
                     times.append(milliseconds(lambda f=f, x=inputs, ws=ws: [f(x[w.shape[1]], w) for w in ws],

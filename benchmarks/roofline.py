@@ -168,7 +168,7 @@ class Rates:
         ``w @ a.T``, and oneDNN's on a packed weight faster still."""
         import torch
 
-        from grpokit.rollout.native_decode import packs_weights
+        from grpokit.rollout.native_decode import pack_weight, packed_linear, packs_weights
 
         key = (precision, m, k, n)
         if key not in self.cache:
@@ -178,8 +178,8 @@ class Rates:
             w = b.T.contiguous()  # [n, k]
             layouts = [lambda: torch.mm(a, b), lambda: torch.mm(a, w.T), lambda: torch.mm(w, a.T)]
             if packs_weights(a.device, dtype):
-                packed = torch.ops.mkldnn._reorder_linear_weight(w, max(m, 2))
-                layouts.append(lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""))
+                packed = pack_weight(w, m)
+                layouts.append(lambda: packed_linear(a, packed))
             flops = 2 * m * k * n
             self.cache[key] = flops / min(self._seconds(product, flops) for product in layouts)
         return self.cache[key]

@@ -103,7 +103,7 @@ def test_packed_products_equal_f_linear(dtype):
         assert weights.packed is not None and weights.weight is weight  # the plain weight is kept
         for rows in (1, 3, 14):
             x = torch.randn(rows, 1, 40, generator=gen)  # float32, as the residual stream under autocast
-            out = native_decode._packed_linear(x, weights.packed, b)
+            out = native_decode.packed_linear(x, weights.packed, b)
             plain_bias = None if b is None else b.double()
             expected = torch.nn.functional.linear(x.double(), weight.double(), plain_bias)
             assert out.shape == (rows, 1, 96) and out.dtype == dtype

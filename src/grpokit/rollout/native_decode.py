@@ -11,7 +11,15 @@ from torch import nn
 
 from grpokit.models.parts import autocast_dtype, decoder_of, linear_weight
 
-__all__ = ["NATIVE_MODEL_TYPES", "NativeDecoder", "native_supported", "packing_pays", "packs_weights"]
+__all__ = [
+    "NATIVE_MODEL_TYPES",
+    "NativeDecoder",
+    "native_supported",
+    "pack_weight",
+    "packed_linear",
+    "packing_pays",
+    "packs_weights",
+]
 
 NATIVE_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "qwen2_moe", "qwen3_moe", "mixtral")
 """Decoders the native decode runs: the Llama family, and its mixtures of experts (Qwen2-MoE, Qwen3-MoE,
@@ -143,7 +151,7 @@ class NativeDecoder:
         rows = x.shape[0]
         weight, bias = weights.weight, weights.bias
         if weights.packed is not None and (rows > 2 or weight.dtype != torch.float32):
-            return _packed_linear(x, weights.packed, bias)
+            return packed_linear(x, weights.packed, bias)
         if not _by_columns(x.device, self.compute or weight.dtype):
             return torch.nn.functional.linear(x, weight, bias)
         return _linear_by_columns(weight, bias, x.reshape(rows, x.shape[-1])).view(*x.shape[:-1], -1)
@@ -312,12 +320,18 @@ def _pack(weights: Weights, rows: int) -> Weights:
     weight, bias = weights.weight, weights.bias
     if not packs_weights(weight.device, weight.dtype) or (bias is not None and bias.dtype != weight.dtype):
         return weights
+    return weights._replace(packed=pack_weight(weight, rows))
+
+
+def pack_weight(weight: torch.Tensor, rows: int) -> torch.Tensor:
+    """``weight`` [out, in] as a new tensor in oneDNN's blocked layout for products of about ``rows`` rows
+    (where ``packs_weights`` holds), for ``packed_linear``."""
     with torch.no_grad():
-        return weights._replace(packed=torch.ops.mkldnn._reorder_linear_weight(weight.detach(), max(rows, 2)))
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), max(rows, 2))
 
 
-def _packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` on a weight packed by ``_pack``, x [..., in] cast to its dtype."""
+def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` on a weight packed by ``pack_weight``, x [..., in] cast to its dtype."""
     return torch.ops.mkldnn._linear_pointwise(x.to(weight.dtype).contiguous(), weight, bias, "none", [], "")
 
 
