@@ -9,7 +9,8 @@ over its LM head (49,152 x 576).
     python benchmarks/decode_orientation.py [--rows 1 2 3 4 8 14 16 24 32 64] [--repeats 5]
 
 Prints the milliseconds of one pass over the 120 products, and of one LM-head product, at each row count,
-float32 and bfloat16. Run it alone on the machine.
+float32 and bfloat16 (packed only where ``packs_weights`` allows it: oneDNN refuses bfloat16 without
+AVX-512). Run it alone on the machine.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 
 import torch
 
-from grpokit.rollout.native_decode import pack_weight, packed_linear
+from grpokit.rollout.native_decode import pack_weight, packed_linear, packs_weights
 
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
 """[out, in] of SmolLM2-135M's fused q/k/v, o, fused gate/up and down projections."""
@@ -66,18 +67,23 @@ def main() -> None:
         print(f"{str(dtype).removeprefix('torch.')}")
         print("rows  by-rows  by-columns  packed   | by-rows  by-columns  packed")
         ways = ((by_rows, weights, head), (by_columns, weights, head))
+        packs_here = packs_weights(torch.device("cpu"), dtype)  # else oneDNN refuses (bf16 without AVX-512)
         with torch.inference_mode():
             for rows in a.rows:
                 inputs = {i: torch.randn(rows, i, dtype=dtype) for i in (576, 1536)}
-                packs = [pack_weight(w, rows) for w in weights]
-                head_packed = pack_weight(head, rows)
+                if packs_here:
+                    packs = [pack_weight(w, rows) for w in weights]
+                    ways_here = (*ways, (packed, packs, pack_weight(head, rows)))
+                else:
+                    ways_here = ways
                 times, heads = [], []
-                for f, ws, h in (*ways, (packed, packs, head_packed)):
+                for f, ws, h in ways_here:
                     times.append(milliseconds(lambda f=f, x=inputs, ws=ws: [f(x[w.shape[1]], w) for w in ws],
                                               a.repeats))  # fmt: skip
                     heads.append(milliseconds(lambda f=f, x=inputs[576], h=h: f(x, h), a.repeats))
-                print(f"{rows:<5} {times[0]:<8.2f} {times[1]:<11.2f} {times[2]:<8.2f} | "
-                      f"{heads[0]:<8.2f} {heads[1]:<11.2f} {heads[2]:.2f}")  # fmt: skip
+                packed_ms = (f"{times[2]:<8.2f}", f"{heads[2]:.2f}") if packs_here else (f"{'-':<8}", "-")
+                print(f"{rows:<5} {times[0]:<8.2f} {times[1]:<11.2f} {packed_ms[0]} | "
+                      f"{heads[0]:<8.2f} {heads[1]:<11.2f} {packed_ms[1]}")  # fmt: skip
 
 
 if __name__ == "__main__":

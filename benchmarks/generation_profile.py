@@ -10,8 +10,12 @@ then under ``torch.profiler``, its operators' own CPU time summed by kind:
   sampling (the processed scores' softmax, cumulative sums, the inverse CDF).
 
     python benchmarks/generation_profile.py [--model DIR] [--bf16] [--seed 0] [--top N] [--unpacked]
+                                            [--alternate N]
 
 ``--unpacked`` runs the decode's products on the weights as they are, as where ``packs_weights`` says no.
+
+``--alternate N`` profiles nothing: it times the call N times packed and N times unpacked, in turn, in one
+process (after one warm-up call), so that both see the same machine.
 
 ``--top N`` also lists the N operators with the most own CPU time, with their calls.
 
@@ -47,10 +51,12 @@ def main() -> None:
     ap.add_argument("--unpacked", action="store_true", help="products on the weights as they are")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--top", type=int, default=0, help="also list the operators with the most own time")
+    ap.add_argument("--alternate", type=int, default=0, help="time N calls packed and N unpacked, in turn")
     a = ap.parse_args()
-    if a.unpacked:
-        from grpokit.rollout import native_decode
+    from grpokit.rollout import native_decode
 
+    packs_weights = native_decode.packs_weights
+    if a.unpacked:
         native_decode.packs_weights = lambda device, dtype: False
     from common import WORKLOADS, benchmark_rows, print_operator_time
     from smollm2 import prepare
@@ -80,12 +86,22 @@ def main() -> None:
         return time.perf_counter() - begin, sampler, out.completion_ids
 
     sample()  # warm-up
+    precision = "bf16 autocast" if a.bf16 else "fp32"
+    for _ in range(a.alternate):
+        for packed in (True, False):
+            native_decode.packs_weights = packs_weights if packed else lambda device, dtype: False
+            seconds, sampler, completions = sample()
+            tokens = sum(len(c) for c in completions)
+            way = "packed" if packed else "unpacked"
+            print(f"{precision}, {way:8s}: {seconds:6.2f} s, {tokens} completion tokens, "
+                  f"{sampler.last_stats['decode_steps']} decode steps", flush=True)  # fmt: skip
+    if a.alternate:
+        return
     seconds, sampler, completions = sample()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         sample()
     events = prof.key_averages()
     lengths = sorted(len(c) for c in completions)
-    precision = "bf16 autocast" if a.bf16 else "fp32"
     print(f"SmolLM2-135M-Instruct, {precision}, {torch.get_num_threads()} threads")
     print(f"prompts of {[len(p) for p in prompts]} tokens x {wl.num_generations}")
     print(f"completion lengths {lengths}")

@@ -51,7 +51,9 @@ def test_same_tokens_as_decoding_every_row(model_and_tok, impl, penalty):
     assert running <= stats["decoded_rows"] < whole_stats["decoded_rows"]
 
 
-def test_logprobs_equal_a_full_forward(model_and_tok):
+def test_logprobs_equal_a_full_forward(model_and_tok, monkeypatch):
+    """On a CPU where the decode packs its weights (``packs_weights``), packed, however short the call."""
+    monkeypatch.setattr(native_decode, "packing_pays", lambda dtype, rows, max_new: True)
     model, tok = model_and_tok
     prompts = [_encode(tok, p) for p in PROMPTS[:3]]
     params = SamplingParams(max_new_tokens=16, eos_token_ids=STOPS, temperature=0.8)
@@ -85,15 +87,20 @@ def test_whole_groups_leave_and_the_rest_decode_as_generate(model_and_tok):
     assert stats["decoded_rows"] < stats["rows"] * stats["decode_steps"]
 
 
-PACKS = native_decode.packs_weights(torch.device("cpu"), torch.float32)
+PACKS = {
+    dtype: native_decode.packs_weights(torch.device("cpu"), dtype)
+    for dtype in (torch.float32, torch.bfloat16)
+}
+NOT_PACKED = "the decode packs its weights on x86 CPUs: float32 with AVX2 or AVX-512, bf16 with AVX-512"
 
 
-@pytest.mark.skipif(not PACKS, reason="the decode packs its weights on CPUs with AVX-512 (packs_weights)")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_packed_products_equal_f_linear(dtype):
     """oneDNN's product on a packed weight equals ``F.linear`` on the weight as it is: float32 to float
     rounding, bfloat16 to bf16's; with and without a bias, at the row counts the decode meets, on [N, in]
     and on the decode's [N, 1, in]."""
+    if not PACKS[dtype]:
+        pytest.skip(NOT_PACKED)
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(96, 40, generator=gen).to(dtype)
     bias = torch.randn(96, generator=gen).to(dtype)
@@ -110,7 +117,7 @@ def test_packed_products_equal_f_linear(dtype):
             torch.testing.assert_close(out.double(), expected, **tol)
 
 
-@pytest.mark.skipif(not PACKS, reason="the decode packs its weights on CPUs with AVX-512 (packs_weights)")
+@pytest.mark.skipif(not PACKS[torch.float32], reason=NOT_PACKED)
 def test_packed_decode_samples_as_the_unpacked_one(model_and_tok, monkeypatch):
     """The decode step on packed weights against the same step on the weights as they are (float32, the
     same seed): the same tokens here, and log-probs equal to float rounding. Only the products' kernels
@@ -120,6 +127,7 @@ def test_packed_decode_samples_as_the_unpacked_one(model_and_tok, monkeypatch):
     model, tok = model_and_tok
     prompts = [_encode(tok, p) for p in PROMPTS]
     params = SamplingParams(max_new_tokens=24, eos_token_ids=STOPS, top_k=20)
+    monkeypatch.setattr(native_decode, "packing_pays", lambda dtype, rows, max_new: True)  # a short call
     packed, _ = _sample(model, prompts, params, impl="native", compact=True)
     made = []
     real_pack = native_decode._pack

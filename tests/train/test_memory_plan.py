@@ -293,10 +293,11 @@ def test_fast_sampler_weights_by_hand():
     untied head 1000 x 64): fused [q; k; v] 64 x (64 + 32 + 32) and [gate; up] 64 x 256 per layer; under bf16
     autocast a bf16 cast of those and of o (64 x 64), down (128 x 64) and the head. On a CPU where the decode
     packs its weights for oneDNN (``packs_weights``) and the call is long enough to repay it
-    (``packing_pays``: float32 with 4 rows from 32 tokens), a packed copy of every weight it applies, in the
-    compute dtype; a LoRA layer outside autocast runs itself and is not packed."""
+    (``packing_pays``: float32 with 8 rows from 32 tokens, with AVX-512 or AVX2), a packed copy of every
+    weight it applies, in the compute dtype; a LoRA layer outside autocast runs itself and is not packed."""
     fused, applied = 2 * (64 * 128 + 64 * 256), 2 * (64 * 64 + 128 * 64) + 1000 * 64
-    fast = small_args(generation_backend="fast", max_completion_length=32)  # 1 prompt x 4 rows per call
+    fast = small_args(generation_backend="fast", per_device_train_batch_size=8, max_completion_length=32)
+    # 2 prompts x 4 = 8 rows per call
     assert small_plan(fast, device_type="cuda").generation_weights == 4 * fused
     bf16 = small_args(generation_backend="fast", bf16=True)
     assert small_plan(bf16, device_type="cuda").generation_weights == 2 * (fused + applied)
@@ -305,7 +306,9 @@ def test_fast_sampler_weights_by_hand():
     assert small_plan(fast, device_type="cpu").generation_weights == 4 * fused + (
         4 * (fused + applied) if packs[torch.float32] else 0
     )
-    short = small_args(generation_backend="fast", max_completion_length=20)  # 4 rows x 20 tokens: not repaid
+    short = small_args(
+        generation_backend="fast", max_completion_length=20
+    )  # 4 rows x 20 tokens: never repaid
     assert small_plan(short, device_type="cpu").generation_weights == 4 * fused
     cpu_bf16 = small_plan(bf16, device_type="cpu").generation_weights
     assert cpu_bf16 == 2 * (fused + applied) * (2 if packs[torch.bfloat16] else 1)
@@ -317,10 +320,15 @@ def test_fast_sampler_weights_by_hand():
 def test_packing_pays_for_calls_long_enough_to_repay_it():
     from grpokit.rollout.native_decode import packing_pays
 
-    assert not packing_pays(torch.float32, 2, 256)  # 1-2 rows run by columns on the plain weights
-    assert packing_pays(torch.float32, 8, 8) and not packing_pays(torch.float32, 8, 7)
-    assert packing_pays(torch.float32, 4, 32) and not packing_pays(torch.float32, 4, 31)
-    assert packing_pays(torch.bfloat16, 1, 8) and not packing_pays(torch.bfloat16, 64, 7)
+    for capability in ("AVX512", "AVX2"):  # 1-2 rows run by columns on the plain weights
+        assert not packing_pays(torch.float32, 2, 256, capability)
+    assert packing_pays(torch.float32, 8, 8, "AVX512") and not packing_pays(torch.float32, 8, 7, "AVX512")
+    assert packing_pays(torch.float32, 4, 32, "AVX512") and not packing_pays(torch.float32, 4, 31, "AVX512")
+    assert packing_pays(torch.bfloat16, 1, 8, "AVX512") and not packing_pays(torch.bfloat16, 64, 7, "AVX512")
+    # AVX2: nothing repaid with 3-7 rows; 8-15 rows from 32 tokens, 16 or more from 16
+    assert not packing_pays(torch.float32, 7, 256, "AVX2")
+    assert packing_pays(torch.float32, 8, 32, "AVX2") and not packing_pays(torch.float32, 15, 31, "AVX2")
+    assert packing_pays(torch.float32, 16, 16, "AVX2") and not packing_pays(torch.float32, 64, 15, "AVX2")
 
 
 def test_uncut_prompts_are_planned_as_long_as_the_model_allows():

@@ -283,35 +283,56 @@ def _cast_linear(module: nn.Module, dtype: torch.dtype | None) -> Weights | None
 def packs_weights(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether the decode step runs its products in ``dtype`` on weights packed once per sampling call into
     oneDNN's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``, then ``_linear_pointwise``: the
-    kernels ``torch.compile`` uses for CPU linears). True for float32 and bfloat16 on a CPU with AVX-512
-    where torch has the two operators: with few rows a product reads its whole weight from memory, and
-    MKL's, on the unpacked weight, runs at a fraction of that rate at most row counts. float32, the 120
-    projections of SmolLM2-135M's 30 layers: 14 rows 72 ms by columns, 23 ms packed; 32 rows 66 and 40 ms;
-    its LM head with 14 rows 22 and 5.0 ms; bfloat16 by rows, 14 rows 26 and 15 ms (2-core AMD EPYC Zen 4,
-    ``python benchmarks/decode_orientation.py``; ``benchmarks/results/decode-products-2026-12-05.txt``).
-    With 1-2 rows float32 runs by columns on the plain weight, faster there (``_linear``). Processors
-    without AVX-512 were not measured: their products run as before (``_by_columns``)."""
-    return (
-        device.type == "cpu"
-        and dtype in (torch.float32, torch.bfloat16)
-        and torch.backends.mkldnn.is_available()
-        and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
-        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    )
-
-
-def packing_pays(dtype: torch.dtype, rows: int, max_new: int) -> bool:
-    """Whether a sampling call of ``rows`` rows and up to ``max_new`` tokens gains from packing its weights
-    (where ``packs_weights`` allows it): the packing costs about as much as a few decode steps save.
-    SmolLM2-135M on a 2-core AMD EPYC Zen 4: packing every weight takes 0.19-0.23 s in float32 and 0.08 s in
-    bfloat16; a float32 step saves 7 ms with 3-4 rows and 24-66 ms with 8-64 (none with 1-2 rows, which
-    run by columns on the plain weights either way); a bfloat16 step 12-23 ms at any row count
-    (``benchmarks/results/decode-packing-cost-2026-12-05.txt``, ``decode-products-2026-12-05.txt``). So:
-    float32 from 8 tokens with 8 rows or more, from 32 tokens with 3-7 rows; bfloat16 from 8 tokens."""
+    kernels ``torch.compile`` uses for CPU linears). True on an x86 CPU where torch has the two operators,
+    for float32 with AVX2 or AVX-512 and for bfloat16 with AVX-512 where oneDNN computes it natively: with few
+    rows a product reads its whole weight from memory, and MKL's, on the unpacked weight, runs at a fraction
+    of that rate at most row counts. The 120 projections of SmolLM2-135M's 30 layers, ms by columns against
+    packed (``python benchmarks/decode_orientation.py``, 2-core AMD EPYC):
+    - AVX-512 (Zen 4; ``benchmarks/results/decode-products-2026-12-05.txt``): float32 14 rows 72 and 23, 32
+      rows 66 and 40; its LM head with 14 rows 22 and 5.0; bfloat16 by rows, 14 rows 26 and 15.
+    - AVX2 (``decode-products-avx2-2026-12-05.txt``): float32 14 rows 131 and 77, 32 rows 163 and 150; the LM
+      head 14 rows 34 and 16. oneDNN refuses bfloat16 there (it would run 2-5x slower than float32 anyway).
+    With 1-2 rows float32 runs by columns on the plain weight, faster there (``_linear``). Other processors
+    (ARM) were not measured: their products run as before (``_by_columns``)."""
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if not all(hasattr(torch.ops.mkldnn, op) for op in ("_reorder_linear_weight", "_linear_pointwise")):
+        return False
+    capability = torch.backends.cpu.get_cpu_capability()
     if dtype == torch.float32:
-        return rows >= 3 and max_new >= (8 if rows >= 8 else 32)
-    return max_new >= 8
+        return capability.startswith(("AVX512", "AVX2"))
+    if dtype == torch.bfloat16:
+        return capability.startswith("AVX512") and _onednn_bf16()
+    return False
+
+
+def _onednn_bf16() -> bool:
+    """Whether oneDNN runs bfloat16 products natively on this CPU (AVX-512 BW/VL/DQ or AVX-NE-CONVERT)."""
+    supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return supported is not None and bool(supported())
+
+
+def packing_pays(dtype: torch.dtype, rows: int, max_new: int, capability: str | None = None) -> bool:
+    """Whether a sampling call of ``rows`` rows and up to ``max_new`` tokens gains from packing its weights
+    (where ``packs_weights`` allows it): the packing costs about as much as a few decode steps save. Whole
+    decode steps of SmolLM2-135M packed and not (``python benchmarks/decode_rows.py [--unpacked]``), 2-core
+    AMD EPYC; 1-2 rows run by columns on the plain weights either way:
+    - AVX-512 (Zen 4): packing every weight takes 0.19-0.23 s in float32 and 0.08 s in bfloat16; a float32
+      step saves 7 ms with 3-4 rows and 24-66 ms with 8-64, a bfloat16 step 12-23 ms at any row count
+      (``benchmarks/results/decode-packing-cost-2026-12-05.txt``, ``decode-products-2026-12-05.txt``). So
+      float32 from 8 tokens with 8 rows or more, from 32 tokens with 3-7 rows; bfloat16 from 8 tokens.
+    - AVX2: packing takes 0.28-0.30 s in float32; a step saves 11-12 ms with 8 rows, 12-33 ms with 16, 45-74
+      ms with 32-64, and with 3-4 rows between -11 and +15 ms (``decode-rows-packed-avx2-2026-12-05.txt``).
+      So float32 from 32 tokens with 8-15 rows, from 16 tokens with 16 rows or more.
+
+    ``capability``: the processor's, as ``torch.backends.cpu.get_cpu_capability()`` names it (None: this
+    machine's)."""
+    if dtype != torch.float32:
+        return max_new >= 8
+    capability = capability or torch.backends.cpu.get_cpu_capability()
+    if not capability.startswith("AVX512"):
+        return rows >= 8 and max_new >= (16 if rows >= 16 else 32)
+    return rows >= 3 and max_new >= (8 if rows >= 8 else 32)
 
 
 def _pack(weights: Weights, rows: int) -> Weights:
