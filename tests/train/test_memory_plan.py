@@ -306,9 +306,8 @@ def test_fast_sampler_weights_by_hand():
     assert small_plan(fast, device_type="cpu").generation_weights == 4 * fused + (
         4 * (fused + applied) if packs[torch.float32] else 0
     )
-    short = small_args(
-        generation_backend="fast", max_completion_length=20
-    )  # 4 rows x 20 tokens: never repaid
+    # 1 prompt x 4 rows x 20 tokens: repaid on neither processor
+    short = small_args(generation_backend="fast", max_completion_length=20)
     assert small_plan(short, device_type="cpu").generation_weights == 4 * fused
     cpu_bf16 = small_plan(bf16, device_type="cpu").generation_weights
     assert cpu_bf16 == 2 * (fused + applied) * (2 if packs[torch.bfloat16] else 1)

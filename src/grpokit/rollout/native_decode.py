@@ -291,7 +291,8 @@ def packs_weights(device: torch.device, dtype: torch.dtype) -> bool:
     - AVX-512 (Zen 4; ``benchmarks/results/decode-products-2026-12-05.txt``): float32 14 rows 72 and 23, 32
       rows 66 and 40; its LM head with 14 rows 22 and 5.0; bfloat16 by rows, 14 rows 26 and 15.
     - AVX2 (``decode-products-avx2-2026-12-05.txt``): float32 14 rows 131 and 77, 32 rows 163 and 150; the LM
-      head 14 rows 34 and 16. oneDNN refuses bfloat16 there (it would run 2-5x slower than float32 anyway).
+      head 14 rows 34 and 16. oneDNN refuses bfloat16 there, whose products by rows run 3-5x slower than
+      float32's with 8-64 rows anyway.
     With 1-2 rows float32 runs by columns on the plain weight, faster there (``_linear``). Other processors
     (ARM) were not measured: their products run as before (``_by_columns``)."""
     if device.type != "cpu" or not torch.backends.mkldnn.is_available():
