@@ -24,7 +24,7 @@ What is counted, per device (process), and how exactly:
 - **KV cache**: exact for the fast sampler (pre-allocated buffers); for ``transformers`` ``generate`` the
   cache at full length. Keys/values are in the compute dtype (bf16/fp16 under autocast, else the weights').
 - **The fast sampler's weights**: its fused [q; k; v] and [gate; up] copies, under autocast a cast of every
-  weight its decode applies; on a CPU where ``packs_weights`` holds (``device_type="cpu"``, this machine's
+  weight its decode applies; on a CPU where ``call_packs`` holds (``device_type="cpu"``, this machine's
   processor), also a copy of each packed for oneDNN, for the call.
 - **FSDP** (``parallel.fsdp``) gathers a unit's weights in the compute dtype under mixed precision (so
   autocast keeps no casts for the backward): generation holds the full weights in that dtype for its call;
@@ -67,7 +67,7 @@ from grpokit.config import GRPOConfig
 from grpokit.models.lean_layers import LEAN_MODEL_TYPES
 from grpokit.models.shape import DTYPE_BYTES, ModelShape, count_lora_parameters, dtype_name, lora_targets
 from grpokit.parallel.hardware import default_mixed_precision
-from grpokit.rollout.native_decode import packing_pays, packs_weights
+from grpokit.rollout.native_decode import call_packs
 from grpokit.train.lm_head import head_chunk_rows
 
 __all__ = [
@@ -520,9 +520,8 @@ def plan_memory(
         else:
             p["generation_weights"] += g * fused_proj
         call_prompts = min(args.generation_micro_batch_size or prompts, prompts)  # prompts per call
-        compute_dtype = getattr(torch, compute_name)
-        packs = device_type == "cpu" and packs_weights(torch.device("cpu"), compute_dtype)
-        if packs and packing_pays(compute_dtype, call_prompts * group, completion):
+        call_rows, compute_dtype = call_prompts * group, getattr(torch, compute_name)
+        if device_type == "cpu" and call_packs(torch.device("cpu"), compute_dtype, call_rows, completion):
             # and packs each of them once per call for oneDNN (a LoRA layer outside autocast runs itself)
             adapted = set(lora_targets(lora_target_modules)) if lora and c == g else set()
             own = applied - dense_layers * weights_of(tuple(adapted & {"o_proj", "down_proj"}), False)

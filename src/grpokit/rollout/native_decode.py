@@ -14,6 +14,7 @@ from grpokit.models.parts import autocast_dtype, decoder_of, linear_weight
 __all__ = [
     "NATIVE_MODEL_TYPES",
     "NativeDecoder",
+    "call_packs",
     "native_supported",
     "pack_weight",
     "packed_linear",
@@ -71,7 +72,7 @@ class NativeDecoder:
         layers = self.base.layers
         attentions = [layer.self_attn for layer in layers]
         pack = pack and (compute is not None or not torch.is_autocast_enabled(device.type))
-        pack = pack and packing_pays(compute or self.embed.weight.dtype, rows, max_new)
+        pack = pack and call_packs(device, compute or self.embed.weight.dtype, rows, max_new)
 
         def prepared(weights: Weights | None) -> Weights | None:
             return None if weights is None else _pack(weights, rows) if pack else weights
@@ -334,6 +335,13 @@ def packing_pays(dtype: torch.dtype, rows: int, max_new: int, capability: str | 
     if not capability.startswith("AVX512"):
         return rows >= 8 and max_new >= (16 if rows >= 16 else 32)
     return rows >= 3 and max_new >= (8 if rows >= 8 else 32)
+
+
+def call_packs(device: torch.device, dtype: torch.dtype, rows: int, max_new: int) -> bool:
+    """Whether a sampling call of ``rows`` rows and up to ``max_new`` tokens, its products in ``dtype`` on
+    ``device``, packs the weights its decode applies: where the processor allows it (``packs_weights``) and
+    the call can repay it (``packing_pays``). The decoder and ``grpokit plan`` both ask here."""
+    return packs_weights(device, dtype) and packing_pays(dtype, rows, max_new)
 
 
 def _pack(weights: Weights, rows: int) -> Weights:
