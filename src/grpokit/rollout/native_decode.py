@@ -57,11 +57,19 @@ class NativeDecoder:
         self.gen_k = [torch.empty(rows, kv_heads, max_new, d, dtype=dtype, device=device) for _ in pre.keys]
         self.gen_v = [torch.empty(rows, kv_heads, max_new, d, dtype=dtype, device=device) for _ in pre.keys]
         self.positions = pre.lengths.repeat_interleave(group)[:, None]  # [N, 1] next position per row
-        self.pad_bias = pre.pad_bias.to(dtype)  # [P, 1, 1, L]
-        self.prompt_keys, self.prompt_values = list(pre.keys), list(pre.values)  # per layer [P, kv, L, d]
+        self.prompt_keys, self.prompt_values = [], []  # per layer [P*kv, L, d]
+        self._set_prompts(list(pre.keys), list(pre.values), pre.pad_bias)
         self.rows = rows  # rows in the decode batch: the first ``rows`` of the buffers
         self.slots: torch.Tensor | None = None  # [rows] each row's place in the [prompts x G] grid (None:
         # every row of every prompt, in order: no finished row has left yet)
+        self.slot_prompt = self.slot_member = None  # [rows] each row's prompt, and its place in the group
+        # Rotary positions of the q and k heads in one pass (``_rope``): per head, the factor of cos and the
+        # signed factor of sin; the q heads' carry the attention's scaling, so no score is scaled again.
+        heads = kv_heads * self.n_rep
+        scale = torch.tensor([self.scaling] * heads + [1.0] * kv_heads, dtype=torch.float64)[:, None]
+        sign = torch.cat([-torch.ones(d // 2), torch.ones(d - d // 2)]).double()  # rotate_half's signs
+        self.cos_scale = scale.to(device=device, dtype=torch.float32)  # [h+kv, 1]
+        self.sin_scale = (scale * sign).to(device=device, dtype=torch.float32)  # [h+kv, d]
         # Fused projections (one matmul instead of three, resp. two), rebuilt from the live weights per call.
         # Under autocast every weight the step applies is cast here once, to the dtype autocast would cast
         # it to at each step (the sampler runs in inference mode, where autocast keeps no cast of its own).
@@ -88,6 +96,18 @@ class NativeDecoder:
         self.head_weights = prepared(_cast_linear(self.head, compute))
         self.compute = compute  # the dtype of every product (None: each weight's own)
 
+    def _set_prompts(
+        self, keys: list[torch.Tensor], values: list[torch.Tensor], pad_bias: torch.Tensor
+    ) -> None:
+        """The prompt cache, per layer [P, kv, L, d], kept as [P*kv, L, d] (one batch of products per kv
+        head of each prompt), and the left padding's bias [P, 1, 1, L] as [P*kv, 1, L]."""
+        num_prompts, kv_heads, length, d = keys[0].shape
+        batch = num_prompts * kv_heads
+        self.prompt_keys = [k.reshape(batch, length, d) for k in keys]
+        self.prompt_values = [v.reshape(batch, length, d) for v in values]
+        bias = pad_bias.to(self.gen_k[0].dtype).reshape(num_prompts, 1, length)  # [P, 1, L]
+        self.prompt_bias = bias.repeat_interleave(kv_heads, dim=0)  # [P*kv, 1, L]
+
     def keep(self, running: torch.Tensor, t: int) -> torch.Tensor:
         """Let the finished rows leave the decode batch after step ``t``'s tokens were sampled: ``running``
         [n] bool over the batch's rows. Returns ``order`` [n'], the old place of each row that stays (its new
@@ -110,16 +130,22 @@ class NativeDecoder:
         slots = torch.arange(self.rows, device=device) if self.slots is None else self.slots
         self.slots, self.rows = slots[order], stay
         self._drop_finished_prompts()
+        self.slot_prompt, self.slot_member = self.slots // self.group, self.slots % self.group
         return order
 
     def _drop_finished_prompts(self) -> None:
         prompts = self.slots // self.group  # [n] each row's prompt
         alive = torch.unique(prompts)  # sorted
-        if len(alive) == self.prompt_keys[0].shape[0]:
+        num_prompts = self.prompt_bias.shape[0] // self.kv_heads
+        if len(alive) == num_prompts:
             return
-        self.prompt_keys = [k[alive] for k in self.prompt_keys]
-        self.prompt_values = [v[alive] for v in self.prompt_values]
-        self.pad_bias = self.pad_bias[alive]
+        length, d = self.prompt_keys[0].shape[1:]
+
+        def kept(cache: list[torch.Tensor]) -> list[torch.Tensor]:
+            return [c.view(num_prompts, self.kv_heads, length, d)[alive] for c in cache]
+
+        bias = self.prompt_bias.view(num_prompts, self.kv_heads, 1, length)[alive, :1]  # [P', 1, 1, L]
+        self._set_prompts(kept(self.prompt_keys), kept(self.prompt_values), bias)
         renumbered = torch.searchsorted(alive, prompts)  # [n] place of each row's prompt among the alive
         self.slots = renumbered * self.group + self.slots % self.group
 
@@ -128,99 +154,106 @@ class NativeDecoder:
         [n, V] (float32)."""
         h = self.embed(tokens[:, None])  # [N, 1, H]
         cos, sin = self.base.rotary_emb(h, self.positions + t)  # [N, 1, d]
-        cos, sin = cos[:, None], sin[:, None]  # [N, 1, 1, d]
+        # per head [N, h+kv, d], the q heads' scaled; computed in float32, then in the tables' dtype
+        cos = (cos.float() * self.cos_scale).to(cos.dtype)
+        sin = (sin.float() * self.sin_scale).to(sin.dtype)
         for i, layer in enumerate(self.base.layers):
-            residual = h
-            x = layer.input_layernorm(h)
-            x = self._attention(layer.self_attn, x, cos, sin, i, t)
-            h = residual + x
-            residual = h
+            x = self._attention(layer.self_attn, layer.input_layernorm(h), cos, sin, i, t)
+            h = self._apply(layer.self_attn.o_proj, self.o_proj[i], x, residual=h)
             x = layer.post_attention_layernorm(h)
             fused = self.gate_up[i]
             if fused is None:
-                h = residual + layer.mlp(x)
+                h = h + layer.mlp(x)
             else:
                 gate, up = self._linear(x, fused).chunk(2, dim=-1)
-                down = self.down_proj[i]
-                h = residual + self._apply(layer.mlp.down_proj, down, layer.mlp.act_fn(gate) * up)
+                h = self._apply(
+                    layer.mlp.down_proj, self.down_proj[i], layer.mlp.act_fn(gate) * up, residual=h
+                )
         h = self.base.norm(h)[:, 0]  # [N, H]
         return self._apply(self.head, self.head_weights, h).float()  # [N, V]
 
-    def _linear(self, x: torch.Tensor, weights: Weights) -> torch.Tensor:
-        """``F.linear(x, *weights)`` for x [N, 1, in] or [N, in]: on packed weights by oneDNN (x cast to
-        their dtype, as autocast casts it), else in the orientation ``_by_columns`` picks for the dtype."""
+    def _linear(
+        self, x: torch.Tensor, weights: Weights, residual: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``F.linear(x, *weights)`` for x [N, 1, in] or [N, in], plus ``residual`` where given: on packed
+        weights by oneDNN (x cast to their dtype, as autocast casts it; a float32 residual added by the
+        product itself), else in the orientation ``_by_columns`` picks for the dtype."""
         rows = x.shape[0]
         weight, bias = weights.weight, weights.bias
         if weights.packed is not None and (rows > 2 or weight.dtype != torch.float32):
-            return packed_linear(x, weights.packed, bias)
-        if not _by_columns(x.device, self.compute or weight.dtype):
-            return torch.nn.functional.linear(x, weight, bias)
-        return _linear_by_columns(weight, bias, x.reshape(rows, x.shape[-1])).view(*x.shape[:-1], -1)
+            if residual is not None and residual.dtype == weight.dtype == torch.float32:
+                return packed_linear_add(x, weights.packed, bias, residual)
+            out = packed_linear(x, weights.packed, bias)
+        elif not _by_columns(x.device, self.compute or weight.dtype):
+            out = torch.nn.functional.linear(x, weight, bias)
+        else:
+            out = _linear_by_columns(weight, bias, x.reshape(rows, x.shape[-1])).view(*x.shape[:-1], -1)
+        return out if residual is None else residual + out
 
-    def _apply(self, module: nn.Module, weights: Weights | None, x: torch.Tensor) -> torch.Tensor:
-        """``module(x)``, or the linear map by its weights (``_cast_linear``); outside autocast the input is
-        cast to the weight's dtype first, as a head made float32 by ``cast_lm_head_to_fp32`` casts it."""
+    def _apply(
+        self,
+        module: nn.Module,
+        weights: Weights | None,
+        x: torch.Tensor,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``module(x)`` (plus ``residual`` where given), or the linear map by its weights (``_cast_linear``);
+        outside autocast the input is cast to the weight's dtype first, as a head made float32 by
+        ``cast_lm_head_to_fp32`` casts it."""
         if weights is None:
-            return module(x)
+            return module(x) if residual is None else residual + module(x)
         if not torch.is_autocast_enabled(x.device.type):
             x = x.to(weights.weight.dtype)
-        return self._linear(x, weights)
+        return self._linear(x, weights, residual)
 
     def _attention(self, attn: nn.Module, x: torch.Tensor, cos, sin, i: int, t: int) -> torch.Tensor:
+        """Self-attention of the decode batch's rows at step t (x [N, 1, H]), before the output projection:
+        [N, 1, h*d]. The rotary tables ``cos``, ``sin`` [N, h+kv, d] scale the q heads (``__init__``)."""
         rows = x.shape[0]
-        d, kvh, rep = self.head_dim, self.kv_heads, self.n_rep
-        num_prompts = self.prompt_keys[i].shape[0]
-        q, k, v = self._linear(x, self.qkv[i]).split([kvh * rep * d, kvh * d, kvh * d], dim=-1)
-        q = q.reshape(rows, 1, kvh * rep, d)  # [N, 1, h, d]
-        k = k.reshape(rows, 1, kvh, d)
-        v = v.reshape(rows, 1, kvh, d)
+        d, kvh, rep, group = self.head_dim, self.kv_heads, self.n_rep, self.group
+        heads = kvh * rep
+        qkv = self._linear(x, self.qkv[i]).view(rows, heads + 2 * kvh, d)  # [N, h+2kv, d]
+        qk, v = qkv[:, : heads + kvh], qkv[:, heads + kvh :]  # [N, h+kv, d], [N, kv, d]
         if hasattr(attn, "q_norm"):
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q = q.transpose(1, 2)  # [N, h, 1, d]
-        k = k.transpose(1, 2)  # [N, kv, 1, d]
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        self.gen_k[i][:rows, :, t : t + 1] = k
-        self.gen_v[i][:rows, :, t : t + 1] = v.transpose(1, 2)
+            qk = torch.cat([attn.q_norm(qk[:, :heads]), attn.k_norm(qk[:, heads:])], dim=1)
+        qk = _rope(qk, cos, sin)  # q scaled
+        q, k = qk[:, :heads], qk[:, heads:]  # [N, h, d], [N, kv, d]
+        self.gen_k[i][:rows, :, t] = k
+        self.gen_v[i][:rows, :, t] = v
         gk = self.gen_k[i][:rows, :, : t + 1]  # [N, kv, t+1, d]
         gv = self.gen_v[i][:rows, :, : t + 1]
-        pk, pv = self.prompt_keys[i], self.prompt_values[i]  # [P, kv, L, d]
-        plen = pk.shape[2]
-        if self.slots is not None:  # some rows have left: the prompt part over the [P x G] grid of slots
-            num_prompts = pk.shape[0]
-            grid = q.new_zeros(num_prompts * self.group, *q.shape[1:])  # [P*G, h, 1, d]
-            q_grid = grid.index_copy(0, self.slots, q)
+        pk, pv = self.prompt_keys[i], self.prompt_values[i]  # [P*kv, L, d]
+        num_prompts, plen = pk.shape[0] // kvh, pk.shape[1]
+        grid = (num_prompts, group, kvh, rep)  # the [P x G] grid of rows, by kv head and its query heads
+        # Over the prompt: per prompt and kv head, the G*rep queries of its group in one product (as
+        # repeat_kv: query head h = kv*rep + r reads kv head kv), left padding masked by the bias.
+        if self.slots is None:
+            q_grid = q.reshape(*grid, d).transpose(1, 2)  # [P, kv, G, rep, d]
+        else:  # rows have left: theirs stay out of the products' results (their places hold zeros)
+            q_grid = q.new_zeros(num_prompts, kvh, group, rep, d)
+            q_grid.transpose(1, 2)[self.slot_prompt, self.slot_member] = q.view(rows, kvh, rep, d)
+        q_grid = q_grid.reshape(num_prompts * kvh, group * rep, d)
+        s_prompt = torch.baddbmm(self.prompt_bias, q_grid, pk.transpose(1, 2))  # [P*kv, G*rep, L]
+        s_prompt = s_prompt.view(num_prompts, kvh, group, rep, plen).transpose(1, 2)  # [P, G, kv, rep, L]
+        s_gen = torch.matmul(q.view(rows, kvh, rep, d), gk.transpose(-1, -2))  # [N, kv, rep, t+1]
+        if self.slots is None:
+            scores = torch.cat([s_prompt, s_gen.view(*grid, -1)], dim=-1).view(rows, kvh, rep, -1)
         else:
-            q_grid = q
-        # Query heads h = kv*rep + r share kv head kv (as repeat_kv). Group queries per prompt:
-        # [P, kv, G*rep, d].
-        qg = (
-            q_grid.view(num_prompts, self.group, kvh, rep, d)
-            .permute(0, 2, 1, 3, 4)
-            .reshape(num_prompts, kvh, self.group * rep, d)
-        )
-        s_prompt = torch.matmul(qg, pk.transpose(-1, -2)) * self.scaling + self.pad_bias  # [P, kv, G*rep, L]
-        s_prompt = s_prompt.view(num_prompts, kvh, self.group, rep, plen).permute(0, 2, 1, 3, 4)
-        s_prompt = s_prompt.reshape(num_prompts * self.group, kvh, rep, plen)  # [P*G, kv, rep, L]
-        if self.slots is not None:
-            s_prompt = s_prompt[self.slots]  # [N, kv, rep, L]
-        qn = q.view(rows, kvh, rep, d)
-        s_gen = torch.matmul(qn, gk.transpose(-1, -2)) * self.scaling  # [N, kv, rep, t+1]
-        probs = torch.softmax(torch.cat([s_prompt, s_gen], dim=-1), dim=-1, dtype=torch.float32).to(q.dtype)
-        p_prompt = probs[..., :plen]  # [N, kv, rep, L]
-        if self.slots is not None:
-            p_prompt = p_prompt.new_zeros(num_prompts * self.group, *p_prompt.shape[1:]).index_copy(
-                0, self.slots, p_prompt
-            )  # [P*G, kv, rep, L]
-        p_prompt = p_prompt.reshape(num_prompts, self.group, kvh, rep, plen).permute(0, 2, 1, 3, 4)
-        p_prompt = p_prompt.reshape(num_prompts, kvh, self.group * rep, plen)
-        o_prompt = torch.matmul(p_prompt, pv)  # [P, kv, G*rep, d]
-        o_prompt = o_prompt.view(num_prompts, kvh, self.group, rep, d).permute(0, 2, 1, 3, 4)
-        o_prompt = o_prompt.reshape(num_prompts * self.group, kvh, rep, d)
-        if self.slots is not None:
-            o_prompt = o_prompt[self.slots]  # [N, kv, rep, d]
-        out = o_prompt + torch.matmul(probs[..., plen:], gv)  # [N, kv, rep, d]
-        return self._apply(attn.o_proj, self.o_proj[i], out.reshape(rows, 1, kvh * rep * d))
+            scores = torch.cat([s_prompt[self.slot_prompt, self.slot_member], s_gen], dim=-1)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)  # [N, kv, rep, L+t+1]
+        if self.slots is None:
+            p_grid = probs[..., :plen].view(*grid, plen).transpose(1, 2)  # [P, kv, G, rep, L]
+        else:
+            p_grid = probs.new_zeros(num_prompts, kvh, group, rep, plen)
+            p_grid.transpose(1, 2)[self.slot_prompt, self.slot_member] = probs[..., :plen]
+        o_prompt = torch.bmm(p_grid.reshape(num_prompts * kvh, group * rep, plen), pv)  # [P*kv, G*rep, d]
+        o_prompt = o_prompt.view(num_prompts, kvh, group, rep, d).transpose(1, 2)  # [P, G, kv, rep, d]
+        out = torch.matmul(probs[..., plen:], gv)  # [N, kv, rep, d]
+        if self.slots is None:
+            out.view(*grid, d).add_(o_prompt)
+        else:
+            out.add_(o_prompt[self.slot_prompt, self.slot_member])
+        return out.view(rows, 1, heads * d)
 
 
 def _fuse_linear(*linears: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -365,6 +398,16 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x.to(weight.dtype).contiguous(), weight, bias, "none", [], "")
 
 
+def packed_linear_add(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor
+) -> torch.Tensor:
+    """``residual + F.linear(x, weight, bias)`` in one product on a weight packed by ``pack_weight`` (oneDNN's
+    sum post-op), x [..., in] and ``residual`` [..., out] in the weight's dtype."""
+    return torch.ops.mkldnn._linear_pointwise.binary(
+        x.contiguous(), residual.contiguous(), weight, bias, "add"
+    )
+
+
 def _by_columns(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether the decode step's linear maps on weights not packed (``packs_weights``; with 1-2 rows in
     float32 also on packed ones) run by columns (``_linear_by_columns``) for products in ``dtype`` on
@@ -390,9 +433,11 @@ def _linear_by_columns(weight: torch.Tensor, bias: torch.Tensor | None, x: torch
     return out[:, :rows].T.contiguous()
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary positions of x [N, heads, d] (q and k heads together): ``x * cos + rotate_half(x) * sin`` as
+    ``transformers`` computes it, with ``rotate_half(x) = [-x2, x1]`` written as the halves swapped times
+    ``sin`` signed per half (``sin`` [N, heads, d] carries the sign: ``NativeDecoder.__init__``)."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
 def native_supported(model: nn.Module) -> bool:
