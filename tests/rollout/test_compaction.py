@@ -118,6 +118,23 @@ def test_packed_products_equal_f_linear(dtype):
 
 
 @pytest.mark.skipif(not PACKS[torch.float32], reason=NOT_PACKED)
+def test_packed_product_adds_the_residual():
+    """The decode adds each float32 residual inside the packed product (oneDNN's sum post-op):
+    ``residual + F.linear(x, weight, bias)``, computed in float64 here, to float32 rounding, with and without
+    a bias, on the decode's [N, 1, in]."""
+    gen = torch.Generator().manual_seed(1)
+    weight, bias = torch.randn(96, 40, generator=gen), torch.randn(96, generator=gen)
+    for b in (None, bias):
+        packed = native_decode.pack_weight(weight, rows=8)
+        for rows in (3, 14):
+            x, residual = torch.randn(rows, 1, 40, generator=gen), torch.randn(rows, 1, 96, generator=gen)
+            out = native_decode.packed_linear_add(x, packed, b, residual)
+            plain_bias = None if b is None else b.double()
+            expected = residual.double() + torch.nn.functional.linear(x.double(), weight.double(), plain_bias)
+            torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not PACKS[torch.float32], reason=NOT_PACKED)
 def test_packed_decode_samples_as_the_unpacked_one(model_and_tok, monkeypatch):
     """The decode step on packed weights against the same step on the weights as they are (float32, the
     same seed): the same tokens here, and log-probs equal to float rounding. Only the products' kernels
