@@ -57,8 +57,7 @@ class NativeDecoder:
         self.gen_k = [torch.empty(rows, kv_heads, max_new, d, dtype=dtype, device=device) for _ in pre.keys]
         self.gen_v = [torch.empty(rows, kv_heads, max_new, d, dtype=dtype, device=device) for _ in pre.keys]
         self.positions = pre.lengths.repeat_interleave(group)[:, None]  # [N, 1] next position per row
-        self.prompt_keys, self.prompt_values = [], []  # per layer [P*kv, L, d]
-        self._set_prompts(list(pre.keys), list(pre.values), pre.pad_bias)
+        self._set_prompts(list(pre.keys), list(pre.values), pre.pad_bias)  # the prompt cache, per layer
         self.rows = rows  # rows in the decode batch: the first ``rows`` of the buffers
         self.slots: torch.Tensor | None = None  # [rows] each row's place in the [prompts x G] grid (None:
         # every row of every prompt, in order: no finished row has left yet)
