@@ -59,9 +59,10 @@ class NativeDecoder:
         self.positions = pre.lengths.repeat_interleave(group)[:, None]  # [N, 1] next position per row
         self._set_prompts(list(pre.keys), list(pre.values), pre.pad_bias)  # the prompt cache, per layer
         self.rows = rows  # rows in the decode batch: the first ``rows`` of the buffers
-        self.slots: torch.Tensor | None = None  # [rows] each row's place in the [prompts x G] grid (None:
-        # every row of every prompt, in order: no finished row has left yet)
-        self.slot_prompt = self.slot_member = None  # [rows] each row's prompt, and its place in the group
+        # Each row's place in the [prompts x G] grid: its prompt and its place in the group, [rows] each
+        # (None: every row of every prompt, in order: no finished row has left yet).
+        self.slot_prompt: torch.Tensor | None = None
+        self.slot_member: torch.Tensor | None = None
         # Rotary positions of the q and k heads in one pass (``_rope``): per head, the factor of cos and the
         # signed factor of sin; the q heads' carry the attention's scaling, so no score is scaled again.
         heads = kv_heads * self.n_rep
@@ -126,15 +127,16 @@ class NativeDecoder:
                 for buffer in buffers:  # [N, kv, max_new, d]
                     buffer[holes, :, : t + 1] = buffer[movers, :, : t + 1]
         self.positions = self.positions[order]
-        slots = torch.arange(self.rows, device=device) if self.slots is None else self.slots
-        self.slots, self.rows = slots[order], stay
+        if self.slot_prompt is None:
+            places = torch.arange(self.rows, device=device)
+            self.slot_prompt, self.slot_member = places // self.group, places % self.group
+        self.slot_prompt, self.slot_member = self.slot_prompt[order], self.slot_member[order]
+        self.rows = stay
         self._drop_finished_prompts()
-        self.slot_prompt, self.slot_member = self.slots // self.group, self.slots % self.group
         return order
 
     def _drop_finished_prompts(self) -> None:
-        prompts = self.slots // self.group  # [n] each row's prompt
-        alive = torch.unique(prompts)  # sorted
+        alive = torch.unique(self.slot_prompt)  # sorted
         num_prompts = self.prompt_bias.shape[0] // self.kv_heads
         if len(alive) == num_prompts:
             return
@@ -145,8 +147,7 @@ class NativeDecoder:
 
         bias = self.prompt_bias.view(num_prompts, self.kv_heads, 1, length)[alive, :1]  # [P', 1, 1, L]
         self._set_prompts(kept(self.prompt_keys), kept(self.prompt_values), bias)
-        renumbered = torch.searchsorted(alive, prompts)  # [n] place of each row's prompt among the alive
-        self.slots = renumbered * self.group + self.slots % self.group
+        self.slot_prompt = torch.searchsorted(alive, self.slot_prompt)  # [n] its place among the alive
 
     def __call__(self, tokens: torch.Tensor, t: int) -> torch.Tensor:
         """Feed the token sampled at step t ([n], one per row of the decode batch); return next-token logits
@@ -224,35 +225,36 @@ class NativeDecoder:
         pk, pv = self.prompt_keys[i], self.prompt_values[i]  # [P*kv, L, d]
         num_prompts, plen = pk.shape[0] // kvh, pk.shape[1]
         grid = (num_prompts, group, kvh, rep)  # the [P x G] grid of rows, by kv head and its query heads
-        # Over the prompt: per prompt and kv head, the G*rep queries of its group in one product (as
-        # repeat_kv: query head h = kv*rep + r reads kv head kv), left padding masked by the bias.
-        if self.slots is None:
-            q_grid = q.reshape(*grid, d).transpose(1, 2)  # [P, kv, G, rep, d]
-        else:  # rows have left: theirs stay out of the products' results (their places hold zeros)
-            q_grid = q.new_zeros(num_prompts, kvh, group, rep, d)
-            q_grid.transpose(1, 2)[self.slot_prompt, self.slot_member] = q.view(rows, kvh, rep, d)
-        q_grid = q_grid.reshape(num_prompts * kvh, group * rep, d)
+        # Over the prompt, left padding masked by the bias:
+        q_grid = self._by_prompt(q.view(rows, kvh, rep, d), num_prompts)  # [P*kv, G*rep, d]
         s_prompt = torch.baddbmm(self.prompt_bias, q_grid, pk.transpose(1, 2))  # [P*kv, G*rep, L]
         s_prompt = s_prompt.view(num_prompts, kvh, group, rep, plen).transpose(1, 2)  # [P, G, kv, rep, L]
         s_gen = torch.matmul(q.view(rows, kvh, rep, d), gk.transpose(-1, -2))  # [N, kv, rep, t+1]
-        if self.slots is None:
+        if self.slot_prompt is None:
             scores = torch.cat([s_prompt, s_gen.view(*grid, -1)], dim=-1).view(rows, kvh, rep, -1)
         else:
             scores = torch.cat([s_prompt[self.slot_prompt, self.slot_member], s_gen], dim=-1)
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)  # [N, kv, rep, L+t+1]
-        if self.slots is None:
-            p_grid = probs[..., :plen].view(*grid, plen).transpose(1, 2)  # [P, kv, G, rep, L]
-        else:
-            p_grid = probs.new_zeros(num_prompts, kvh, group, rep, plen)
-            p_grid.transpose(1, 2)[self.slot_prompt, self.slot_member] = probs[..., :plen]
-        o_prompt = torch.bmm(p_grid.reshape(num_prompts * kvh, group * rep, plen), pv)  # [P*kv, G*rep, d]
+        o_prompt = torch.bmm(self._by_prompt(probs[..., :plen], num_prompts), pv)  # [P*kv, G*rep, d]
         o_prompt = o_prompt.view(num_prompts, kvh, group, rep, d).transpose(1, 2)  # [P, G, kv, rep, d]
         out = torch.matmul(probs[..., plen:], gv)  # [N, kv, rep, d]
-        if self.slots is None:
+        if self.slot_prompt is None:
             out.view(*grid, d).add_(o_prompt)
         else:
             out.add_(o_prompt[self.slot_prompt, self.slot_member])
         return out.view(rows, 1, heads * d)
+
+    def _by_prompt(self, x: torch.Tensor, num_prompts: int) -> torch.Tensor:
+        """The rows' x [n, kv, rep, w] as the batches of the products over the prompt, [P*kv, G*rep, w]: per
+        prompt and kv head, the G*rep rows of its group (as repeat_kv: query head h = kv*rep + r reads kv
+        head kv). Where rows have left, their places hold zeros (their results are never read)."""
+        _, kv_heads, rep, width = x.shape
+        if self.slot_prompt is None:
+            grid = x.view(num_prompts, self.group, kv_heads, rep, width).transpose(1, 2)  # [P, kv, G, rep, w]
+        else:
+            grid = x.new_zeros(num_prompts, kv_heads, self.group, rep, width)
+            grid.transpose(1, 2)[self.slot_prompt, self.slot_member] = x
+        return grid.reshape(num_prompts * kv_heads, self.group * rep, width)
 
 
 def _fuse_linear(*linears: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
