@@ -381,7 +381,9 @@ def _image_inputs(
 def compiled_decode_step() -> Callable[[NativeDecoder, torch.Tensor, int], torch.Tensor]:
     """``NativeDecoder.__call__`` through ``torch.compile`` (inductor, dynamic shapes), made once per
     process: every sampler shares its compiled graphs, so a new sampler (a new step's) does not compile
-    again; a new shape set (another number of rows, another prompt length bucket) may."""
+    again. Two graphs for a call: the first decode position and every later one
+    (``tests/rollout/test_compile_decode.py``); rows leaving the batch add one, a new ``max_new_tokens``
+    (the key buffers' length) compiles again."""
     return torch.compile(NativeDecoder.__call__, dynamic=True)
 
 

@@ -218,8 +218,9 @@ class NativeDecoder:
             qk = torch.cat([_rms_norm(attn.q_norm, qk[:, :heads]), _rms_norm(attn.k_norm, qk[:, heads:])], 1)
         qk = _rope(qk, cos, sin)  # q scaled
         q, k = qk[:, :heads], qk[:, heads:]  # [N, h, d], [N, kv, d]
-        self.gen_k[i][:rows, :, t] = k
-        self.gen_v[i][:rows, :, t] = v
+        # position t written as a slice: an integer index would make torch.compile specialise on t
+        self.gen_k[i][:rows, :, t : t + 1] = k[:, :, None]
+        self.gen_v[i][:rows, :, t : t + 1] = v[:, :, None]
         gk = self.gen_k[i][:rows, :, : t + 1]  # [N, kv, t+1, d]
         gv = self.gen_v[i][:rows, :, : t + 1]
         pk, pv = self.prompt_keys[i], self.prompt_values[i]  # [P*kv, L, d]
