@@ -378,8 +378,9 @@ class GRPOConfigBase(metaclass=RefusesMovedFields):
     every such step as ``old_logprobs/from_sampler``. False: always the pass (not in TRL)."""
     compile_decode: bool = False
     """Run the fast sampler's decode step through ``torch.compile`` (inductor, dynamic shapes; not in TRL).
-    Measured on a 2-core CPU (benchmarks/compile_decode.py): generation 0.71-0.84x the eager time on tiny
-    models, after 52-56 s of compilation on first use in a process, so it pays in long runs only. Needs
+    Measured on a 2-core AVX2 CPU (benchmarks/compile_decode.py): SmolLM2-135M's generation with 8 rows
+    0.72x the default step's time, after 13 minutes of compilation on first use in a process (tiny models
+    0.69-0.93x after 110-148 s), so it pays in long runs only. Needs
     the fast sampler's native decode (a Llama-family model; not with use_vllm,
     generation_backend="transformers" or async_generation)."""
 
