@@ -61,19 +61,19 @@ def test_compile_decode_is_refused_without_a_native_decode(model):
 def test_the_step_is_compiled_once_for_every_decode_position(model):
     """torch.compile must not specialise the decode step on the decode position t (an integer index into the
     generated keys' buffers made it do so: a graph per position, and from the ninth dynamo's recompile limit
-    ran the step uncompiled). A 16-token call makes two graphs, one for t = 0 (where the
-    t + 1 generated keys broadcast) and one for every later t; a second call with more prompts, of other
-    lengths, makes none (another ``max_new_tokens``, the length of the key buffers, would). The counting
-    backend runs the graphs as traced, no inductor."""
+    ran the step uncompiled). A 16-token call makes two graphs, one for t = 0 (where the t + 1 generated
+    keys broadcast) and one for every later t; a second call with more prompts, of other lengths, makes
+    none, though the first call's prompts times kv heads equal the model's heads plus kv heads (another
+    ``max_new_tokens``, the length of the key buffers, would). The counting backend runs the graphs as
+    traced, no inductor."""
     torch._dynamo.reset()  # the tests above compiled the same step with inductor
     counter = CompileCounter()
     sampler = FastSampler(model, generator=torch.Generator().manual_seed(0))
     sampler.decode_step = torch.compile(NativeDecoder.__call__, dynamic=True, backend=counter)
     sampled = SamplingParams(max_new_tokens=16, temperature=1.0, do_sample=True, eos_token_ids=())
-    # sizes apart from the model's (2, 4, 8, 16, 24, 64, 128): torch.compile takes equal sizes as one
-    prompts = [[5 + i + j for j in range(3 + i)] for i in range(5)]  # 5 prompts, 3-7 tokens: 15 rows
-    sampler.generate(prompts, 3, sampled)
+    # 2 prompts x 2 kv heads = 4 = heads + kv heads: the model's sizes are marked static, not taken as equal
+    sampler.generate([[5, 6, 7], [8, 9, 10, 11, 12]], 3, sampled)
     assert counter.frame_count == 2
-    sampler.generate([[5 + i + j for j in range(9 - i)] for i in range(7)], 3, sampled)  # 7 of 3-9
+    sampler.generate([[5 + i + j for j in range(3 + i)] for i in range(5)], 3, sampled)  # 5 of 3-7 tokens
     assert counter.frame_count == 2
     torch._dynamo.reset()

@@ -197,7 +197,7 @@ class FastSampler:
         num_prompts, rows, max_new = len(prompt_ids), len(prompt_ids) * group, params.max_new_tokens
         pre = self._prefill(prompt_ids, device, keep_hf_cache=self.impl == "hf", images=images)
         if self.impl == "native":
-            decoder = NativeDecoder(self.model, pre, group, max_new, pack=self.decode_step is None)
+            decoder = NativeDecoder(self.model, pre, group, max_new, compiled=self.decode_step is not None)
             step = decoder
             if self.decode_step is not None:  # compile_decode
                 step = functools.partial(self.decode_step, decoder)

@@ -37,10 +37,23 @@ class NativeDecoder:
     plain softmax attention over [prompt, generated] keys.
     """
 
-    def __init__(self, model: nn.Module, pre: Any, group: int, max_new: int, *, pack: bool = True) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        pre: Any,
+        group: int,
+        max_new: int,
+        *,
+        pack: bool = True,
+        compiled: bool = False,
+    ) -> None:
         """``pack``: run the products on weights packed for oneDNN where ``packs_weights`` and
-        ``packing_pays`` say so (off for ``torch.compile``, which traces plain tensors)."""
+        ``packing_pays`` say so. ``compiled``: the step runs through ``torch.compile`` (``compile_decode``),
+        which traces plain tensors (no packing), its shapes dynamic: the model's own sizes in the decoder's
+        tensors (heads, head width) are marked static, so that it never takes a size of the call (prompts x
+        kv heads, rows, prompt length) as equal to one of them and compiles again when they part."""
         self.model = model
+        self.compiled = compiled
         self.base = decoder_of(model)
         self.head = model.get_output_embeddings()
         self.embed = model.get_input_embeddings()
@@ -70,6 +83,9 @@ class NativeDecoder:
         sign = torch.cat([-torch.ones(d // 2), torch.ones(d - d // 2)]).double()  # rotate_half's signs
         self.cos_scale = scale.to(device=device, dtype=torch.float32)  # [h+kv, 1]
         self.sin_scale = (scale * sign).to(device=device, dtype=torch.float32)  # [h+kv, d]
+        if compiled:
+            _model_sizes_static([self.cos_scale, self.sin_scale], 0, 1)
+            _model_sizes_static(self.gen_k + self.gen_v, 1, 3)
         # Fused projections (one matmul instead of three, resp. two), rebuilt from the live weights per call.
         # Under autocast every weight the step applies is cast here once, to the dtype autocast would cast
         # it to at each step (the sampler runs in inference mode, where autocast keeps no cast of its own).
@@ -79,7 +95,7 @@ class NativeDecoder:
         compute = autocast_dtype(device)
         layers = self.base.layers
         attentions = [layer.self_attn for layer in layers]
-        pack = pack and (compute is not None or not torch.is_autocast_enabled(device.type))
+        pack = pack and not compiled and (compute is not None or not torch.is_autocast_enabled(device.type))
         pack = pack and call_packs(device, compute or self.embed.weight.dtype, rows, max_new)
 
         def prepared(weights: Weights | None) -> Weights | None:
@@ -107,6 +123,8 @@ class NativeDecoder:
         self.prompt_values = [v.reshape(batch, length, d) for v in values]
         bias = pad_bias.to(self.gen_k[0].dtype).reshape(num_prompts, 1, length)  # [P, 1, L]
         self.prompt_bias = bias.repeat_interleave(kv_heads, dim=0)  # [P*kv, 1, L]
+        if self.compiled:
+            _model_sizes_static(self.prompt_keys + self.prompt_values, 2)
 
     def keep(self, running: torch.Tensor, t: int) -> torch.Tensor:
         """Let the finished rows leave the decode batch after step ``t``'s tokens were sampled: ``running``
@@ -256,6 +274,13 @@ class NativeDecoder:
             grid = x.new_zeros(num_prompts, kv_heads, self.group, rep, width)
             grid.transpose(1, 2)[self.slot_prompt, self.slot_member] = x
         return grid.reshape(num_prompts * kv_heads, self.group * rep, width)
+
+
+def _model_sizes_static(tensors: list[torch.Tensor], *dims: int) -> None:
+    """Mark ``dims`` of each tensor static for ``torch.compile`` (sizes of the model, not of the call)."""
+    for tensor in tensors:
+        for dim in dims:
+            torch._dynamo.mark_static(tensor, dim)
 
 
 def _fuse_linear(*linears: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
