@@ -44,14 +44,13 @@ class NativeDecoder:
         group: int,
         max_new: int,
         *,
-        pack: bool = True,
         compiled: bool = False,
     ) -> None:
-        """``pack``: run the products on weights packed for oneDNN where ``packs_weights`` and
-        ``packing_pays`` say so. ``compiled``: the step runs through ``torch.compile`` (``compile_decode``),
-        which traces plain tensors (no packing), its shapes dynamic: the model's own sizes in the decoder's
-        tensors (heads, head width) are marked static, so that it never takes a size of the call (prompts x
-        kv heads, rows, prompt length) as equal to one of them and compiles again when they part."""
+        """The products run on weights packed for oneDNN where ``packs_weights`` and ``packing_pays`` say so,
+        unless ``compiled``: the step runs through ``torch.compile`` (``compile_decode``), which traces plain
+        tensors, its shapes dynamic. Then the model's own sizes in the decoder's tensors (heads, head width)
+        are marked static, so that it never takes a size of the call (prompts x kv heads, rows, prompt
+        length) as equal to one of them and compiles again when they part."""
         self.model = model
         self.compiled = compiled
         self.base = decoder_of(model)
@@ -95,7 +94,7 @@ class NativeDecoder:
         compute = autocast_dtype(device)
         layers = self.base.layers
         attentions = [layer.self_attn for layer in layers]
-        pack = pack and not compiled and (compute is not None or not torch.is_autocast_enabled(device.type))
+        pack = not compiled and (compute is not None or not torch.is_autocast_enabled(device.type))
         pack = pack and call_packs(device, compute or self.embed.weight.dtype, rows, max_new)
 
         def prepared(weights: Weights | None) -> Weights | None:
