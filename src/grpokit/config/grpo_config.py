@@ -380,9 +380,8 @@ class GRPOConfigBase(metaclass=RefusesMovedFields):
     """Run the fast sampler's decode step through ``torch.compile`` (inductor, dynamic shapes; not in TRL).
     Measured on a 2-core AVX2 CPU (benchmarks/compile_decode.py): SmolLM2-135M's generation with 8 rows
     0.72x the default step's time, after 13 minutes of compilation on first use in a process (tiny models
-    0.69-0.93x after 110-148 s), so it pays in long runs only. Needs
-    the fast sampler's native decode (a Llama-family model; not with use_vllm,
-    generation_backend="transformers" or async_generation)."""
+    0.69-0.93x after 110-148 s), so it pays in long runs only. Needs the fast sampler's native decode (a
+    Llama-family model; not with use_vllm, generation_backend="transformers" or async_generation)."""
 
     # ---- vLLM (docs/generation.md, "The vLLM backend"; tested on vLLM's CPU engine, not on a GPU) ----------
     use_vllm: bool = False
