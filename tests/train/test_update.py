@@ -331,3 +331,109 @@ def test_token_budget_bounds_each_micro_batch(tiny_model_dir):
 def test_token_budget_refusals_name_the_field(values, message):
     with pytest.raises(ValueError, match=message):
         GRPOConfig(**values)
+
+
+# ---- row micro-batches dealt by tokens (balance_micro_batches)
+def test_balanced_micro_batches_deal_whole_units_by_tokens():
+    from grpokit.train.batch import balanced_micro_batches
+
+    # groups of 2 rows with 1,400, 900, 500 and 450 tokens, two groups per micro-batch: in order the fullest
+    # holds 1,400 + 900 = 2,300; dealt, 1,400 + 450 = 1,850 and 900 + 500 = 1,400, the fullest first
+    parts = balanced_micro_batches([1400, 900, 500, 450], unit_size=2, units_per_micro_batch=2)
+    assert [p.tolist() for p in parts] == [[0, 1, 6, 7], [2, 3, 4, 5]]
+    # already balanced in order: the rows' own micro-batches, the fullest first
+    parts = balanced_micro_batches([1, 9, 9, 1], unit_size=1, units_per_micro_batch=2)
+    assert [p.tolist() for p in parts] == [[0, 1], [2, 3]]
+    parts = balanced_micro_batches([1, 2, 9, 9], unit_size=1, units_per_micro_batch=2)
+    assert [p.tolist() for p in parts] == [[1, 2], [0, 3]]  # 2 + 9 = 11 | 1 + 9 = 10 (in order 3 | 18)
+    with pytest.raises(ValueError, match="5 units do not split into micro-batches of 2 units"):
+        balanced_micro_batches([1, 2, 3, 4, 5], unit_size=1, units_per_micro_batch=2)
+
+
+def test_balanced_micro_batches_are_never_fuller_than_consecutive_ones():
+    """Random units against the consecutive micro-batches and against every deal (brute force): each row
+    once, equal micro-batches, the fullest never fuller than in the rows' order, and within 4/3 of the best
+    deal."""
+    import itertools
+
+    from grpokit.train.batch import balanced_micro_batches
+
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        per = int(torch.randint(1, 4, (1,), generator=generator))
+        count = int(torch.randint(1, 6 // per + 1, (1,), generator=generator))  # at most 6 units
+        units = torch.randint(1, 40, (per * count,), generator=generator).tolist()
+        parts = balanced_micro_batches(units, unit_size=1, units_per_micro_batch=per)
+        assert sorted(torch.cat(parts).tolist()) == list(range(len(units)))
+        assert all(len(p) == per for p in parts)
+        fullest = max(sum(units[i] for i in p.tolist()) for p in parts)
+        assert fullest <= max(sum(units[b * per : (b + 1) * per]) for b in range(count))
+        best = min(
+            max(sum(units[i] for i in order[b * per : (b + 1) * per]) for b in range(count))
+            for order in itertools.permutations(range(len(units)))
+        )
+        assert fullest * 3 <= best * 4, (units, per)
+
+
+def forward_tokens(model_dir, batch, **config_values) -> list[int]:
+    """The real backbone tokens (each group's prompt once, every completion token) of each forward of one
+    update (G = 2), counted from what the policy's forward receives."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    policy = PolicyLogprobs(model)
+    forward, seen = policy.forward, []
+
+    def counting(prompt_ids, prompt_mask, completion_ids, completion_mask, **options):
+        groups = prompt_mask.shape[0] // 2
+        seen.append(int(prompt_mask.view(groups, 2, -1)[:, 0].sum() + completion_mask.sum()))
+        return forward(prompt_ids, prompt_mask, completion_ids, completion_mask, **options)
+
+    policy.forward = counting
+    optimizer = RecordingOptimizer(model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    config = GRPOConfig(**{"num_generations": 2, "beta": 0.0, "max_completion_length": 9, **config_values})
+    ctx = UpdateContext(
+        loss=config.policy_loss(), policy=policy, backward=lambda loss: loss.backward(),
+        step=optimizer_step(optimizer, scheduler, model), sum_across_processes=lambda t: t, num_processes=1,
+        generator=torch.Generator().manual_seed(0),
+    )  # fmt: skip
+    run_update(batch, config, ctx)
+    return seen
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "luspo", "sapo"])
+def test_balanced_micro_batches_hold_fewer_tokens_and_leave_the_gradient(tiny_model_dir, loss_type):
+    """Six groups of G = 2 in three micro-batches of two groups: dealt by tokens, the fullest forward holds
+    fewer real tokens than in the rows' order, and the step's gradient is that of one micro-batch holding
+    every row (as it is in order)."""
+    batch = make_batch(num_rows=12, completion_len=9, seed=0)
+    values = dict(loss_type=loss_type, max_completion_length=9)
+    split = dict(per_device_train_batch_size=4, gradient_accumulation_steps=3)
+    dealt = forward_tokens(tiny_model_dir, batch, **values, **split)
+    in_order = forward_tokens(tiny_model_dir, batch, **values, **split, balance_micro_batches=False)
+    assert sorted(dealt) != sorted(in_order) and sum(dealt) == sum(in_order)
+    assert max(dealt) < max(in_order) and dealt == sorted(dealt, reverse=True)  # the fullest first
+    whole = gradients(tiny_model_dir, batch, per_device_train_batch_size=12, **values)
+    balanced = gradients(tiny_model_dir, batch, **values, **split)
+    assert len(whole) == len(balanced) == 1
+    for a, b in zip(whole[0], balanced[0]):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"loss_type": "bnpo"},
+        {"top_entropy_quantile": 0.5},
+        {"entropy_coef": 0.1},
+        {"balance_micro_batches": False},
+    ],
+)
+def test_micro_batches_stay_in_order_where_the_split_defines_the_loss(tiny_model_dir, values):
+    """bnpo, a top-entropy quantile and the entropy bonus normalise over each micro-batch: there the rows'
+    own consecutive micro-batches (TRL's) are kept, as with balance_micro_batches=False."""
+    batch = make_batch(num_rows=12, completion_len=9, seed=0)
+    split = dict(per_device_train_batch_size=4, gradient_accumulation_steps=3)
+    kept = forward_tokens(tiny_model_dir, batch, **split, **values)
+    in_order = forward_tokens(tiny_model_dir, batch, **split, balance_micro_batches=False)
+    dealt = forward_tokens(tiny_model_dir, batch, **split)
+    assert kept == in_order != dealt

@@ -25,6 +25,7 @@ logger = logging.getLogger("grpokit")
 
 __all__ = [
     "LogprobPass",
+    "balanced_micro_batches",
     "micro_batch_indices",
     "pad_samples",
     "score_samples",
@@ -177,6 +178,47 @@ def micro_batch_indices(
     """Split row indices 0..num_rows-1 into consecutive micro-batches (shuffled first if ``shuffle``)."""
     order = torch.randperm(num_rows, generator=generator) if shuffle else torch.arange(num_rows)
     return list(order.split(micro_batch_size))
+
+
+def balanced_micro_batches(
+    unit_tokens: list[int], unit_size: int, units_per_micro_batch: int
+) -> list[torch.Tensor]:
+    """Row indices of micro-batches of exactly ``units_per_micro_batch`` units each, the units dealt so that
+    the micro-batch with the most real tokens holds as few as this greedy deal finds: each unit, the largest
+    first, goes to the micro-batch with room that holds the fewest tokens so far (longest processing time
+    first, with a cardinality limit), unless consecutive units would leave no fuller micro-batch. The
+    activations of the fullest forward bound the update's memory: groups of [1,400 | 900 | 500 | 450]
+    tokens in pairs run as [1,400 + 450 | 900 + 500], not [1,400 + 900 | 500 + 450].
+
+    ``unit_tokens``: the real backbone tokens of each unit, a unit being ``unit_size`` consecutive rows (a
+    whole group, or one row). Micro-batches come largest first (a smaller forward then fits in the memory
+    the larger one freed), each unit's rows in order and a micro-batch's units in their order; every row
+    once. Ties go to the lower index, so the deal depends on the tokens alone."""
+    if units_per_micro_batch < 1 or len(unit_tokens) % units_per_micro_batch:
+        raise ValueError(
+            f"{len(unit_tokens)} units do not split into micro-batches of {units_per_micro_batch} units"
+        )
+    count = len(unit_tokens) // units_per_micro_batch
+    members: list[list[int]] = [[] for _ in range(count)]
+    filled = [0] * count
+    for unit in sorted(range(len(unit_tokens)), key=lambda u: (-unit_tokens[u], u)):
+        open_bins = [b for b in range(count) if len(members[b]) < units_per_micro_batch]
+        chosen = min(open_bins, key=lambda b: (filled[b], b))
+        members[chosen].append(unit)
+        filled[chosen] += unit_tokens[unit]
+    consecutive = [
+        list(range(b * units_per_micro_batch, (b + 1) * units_per_micro_batch)) for b in range(count)
+    ]
+    in_order = [sum(unit_tokens[u] for u in units) for units in consecutive]
+    if max(in_order) <= max(filled):  # the deal is a heuristic: never fuller than the rows' own order
+        members, filled = consecutive, in_order
+    order = sorted(range(count), key=lambda b: (-filled[b], min(members[b])))
+    return [
+        torch.tensor(
+            [u * unit_size + r for u in sorted(members[b]) for r in range(unit_size)], dtype=torch.long
+        )
+        for b in order
+    ]
 
 
 def token_budget_micro_batches(

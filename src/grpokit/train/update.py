@@ -17,7 +17,7 @@ from grpokit.models.moe import RouterLoss
 from grpokit.models.routing_replay import ExpertRouting, RoutingUse
 from grpokit.parallel.fsdp import unwrap_tensor
 from grpokit.rollout.records import RolloutBatch
-from grpokit.train.batch import micro_batch_indices, token_budget_micro_batches
+from grpokit.train.batch import balanced_micro_batches, micro_batch_indices, token_budget_micro_batches
 from grpokit.train.entropy_control import EntropyControl
 
 __all__ = ["UpdateContext", "keeps_whole_groups", "optimizer_step", "run_update", "shuffled_rows"]
@@ -192,19 +192,41 @@ def _optimizer_step(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext)
 
 def _micro_batches(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext) -> list[torch.Tensor]:
     """The optimizer step's micro-batches (row indices into ``batch``): per_device_train_batch_size rows
-    each, or, with ``micro_batch_tokens``, consecutive units (whole groups where micro-batches keep groups
+    each (whole units dealt by tokens where ``_balances``, else consecutive rows), or, with
+    ``micro_batch_tokens``, consecutive units (whole groups where micro-batches keep groups
     whole) filled up to that many real backbone tokens, as many on every process (the largest count any
     process needs: sharded weights are gathered once per forward on all of them)."""
-    if config.micro_batch_tokens is None:
-        return micro_batch_indices(len(batch), config.per_device_train_batch_size, shuffle=False)
     group = config.num_generations
     unit = group if keeps_whole_groups(config) and len(batch) % group == 0 else 1
+    if config.micro_batch_tokens is None:
+        if _balances(batch, config, ctx, unit):
+            tokens = batch.backbone_tokens(unit).tolist()  # [n / unit]
+            return balanced_micro_batches(tokens, unit, config.per_device_train_batch_size // unit)
+        return micro_batch_indices(len(batch), config.per_device_train_batch_size, shuffle=False)
     tokens = batch.backbone_tokens(unit).tolist()  # [n / unit]
     parts = token_budget_micro_batches(tokens, unit, config.micro_batch_tokens)
     count = int(ctx.max_across_processes(torch.tensor(len(parts))))
     if count == len(parts):
         return parts
     return token_budget_micro_batches(tokens, unit, config.micro_batch_tokens, count=count)
+
+
+def _balances(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext, unit: int) -> bool:
+    """Whether the step's row micro-batches are dealt by tokens (``balance_micro_batches``): only where the
+    step's gradient does not depend on which rows share a micro-batch (equal micro-batches of whole units;
+    no loss term normalised over each micro-batch: bnpo, a top-entropy quantile, the entropy bonus, an MoE
+    load-balancing loss), and there are two or more of them."""
+    rows = config.per_device_train_batch_size
+    return (
+        config.balance_micro_batches
+        and len(batch) > rows
+        and len(batch) % rows == 0
+        and rows % unit == 0
+        and ctx.loss.aggregation != "bnpo"
+        and config.top_entropy_quantile >= 1.0
+        and not (ctx.entropy is not None and ctx.entropy.enabled)
+        and ctx.router is None
+    )
 
 
 @dataclass(frozen=True)
