@@ -213,11 +213,11 @@ class GRPOConfigBase(metaclass=RefusesMovedFields):
     balance_micro_batches: bool = True
     """Deal an optimizer step's rows into its micro-batches of per_device_train_batch_size rows by real
     tokens (whole groups where per_device_train_batch_size is a multiple of num_generations), so that the
-    fullest micro-batch, whose activations bound the update's memory, holds as few tokens as it can (verl's
-    balanced micro-batches), the fullest run first. The micro-batches keep their number and their rows, so
-    the step's gradient is the same; applied only where no loss term is normalised over each micro-batch
-    (not with ``loss_type="bnpo"``, ``top_entropy_quantile < 1``, an entropy bonus or an MoE load-balancing
-    loss; there, and with False, micro-batches are consecutive rows, as TRL's)."""
+    fullest micro-batch, whose activations bound the update's memory, holds as few tokens as it can (as
+    verl's ``seqlen_balancing``); the fullest runs first. The micro-batches keep their number and their
+    rows, so the step's gradient is the same. Applied only where no loss term is normalised over each
+    micro-batch: not with ``loss_type="bnpo"``, ``top_entropy_quantile < 1``, an entropy bonus or an MoE
+    load-balancing loss. There, and with False, micro-batches are consecutive rows, as TRL's."""
     steps_per_generation: int | None = None
     """Optimizer steps per epoch over one generation batch. None: derived from ``generation_batch_size``,
     or 1 (the paper's one update per exploration) if that is unset too."""
