@@ -215,7 +215,7 @@ class GRPOConfigBase(metaclass=RefusesMovedFields):
     tokens (whole groups where per_device_train_batch_size is a multiple of num_generations), so that the
     fullest micro-batch, whose activations bound the update's memory, holds as few tokens as it can (as
     verl's ``seqlen_balancing``); the fullest runs first. The micro-batches keep their number and their
-    rows, so the step's gradient is the same. Applied only where no loss term is normalised over each
+    size, so the step's gradient is the same. Applied only where no loss term is normalised over each
     micro-batch: not with ``loss_type="bnpo"``, ``top_entropy_quantile < 1``, an entropy bonus or an MoE
     load-balancing loss. There, and with False, micro-batches are consecutive rows, as TRL's."""
     steps_per_generation: int | None = None
