@@ -279,14 +279,12 @@ def test_token_budget_step_equals_one_micro_batch_of_every_row(tiny_model_dir, l
         assert any(not torch.allclose(a, b, atol=1e-6, rtol=1e-4) for a, b in zip(whole[0], rows[0]))
 
 
-def test_token_budget_bounds_each_micro_batch(tiny_model_dir):
-    """Each forward of the update holds whole groups of at most the budget's real tokens (a group over it
-    alone), counted from the tokens the policy's forward receives."""
-    batch = make_batch(num_rows=12, completion_len=9, seed=0)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    seen = []
+def update_forwards(model_dir, batch, **config_values) -> list[tuple[int, int]]:
+    """Each forward of one update (G = 2, beta 0, lr 0): its groups and real backbone tokens (each group's
+    prompt once, every completion token), counted from what the policy's forward receives."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
     policy = PolicyLogprobs(model)
-    forward = policy.forward
+    forward, seen = policy.forward, []
 
     def counting(prompt_ids, prompt_mask, completion_ids, completion_mask, **options):
         groups = prompt_mask.shape[0] // 2
@@ -296,19 +294,21 @@ def test_token_budget_bounds_each_micro_batch(tiny_model_dir):
     policy.forward = counting
     optimizer = RecordingOptimizer(model.parameters())
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    config = GRPOConfig(
-        num_generations=2,
-        beta=0.0,
-        max_completion_length=9,
-        per_device_train_batch_size=12,
-        micro_batch_tokens=25,
-    )
+    config = GRPOConfig(**{"num_generations": 2, "beta": 0.0, "max_completion_length": 9, **config_values})
     ctx = UpdateContext(
         loss=config.policy_loss(), policy=policy, backward=lambda loss: loss.backward(),
         step=optimizer_step(optimizer, scheduler, model), sum_across_processes=lambda t: t, num_processes=1,
         generator=torch.Generator().manual_seed(0),
     )  # fmt: skip
     run_update(batch, config, ctx)
+    return seen
+
+
+def test_token_budget_bounds_each_micro_batch(tiny_model_dir):
+    """Each forward of the update holds whole groups of at most the budget's real tokens (a group over it
+    alone), counted from the tokens the policy's forward receives."""
+    batch = make_batch(num_rows=12, completion_len=9, seed=0)
+    seen = update_forwards(tiny_model_dir, batch, per_device_train_batch_size=12, micro_batch_tokens=25)
     assert sum(groups for groups, _ in seen) == 6  # every group once
     assert all(tokens <= 25 or groups == 1 for groups, tokens in seen)
     assert len(seen) >= 3
@@ -376,28 +376,8 @@ def test_balanced_micro_batches_are_never_fuller_than_consecutive_ones():
 
 
 def forward_tokens(model_dir, batch, **config_values) -> list[int]:
-    """The real backbone tokens (each group's prompt once, every completion token) of each forward of one
-    update (G = 2), counted from what the policy's forward receives."""
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    policy = PolicyLogprobs(model)
-    forward, seen = policy.forward, []
-
-    def counting(prompt_ids, prompt_mask, completion_ids, completion_mask, **options):
-        groups = prompt_mask.shape[0] // 2
-        seen.append(int(prompt_mask.view(groups, 2, -1)[:, 0].sum() + completion_mask.sum()))
-        return forward(prompt_ids, prompt_mask, completion_ids, completion_mask, **options)
-
-    policy.forward = counting
-    optimizer = RecordingOptimizer(model.parameters())
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    config = GRPOConfig(**{"num_generations": 2, "beta": 0.0, "max_completion_length": 9, **config_values})
-    ctx = UpdateContext(
-        loss=config.policy_loss(), policy=policy, backward=lambda loss: loss.backward(),
-        step=optimizer_step(optimizer, scheduler, model), sum_across_processes=lambda t: t, num_processes=1,
-        generator=torch.Generator().manual_seed(0),
-    )  # fmt: skip
-    run_update(batch, config, ctx)
-    return seen
+    """The real backbone tokens of each forward of one update (``update_forwards``)."""
+    return [tokens for _, tokens in update_forwards(model_dir, batch, **config_values)]
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "luspo", "sapo"])
