@@ -4,12 +4,14 @@ configs, and the peak memory of a real trainer step measured on the CPU."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import math
 import os
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 import torch
@@ -17,6 +19,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from grpokit import GRPOConfig
 from grpokit.cli.memory_plan import FAST_PREFILL_PROMPTS, GIB, layer_activation_bytes, plan_memory
+from grpokit.models import recompute
 from grpokit.models.lean_layers import use_lean_layers
 from grpokit.models.shape import ModelShape, count_lora_parameters, count_parameters
 from grpokit.parallel.cpu_runtime import FORCE_GQA
@@ -83,7 +86,8 @@ def saved_bytes(
     config, dtype, autocast: bool, attention: str, batch: int = 2, seq: int = 24, lean: bool = False
 ) -> int:
     """Bytes of the distinct tensors autograd saves in a forward of the decoder (parameters excluded);
-    ``lean``: with the lean norms and MLP the trainer installs (``lean_activations``)."""
+    ``lean``: with the lean norms and MLP the trainer installs (``lean_activations``), the forward inside
+    the update's ``recomputed_in_backward`` block (what its hooks keep as tensors is counted)."""
     model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention).train()
     if lean:
         assert use_lean_layers(model) > 0
@@ -100,9 +104,20 @@ def saved_bytes(
 
     positions = (mask.cumsum(1) - 1).clamp(min=0)
     hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+    if lean:  # the block's own hooks; each tensor they keep as it is goes through the count
+        keeps = recompute._Offered.pack
+        hooks = contextlib.ExitStack()
+        hooks.enter_context(
+            mock.patch.object(recompute._Offered, "pack", lambda self, t: _counted(keeps(self, t), pack))
+        )
+        hooks.enter_context(recompute.recomputed_in_backward())
     with hooks, torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         model.model(input_ids=ids, attention_mask=mask, position_ids=positions)
     return sum(seen.values())
+
+
+def _counted(kept, pack):
+    return pack(kept) if isinstance(kept, torch.Tensor) else kept
 
 
 @pytest.mark.parametrize("lean", [False, True], ids=["transformers", "lean"])
@@ -148,6 +163,7 @@ def test_layer_activation_bytes_equal_what_autograd_saves(
             kv_copies=kv_copies,
             lean_norms=lean,
             lean_mlp=lean,
+            norm_outputs_kept=not lean,
         )
     )
     assert per_layer == expected + copies
@@ -240,10 +256,11 @@ def test_activations_with_and_without_checkpointing(lean):
     # per layer-token, float32, T = 12 + 20 = 32: norms 2*(4*64 + 4*64 + 4) = 1032, norm outputs 2*4*64 = 512,
     # q/k/v/output 4*64*4 = 1024, logsumexp 4*4 = 16, mask 32*4 = 128, MLP 4*128*4 = 2048  -> 4760
     # outside the layers: ids 8, cos/sin 2*16*4 = 128, final norm 4*64 + 4*64 + 4 = 516  -> 652
-    # lean_activations: norms 2*(4*64 + 4) = 520, MLP 2*128*4 = 1024 -> 3224; final norm 4*64 + 4 -> 396
+    # lean_activations: norms 2*(4*64 + 4) = 520, MLP 2*128*4 = 1024 -> 3224; final norm 4*64 + 4 -> 396;
+    # without checkpointing the norm outputs are made again in the backward: 3224 - 512 = 2712
     layer, outside = (3224, 396) if lean else (4760, 652)
     tokens = 4 * 32
-    full = tokens * (2 * layer + outside)
+    full = tokens * (2 * (2712 if lean else layer) + outside)
     checkpointed = tokens * (2 * 4 * 64 + outside + layer) + 4 * 32 * 32 * 4  # layer inputs, one layer, mask
     off = small_plan(small_args(lean_activations=lean))
     on = small_plan(small_args(gradient_checkpointing=True, lean_activations=lean))

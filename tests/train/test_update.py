@@ -1,11 +1,16 @@
 """The update loop: gradient accumulation is exact, padding is inert, micro-batches see every row once."""
 
+import contextlib
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from grpokit import GRPOConfig
+from grpokit.models import recompute
+from grpokit.models.lean_layers import use_lean_layers
 from grpokit.rollout.records import RolloutBatch
+from grpokit.train import update
 from grpokit.train.forward import PolicyLogprobs
 from grpokit.train.update import UpdateContext, optimizer_step, run_update
 
@@ -39,10 +44,12 @@ def gradients(model_dir, batch, **config_values):
     return recorded_update(model_dir, batch, **config_values)[0]
 
 
-def recorded_update(model_dir, batch, *, entropy=None, **config_values):
-    """run_update on a fresh tiny model with an lr-0 recording optimizer: (gradients per optimizer step,
-    metrics, the context)."""
+def recorded_update(model_dir, batch, *, entropy=None, lean=False, **config_values):
+    """run_update on a fresh tiny model (``lean``: with the lean layers) with an lr-0 recording optimizer:
+    (gradients per optimizer step, metrics, the context)."""
     model = AutoModelForCausalLM.from_pretrained(model_dir)
+    if lean:
+        assert use_lean_layers(model) > 0
     optimizer = RecordingOptimizer(model.parameters())
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     config = GRPOConfig(**{"num_generations": 2, "beta": 0.0, "max_completion_length": 5, **config_values})
@@ -58,6 +65,24 @@ def recorded_update(model_dir, batch, *, entropy=None, **config_values):
     )
     metrics = run_update(batch, config, ctx)
     return optimizer.seen, metrics, ctx
+
+
+def test_the_update_makes_its_lean_norms_outputs_again_in_the_backward(tiny_model_dir, monkeypatch):
+    """The update's forward runs inside ``recompute.recomputed_in_backward``: its backward makes the lean
+    norms' outputs again (each micro-batch's), and its gradients are those of the forward without the block,
+    bit for bit."""
+    batch = make_batch()
+    values = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "lean": True}
+    tensor, made = recompute._Recipe.tensor, []
+    monkeypatch.setattr(recompute._Recipe, "tensor", lambda self: made.append(1) or tensor(self))
+    with_block = gradients(tiny_model_dir, batch, **values)
+    assert made
+    monkeypatch.setattr(update, "recomputed_in_backward", contextlib.nullcontext)
+    made.clear()
+    without = gradients(tiny_model_dir, batch, **values)
+    assert not made
+    for a, b in zip(with_block[0], without[0], strict=True):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])

@@ -97,6 +97,7 @@ def layer_activation_bytes(
     moe: bool | None = None,
     lean_norms: bool = False,
     lean_mlp: bool = False,
+    norm_outputs_kept: bool = True,
 ) -> int:
     """Bytes one decoder layer keeps for its backward, per token of a [rows, seq_len] training forward
     (``moe``: of an MoE layer, ``moe_mlp_bytes``; None: the model's largest layer).
@@ -112,12 +113,16 @@ def layer_activation_bytes(
     (4 x [I] c); qwen3's q/k norms keep their inputs in float32 and x/rms [heads + kv_heads, d].
     ``lean_norms`` / ``lean_mlp``: the layers of ``grpokit.models.lean_layers`` (``lean_activations``): each
     RMSNorm keeps its input as it comes and 1/rms; the MLP keeps gate and up (2 x [I] c) and, under
-    autocast, one cast of its input for both linears.
+    autocast, one cast of its input for both linears. ``norm_outputs_kept=False``: the update's forward
+    without checkpointing, where the lean norms' outputs are made again in the backward
+    (``grpokit.models.recompute``): the linears after them keep nothing of their own where c = r.
     """
     hidden, heads, kv, d = shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim
     r, c = residual_bytes, compute_bytes
     norms = 2 * (r * hidden + 4) if lean_norms else 2 * (4 * hidden + r * hidden + 4)
     linear_inputs = 2 * r * hidden if c == r else (4 if lean_mlp else 5) * c * hidden
+    if c == r and lean_norms and not norm_outputs_kept:
+        linear_inputs = 0
     attn = (4 * heads if kv_copies or attention == "eager" else 2 * heads + 2 * kv) * d * c
     if attention == "eager":
         attn += heads * seq_len * 4 + (heads * seq_len * c if c != 4 else 0)
@@ -430,10 +435,13 @@ def plan_memory(
     mlp_adapted = lora and bool(mlp_linears & set(lora_targets(lora_target_modules)))
     lean_mlp = lean_norms and not mlp_adapted
     lean = {"lean_norms": lean_norms, "lean_mlp": lean_mlp}
-    layer = layer_activation_bytes(
+    layer = layer_activation_bytes(  # the layer checkpointing recomputes in the backward keeps them
         shape, seq, residual_bytes=w, compute_bytes=c, attention=attention, kv_copies=copies, **lean
     )
-    every_layer = layers * layer
+    every_layer = layers * layer_activation_bytes(  # the update's forward makes its norms' outputs again
+        shape, seq, residual_bytes=w, compute_bytes=c, attention=attention, kv_copies=copies,
+        norm_outputs_kept=False, **lean,
+    )  # fmt: skip
     if shape.is_moe:  # its dense layers keep their own
         dense_layer = layer_activation_bytes(
             shape, seq, residual_bytes=w, compute_bytes=c, attention=attention, kv_copies=copies, moe=False

@@ -562,8 +562,10 @@ class GRPOConfigBase(metaclass=RefusesMovedFields):
     resident memory; process-wide (``parallel/cpu_runtime.py``)."""
     lean_activations: bool = True
     """The policy's gated MLPs and RMSNorms (llama, qwen2, qwen3, mistral) keep their inputs for the backward
-    and run silu(gate) * up and x / rms again there, instead of keeping them (``models/lean_layers.py``):
-    the same outputs and gradients, no matrix product run twice, a third less activation memory per layer
+    and run silu(gate) * up and x / rms again there, instead of keeping them (``models/lean_layers.py``).
+    The update's forward also keeps no copy of the norms' outputs and of the packed attention's joined
+    output: its backward makes them again from what it keeps anyway (``models/recompute.py``). The same
+    outputs and gradients, no matrix product run twice, about half the activation memory per layer
     (SmolLM2-135M in float32). A LoRA-adapted or quantized MLP keeps ``transformers``' forward."""
     gradient_checkpointing: bool = False
     """Trade compute for memory in the policy's backward: each decoder layer keeps only its input and is run

@@ -12,11 +12,16 @@ autocast's, else the weights'; r those of the residual stream):
   ``GatedMLP`` keeps gate and up (2 x [I] c) and one cast of x; the weights are cast again in the backward.
 - each RMSNorm ``w * (x / rms(x))``: ``transformers`` keeps its input in float32, x / rms [H] (r) and 1 / rms.
   ``RMSNorm`` keeps its input as it comes and 1 / rms.
+- the norm's output, which the linears after it keep as their input (q, k, v; gate, up: [H] r each): inside
+  ``grpokit.models.recompute.recomputed_in_backward`` (the update's forward) ``RMSNorm`` offers it with its
+  recipe, and the backward makes it again from the input and 1 / rms (and a copy of w as the forward read
+  it) instead of keeping it.
 
 For SmolLM2-135M in float32 a layer keeps 12 KiB (MLP) and 4.5 KiB (norms) less per token, of 43.5 KiB
 besides the attention mask (``grpokit.cli.memory_plan.layer_activation_bytes``, which
-tests/train/test_memory_plan.py holds to what autograd saves); a W4-shaped micro-batch 1,484 MiB instead of
-2,268 (``benchmarks/lean_layers.py``).
+tests/train/test_memory_plan.py holds to what autograd saves), and inside the update's block 4.5 KiB less
+again; a W4-shaped micro-batch 1,164 MiB (1,484 outside the block) instead of 2,268
+(``benchmarks/saved_activations.py``).
 
 ``use_lean_layers(model)`` gives a model's modules of those classes the lean forward (their instance
 ``forward``, which copies and pickles with the module). Each call runs the module's own forward instead
@@ -34,6 +39,7 @@ import torch.nn.functional as F
 from torch.autograd.function import FunctionCtx, once_differentiable
 from torch.nn.modules import module as nn_module
 
+from grpokit.models import recompute
 from grpokit.models.parts import autocast_dtype
 
 __all__ = ["LEAN_MODEL_TYPES", "MLP_CLASSES", "NORM_CLASSES", "GatedMLP", "RMSNorm", "use_lean_layers"]
@@ -191,6 +197,11 @@ class GatedMLP(torch.autograd.Function):
         return d_x, d_gate_weight, biases[0], d_up_weight, biases[1], d_down, biases[2], None
 
 
+def _normed(x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
+    """RMSNorm's output w * (x32 * r).to(x.dtype) from its input x [*, H] and r = 1 / rms [*, 1]."""
+    return weight * (x.to(torch.float32) * rstd).to(x.dtype)
+
+
 class RMSNorm(torch.autograd.Function):
     """out = w * (x32 / rms(x32)).to(x.dtype), rms = sqrt(mean(x32^2) + eps), x32 = x in float32 (as
     ``transformers`` computes it), keeping x as it comes and r = 1 / rms [*, 1] for the backward.
@@ -205,7 +216,11 @@ class RMSNorm(torch.autograd.Function):
         x32 = x.to(torch.float32)  # [*, H]
         rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)  # [*, 1]
         ctx.save_for_backward(x, weight, rstd)
-        return weight * (x32 * rstd).to(x.dtype)
+        out = _normed(x, weight, rstd)
+        if recompute.active():  # the linears after the norm keep its recipe, not out (x, r are kept anyway)
+            kept = weight.detach().clone()  # as read now (ZeRO-3 releases the module's own after the forward)
+            recompute.offer(out, lambda: _normed(x, kept, rstd), x, rstd)
+        return out
 
     @staticmethod
     @once_differentiable

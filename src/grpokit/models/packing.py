@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from grpokit.models import recompute
+
 __all__ = [
     "PACKED_MODEL_TYPES",
     "PackedIndex",
@@ -250,7 +252,10 @@ def _per_run(query, key, value, layout: PackedLayout, dropout: float, scaling) -
         outputs.append(out.transpose(1, 2).flatten(0, 1))  # [n*l, h, d]
     if not outputs:
         return query.new_zeros(1, 0, query.shape[1], query.shape[3])
-    return torch.cat(outputs)[None]  # [1, T, h, d]
+    joined = torch.cat(outputs)[None]  # [1, T, h, d]
+    if recompute.active() and torch.is_grad_enabled():  # the output projection keeps the runs' outputs,
+        recompute.offer(joined, lambda: torch.cat(outputs)[None], *outputs)  # which the SDPAs keep anyway
+    return joined
 
 
 def _padded_batch(query, key, value, index: PackedIndex, dropout: float, scaling) -> torch.Tensor:

@@ -14,6 +14,7 @@ import torch
 from grpokit.config import GRPOConfig
 from grpokit.core import PolicyLoss, off_policy_sequence_mask, top_entropy_mask
 from grpokit.models.moe import RouterLoss
+from grpokit.models.recompute import recomputed_in_backward
 from grpokit.models.routing_replay import ExpertRouting, RoutingUse
 from grpokit.parallel.fsdp import unwrap_tensor
 from grpokit.rollout.records import RolloutBatch
@@ -300,20 +301,22 @@ def _micro_batch_loss(
     if ctx.routing_replay is not None:
         use = RoutingUse.for_pass(ctx.routing_replay, "update", batch.routed_experts, batch.old_experts)
         routing["routing"] = use
-    logps, entropy = ctx.policy(  # PolicyLogprobs: completion_logprobs through the (DDP) module's forward
-        batch.prompt_ids,
-        batch.prompt_mask,
-        batch.completion_ids,
-        batch.completion_mask,
-        temperature=config.temperature,
-        with_entropy=True,
-        num_generations=config.num_generations if keeps_whole_groups(config) else None,
-        padding_free=config.padding_free,
-        context_mask=batch.context_mask,
-        router_logits=routed,
-        **({} if batch.images is None else {"images": batch.images}),
-        **routing,
-    )
+    # lean_activations: the norms' and the packed attention's outputs made again in the backward, not kept
+    with recomputed_in_backward() if config.lean_activations else nullcontext():
+        logps, entropy = ctx.policy(  # PolicyLogprobs: completion_logprobs through the (DDP) module's forward
+            batch.prompt_ids,
+            batch.prompt_mask,
+            batch.completion_ids,
+            batch.completion_mask,
+            temperature=config.temperature,
+            with_entropy=True,
+            num_generations=config.num_generations if keeps_whole_groups(config) else None,
+            padding_free=config.padding_free,
+            context_mask=batch.context_mask,
+            router_logits=routed,
+            **({} if batch.images is None else {"images": batch.images}),
+            **routing,
+        )
     token_weights = None  # [n, C] masks of the policy term (not of the KL), or None
     trained = mask  # [n, C] the tokens the entropy bonus acts on
     if config.top_entropy_quantile < 1.0:

@@ -1,0 +1,129 @@
+"""Activations computed again in the backward instead of kept: within ``recomputed_in_backward()``, a tensor
+that autograd saves for the backward and that is (a view of) a tensor *offered* here is kept as the recipe
+that made it, and made again when the backward needs it.
+
+Offered are outputs whose recipe is cheap and whose inputs are kept for the backward anyway, so that a
+consumer's copy costs nothing to drop: a lean RMSNorm's output (from its input and 1 / rms; the q, k, v
+projections, the MLP and the LM head save it) and the packed attention's joined output (from the per-run
+outputs that ``scaled_dot_product_attention`` keeps; the output projection saves it). The recipe runs the
+same element-wise operations on the same inputs, so the tensor is the same bit for bit.
+
+The update enters the block around the policy's forward. Another ``saved_tensors_hooks`` entered inside it
+(gradient checkpointing's, ``save_on_cpu``) takes over for what is saved within its own block, as torch
+nests them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+import torch
+
+__all__ = ["active", "offer", "recomputed_in_backward"]
+
+
+class _Recipe:
+    """How to make an offered tensor again, the tensors it reads (held by the recipe; in-place changes to them
+    after the forward are refused), and how many saved views still need it: the first use makes the tensor,
+    the last one drops it."""
+
+    def __init__(self, make: Callable[[], torch.Tensor], inputs: tuple[torch.Tensor, ...]) -> None:
+        self.make, self.inputs = make, inputs
+        self.versions = tuple(t._version for t in inputs)
+        self.uses = 0
+        self.made: torch.Tensor | None = None
+        self.shape: torch.Size | None = None  # the offered tensor's (contiguous, its whole storage)
+
+    def tensor(self) -> torch.Tensor:
+        if tuple(t._version for t in self.inputs) != self.versions:
+            raise RuntimeError(
+                "a tensor kept to recompute an activation for the backward was modified in place after the "
+                "forward (grpokit's lean_activations: turn it off, or do not modify it in place)"
+            )
+        made = self.made
+        if made is None:
+            with torch.autocast(self.inputs[0].device.type, enabled=False), torch.no_grad():
+                made = self.make()
+            if made.shape != self.shape or not made.is_contiguous():  # (a recipe's own error)
+                shapes = f"{tuple(made.shape)}, not {tuple(self.shape)}"
+                raise RuntimeError(f"an activation made again as {shapes}")
+        self.uses -= 1
+        self.made = made if self.uses > 0 else None
+        return made
+
+
+class _Saved(NamedTuple):
+    """A saved tensor kept as the recipe of the offered tensor it views, with its place in it."""
+
+    recipe: _Recipe
+    shape: torch.Size
+    stride: tuple[int, ...]
+    offset: int
+
+
+class _Offered:
+    """The tensors offered inside one block, by their storage's address, each held weakly with its recipe."""
+
+    def __init__(self) -> None:
+        self.entries: dict[int, tuple[weakref.ref, _Recipe]] = {}
+
+    def add(self, tensor: torch.Tensor, recipe: _Recipe) -> None:
+        storage = tensor.untyped_storage()
+        if not tensor.is_contiguous() or storage.nbytes() != tensor.numel() * tensor.element_size():
+            return  # (a saved view's place is then not the same in the tensor made again)
+        recipe.shape = tensor.shape
+        tensor = tensor if tensor._base is None else tensor._base  # (which every view keeps alive)
+        address = storage.data_ptr()
+
+        def forget(ref: weakref.ref) -> None:  # (not a later tensor made at the same address)
+            if self.entries.get(address, (None,))[0] is ref:
+                del self.entries[address]
+
+        self.entries[address] = (weakref.ref(tensor, forget), recipe)
+
+    def pack(self, tensor: torch.Tensor) -> Any:
+        ref, recipe = self.entries.get(tensor.untyped_storage().data_ptr(), (None, None))
+        offered = None if ref is None else ref()
+        if offered is None or tensor.dtype != offered.dtype:
+            return tensor
+        recipe.uses += 1  # (a view of the base: its place is the same in the base made again)
+        return _Saved(recipe, tensor.shape, tensor.stride(), tensor.storage_offset())
+
+
+def _unpack(saved: Any) -> torch.Tensor:
+    if not isinstance(saved, _Saved):
+        return saved
+    return saved.recipe.tensor().as_strided(saved.shape, saved.stride, saved.offset)
+
+
+_OFFERED: _Offered | None = None
+
+
+def active() -> bool:
+    """Whether a ``recomputed_in_backward`` block is open (offering is then worth its recipe)."""
+    return _OFFERED is not None
+
+
+def offer(tensor: torch.Tensor, make: Callable[[], torch.Tensor], *inputs: torch.Tensor) -> None:
+    """Within an open block: where autograd saves ``tensor`` (or a view of it), keep ``make`` instead, which
+    returns a contiguous tensor equal to it from ``inputs`` (tensors the backward keeps anyway). Nothing
+    outside a block, nor for a tensor that is not contiguous over its whole storage."""
+    if _OFFERED is not None:
+        _OFFERED.add(tensor, _Recipe(make, inputs))
+
+
+@contextlib.contextmanager
+def recomputed_in_backward() -> Iterator[None]:
+    """The block in which offered tensors are saved as their recipes (module docstring). Enter it around a
+    forward whose backward follows."""
+    global _OFFERED
+    outer, offered = _OFFERED, _Offered()
+    _OFFERED = offered
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(offered.pack, _unpack):
+            yield
+    finally:
+        _OFFERED = outer
