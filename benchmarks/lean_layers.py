@@ -1,10 +1,12 @@
 """The update's pass with ``transformers``' MLPs and norms against the lean ones (``lean_activations``),
-side by side, on SmolLM2-135M-Instruct.
+side by side, on SmolLM2-135M-Instruct: the lean ones outside the update's ``recomputed_in_backward`` block
+("lean") and inside it, as the update runs them ("lean, made again": the norms' and the packed attention's
+outputs kept as recipes).
 
 One W4-shaped micro-batch (``saved_activations.w4_batch``: 2 groups of 8, prompts of 165 and 90 tokens,
 completions of 2-256, packed, shared prefix, with entropy): what autograd saves for the backward (each
-storage once, parameters left out) and the seconds of ``completion_logprobs``' forward and backward, the two
-kinds of layers alternated, one untimed run each first. The lean model is a copy of the other.
+storage once, parameters left out) and the seconds of ``completion_logprobs``' forward and backward, the
+three alternated, one untimed run each first. The lean model is a copy of the other.
 
     python benchmarks/lean_layers.py [--model DIR] [--bf16] [--repeats 4]
 
@@ -16,11 +18,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import functools
 import os
 import statistics
 import sys
 import tempfile
 import time
+import unittest.mock
 
 import torch
 
@@ -37,13 +41,15 @@ def main() -> None:
     from smollm2 import prepare
     from transformers import AutoModelForCausalLM
 
+    from grpokit.models import recompute
     from grpokit.models.lean_layers import use_lean_layers
     from grpokit.train.forward import completion_logprobs
 
     plain = AutoModelForCausalLM.from_pretrained(prepare(a.model), dtype=torch.float32)
     lean = copy.deepcopy(plain)
     print(f"lean modules: {use_lean_layers(lean)}")
-    models = {"transformers": plain, "lean": lean}
+    models = {"transformers": plain, "lean": lean, "lean, made again": lean}
+    blocks = {"lean, made again": recompute.recomputed_in_backward}
     batch = w4_batch(plain.config.vocab_size)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if a.bf16 else contextlib.nullcontext()
     print(
@@ -51,52 +57,66 @@ def main() -> None:
         f"{len(batch[0])} rows, {int(batch[3].sum())} real completion tokens"
     )
 
-    def forward(model):
-        with autocast:
+    def forward(model, name):
+        with autocast, blocks.get(name, contextlib.nullcontext)():
             return completion_logprobs(model, *batch, num_generations=G, padding_free=True, with_entropy=True)
 
-    def update(model) -> None:
-        lp, ent = forward(model)
+    def update(model, name) -> None:
+        lp, ent = forward(model, name)
         (lp.sum() + ent.sum()).backward()
         model.zero_grad(set_to_none=True)
 
     grads = {}
     for name, model in models.items():
-        lp, ent = forward(model)
+        lp, ent = forward(model, name)
         (lp.sum() + ent.sum()).backward()
         grads[name] = (lp.detach(), [p.grad.clone() for p in model.parameters()])
         model.zero_grad(set_to_none=True)
-        print(f"{name}: saved for the backward {saved_mib(model, forward):.0f} MiB")
-    (lp_plain, g_plain), (lp_lean, g_lean) = grads.values()
+        mib = saved_mib(model, functools.partial(forward, name=name), name in blocks)
+        print(f"{name}: saved for the backward {mib:.0f} MiB")
+    (lp_plain, g_plain), (lp_lean, g_lean), (lp_again, g_again) = grads.values()
     worst = max(float((x - y).abs().max() / y.abs().max().clamp(min=1e-30)) for x, y in zip(g_lean, g_plain))
     print(
         f"log-probs equal: {torch.equal(lp_plain, lp_lean)}; largest gradient difference {worst:.1e} of a max"
     )
+    same = torch.equal(lp_again, lp_lean) and all(torch.equal(x, y) for x, y in zip(g_again, g_lean))
+    print(f"made again against lean: log-probs and every gradient equal bit for bit: {same}")
     times: dict[str, list[float]] = {name: [] for name in models}
     for _ in range(a.repeats):
         for name, model in models.items():
             begin = time.perf_counter()
-            update(model)
+            update(model, name)
             times[name].append(time.perf_counter() - begin)
     for name, values in times.items():
         runs = ", ".join(f"{t:.2f}" for t in values)
         print(f"{name}: forward + backward {statistics.median(values):.2f} s (runs {runs})")
     ratio = statistics.median(times["lean"]) / statistics.median(times["transformers"])
     print(f"lean / transformers: {ratio:.3f}")
+    ratio = statistics.median(times["lean, made again"]) / statistics.median(times["lean"])
+    print(f"lean, made again / lean: {ratio:.3f}")
 
 
-def saved_mib(model: torch.nn.Module, forward) -> float:
-    """MiB of the distinct tensors autograd saves in ``forward(model)``, parameters left out."""
+def saved_mib(model: torch.nn.Module, forward, block: bool) -> float:
+    """MiB of the distinct tensors autograd saves in ``forward(model)``, parameters left out; ``block``: the
+    forward opens the update's block, whose hooks then count what they keep as tensors."""
+    from grpokit.models import recompute
+
     parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
 
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
+    def count(tensor: torch.Tensor, packed=None):
         pointer = tensor.untyped_storage().data_ptr()
-        if pointer not in parameters:
+        if pointer not in parameters and isinstance(packed, torch.Tensor):
             seen[pointer] = tensor.untyped_storage().nbytes()
-        return tensor
+        return packed
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    keeps = recompute._Offered.pack
+    hooks = torch.autograd.graph.saved_tensors_hooks(lambda t: count(t, t), lambda t: t)
+    if block:  # (the block's hooks, opened inside, replace any outer ones)
+        hooks = unittest.mock.patch.object(
+            recompute._Offered, "pack", lambda self, t: count(t, keeps(self, t))
+        )
+    with hooks:
         lp, ent = forward(model)
     del lp, ent
     return sum(seen.values()) / 2**20

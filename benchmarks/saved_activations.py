@@ -5,9 +5,11 @@ SmolLM2-135M-Instruct over 2 groups of 8 completions with W4's spread of lengths
 tokens, completions of 2-256), and records every tensor autograd saves for the backward
 (``torch.autograd.graph.saved_tensors_hooks``), each storage once. Parameters (the weights a matmul saves)
 are left out: they exist anyway. The model's MLPs and norms are the lean ones the trainer installs
-(``lean_activations``), or ``transformers``' own with ``--transformers-layers``.
+(``lean_activations``), and the forward runs inside the update's ``recomputed_in_backward`` block, which
+keeps the norms' and the packed attention's outputs as recipes (counted apart); or ``transformers``' own
+layers outside the block with ``--transformers-layers``, or the lean ones outside it with ``--kept``.
 
-    python benchmarks/saved_activations.py [--model DIR] [--transformers-layers]
+    python benchmarks/saved_activations.py [--model DIR] [--transformers-layers | --kept]
 
 prints the saved bytes by shape, the total, and the part the packed attention saves
 (``grpokit.models.packing``: the queries, keys, values and outputs it hands to
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import sys
 import tempfile
@@ -54,11 +57,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=os.path.join(tempfile.gettempdir(), "grpokit-bench", "smollm2"))
     ap.add_argument("--transformers-layers", action="store_true", help="without the lean MLPs and norms")
+    ap.add_argument("--kept", action="store_true", help="lean layers, outside the update's recompute block")
     a = ap.parse_args()
     from smollm2 import prepare
     from transformers import AutoModelForCausalLM
 
-    from grpokit.models import packing
+    from grpokit.models import packing, recompute
     from grpokit.models.lean_layers import use_lean_layers
     from grpokit.train.forward import completion_logprobs
 
@@ -70,9 +74,15 @@ def main() -> None:
     seen: dict[int, int] = {}
     by_shape: collections.Counter = collections.Counter()
     attention = {"inside": False, "bytes": 0}
+    recipes: dict[int, int] = {}  # made again in the backward: recipe -> the bytes of what it stands for
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
+        if offered is not None:
+            packed = offered(tensor)
+            if not isinstance(packed, torch.Tensor):
+                recipes[id(packed.recipe)] = storage.nbytes()
+                return packed
         if storage.data_ptr() not in seen and storage.data_ptr() not in parameters:
             seen[storage.data_ptr()] = storage.nbytes()
             by_shape[(tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))] += storage.nbytes()
@@ -93,7 +103,13 @@ def main() -> None:
         setattr(packing, name, counted(getattr(packing, name)))
 
     batch = w4_batch(config.vocab_size)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    block = not (a.transformers_layers or a.kept)
+    offered = None
+    with contextlib.ExitStack() as stack:
+        if block:  # the update's block, its own hooks replaced by ``pack``, which asks them first
+            stack.enter_context(recompute.recomputed_in_backward())
+            offered = recompute._OFFERED.pack
+        stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, recompute._unpack))
         completion_logprobs(model, *batch, num_generations=G, padding_free=True, with_entropy=True)
 
     mib = 2**20
@@ -101,6 +117,9 @@ def main() -> None:
     real = sum(PROMPTS) + completions
     print(f"{rows} rows, {real} real tokens ({sum(PROMPTS)} prompt, {completions} completion)")
     print(f"saved for the backward, parameters excluded: {sum(seen.values()) / mib:.0f} MiB")
+    if block:
+        print(f"made again in the backward instead (norms' and joined attention outputs): "
+              f"{sum(recipes.values()) / mib:.0f} MiB in {len(recipes)} tensors")  # fmt: skip
     heads, kv = config.num_attention_heads, config.num_key_value_heads
     head_dim = config.hidden_size // heads
     keys = sum(PROMPTS[g] * G + sum(LENGTHS[g * G : (g + 1) * G]) for g in range(GROUPS))  # each row's keys
