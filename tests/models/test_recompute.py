@@ -42,6 +42,7 @@ def forward_backward(model, block: bool) -> tuple[torch.Tensor, dict, dict[int, 
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     kept: dict[int, int] = {}
     recipes: dict[int, int] = {}
+    inputs: set[int] = set()  # the storages the recipes read
 
     def counted(tensor: torch.Tensor, packed):
         storage = tensor.untyped_storage()
@@ -49,6 +50,7 @@ def forward_backward(model, block: bool) -> tuple[torch.Tensor, dict, dict[int, 
             kept[storage.data_ptr()] = storage.nbytes()
         elif not isinstance(packed, torch.Tensor):  # (its storage is freed: its address may come again)
             recipes[id(packed.recipe)] = storage.nbytes()
+            inputs.update(t.untyped_storage().data_ptr() for t in packed.recipe.inputs)
         return packed
 
     if block:
@@ -61,6 +63,7 @@ def forward_backward(model, block: bool) -> tuple[torch.Tensor, dict, dict[int, 
     else:
         with torch.autograd.graph.saved_tensors_hooks(lambda t: counted(t, t), lambda t: t):
             logps, entropy = run_forward(model)
+    assert inputs <= set(kept) | params  # every recipe reads only what the backward keeps anyway
     weights = torch.linspace(-1, 1, logps.numel()).view(logps.shape)
     ((logps * weights).sum() + entropy.sum()).backward()
     return logps.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, kept, recipes

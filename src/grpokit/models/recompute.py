@@ -4,7 +4,7 @@ that made it, and made again when the backward needs it.
 
 Offered are outputs whose recipe is cheap and whose inputs are kept for the backward anyway, so that a
 consumer's copy costs nothing to drop: a lean RMSNorm's output (from its input and 1 / rms; the q, k, v
-projections, the MLP and the LM head save it) and the packed attention's joined output (from the per-run
+projections and the MLP save it) and the packed attention's joined output (from the per-run
 outputs that ``scaled_dot_product_attention`` keeps; the output projection saves it). The recipe runs the
 same element-wise operations on the same inputs, so the tensor is the same bit for bit.
 
