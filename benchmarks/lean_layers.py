@@ -24,7 +24,6 @@ import statistics
 import sys
 import tempfile
 import time
-import unittest.mock
 
 import torch
 
@@ -49,7 +48,7 @@ def main() -> None:
     lean = copy.deepcopy(plain)
     print(f"lean modules: {use_lean_layers(lean)}")
     models = {"transformers": plain, "lean": lean, "lean, made again": lean}
-    blocks = {"lean, made again": recompute.recomputed_in_backward}
+    blocks = {"lean, made again"}
     batch = w4_batch(plain.config.vocab_size)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if a.bf16 else contextlib.nullcontext()
     print(
@@ -57,8 +56,9 @@ def main() -> None:
         f"{len(batch[0])} rows, {int(batch[3].sum())} real completion tokens"
     )
 
-    def forward(model, name):
-        with autocast, blocks.get(name, contextlib.nullcontext)():
+    def forward(model, name, observe=None):
+        block = recompute.recomputed_in_backward(observe) if name in blocks else contextlib.nullcontext()
+        with autocast, block:
             return completion_logprobs(model, *batch, num_generations=G, padding_free=True, with_entropy=True)
 
     def update(model, name) -> None:
@@ -98,26 +98,20 @@ def main() -> None:
 
 def saved_mib(model: torch.nn.Module, forward, block: bool) -> float:
     """MiB of the distinct tensors autograd saves in ``forward(model)``, parameters left out; ``block``: the
-    forward opens the update's block, whose hooks then count what they keep as tensors."""
-    from grpokit.models import recompute
+    forward opens the update's block, which shows ``count`` what it keeps (``observe``)."""
 
     parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
 
-    def count(tensor: torch.Tensor, packed=None):
+    def count(tensor: torch.Tensor, saved) -> torch.Tensor:
         pointer = tensor.untyped_storage().data_ptr()
-        if pointer not in parameters and isinstance(packed, torch.Tensor):
+        if pointer not in parameters and saved is tensor:
             seen[pointer] = tensor.untyped_storage().nbytes()
-        return packed
+        return tensor
 
-    keeps = recompute._Offered.pack
     hooks = torch.autograd.graph.saved_tensors_hooks(lambda t: count(t, t), lambda t: t)
-    if block:  # (the block's hooks, opened inside, replace any outer ones)
-        hooks = unittest.mock.patch.object(
-            recompute._Offered, "pack", lambda self, t: count(t, keeps(self, t))
-        )
-    with hooks:
-        lp, ent = forward(model)
+    with contextlib.nullcontext() if block else hooks:  # the block shows what it keeps itself
+        lp, ent = forward(model, observe=count) if block else forward(model)
     del lp, ent
     return sum(seen.values()) / 2**20
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import os
 import sys
 import tempfile
@@ -76,13 +75,14 @@ def main() -> None:
     attention = {"inside": False, "bytes": 0}
     recipes: dict[int, int] = {}  # made again in the backward: recipe -> the bytes of what it stands for
 
+    def observe(tensor: torch.Tensor, saved) -> None:  # inside the block: what it keeps for each tensor
+        if saved is tensor:
+            pack(tensor)
+        else:
+            recipes[id(saved.recipe)] = tensor.untyped_storage().nbytes()
+
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
-        if offered is not None:
-            packed = offered(tensor)
-            if not isinstance(packed, torch.Tensor):
-                recipes[id(packed.recipe)] = storage.nbytes()
-                return packed
         if storage.data_ptr() not in seen and storage.data_ptr() not in parameters:
             seen[storage.data_ptr()] = storage.nbytes()
             by_shape[(tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))] += storage.nbytes()
@@ -104,12 +104,8 @@ def main() -> None:
 
     batch = w4_batch(config.vocab_size)
     block = not (a.transformers_layers or a.kept)
-    offered = None
-    with contextlib.ExitStack() as stack:
-        if block:  # the update's block, its own hooks replaced by ``pack``, which asks them first
-            stack.enter_context(recompute.recomputed_in_backward())
-            offered = recompute._OFFERED.pack
-        stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, recompute._unpack))
+    hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+    with recompute.recomputed_in_backward(observe) if block else hooks:
         completion_logprobs(model, *batch, num_generations=G, padding_free=True, with_entropy=True)
 
     mib = 2**20

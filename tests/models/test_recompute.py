@@ -44,21 +44,17 @@ def forward_backward(model, block: bool) -> tuple[torch.Tensor, dict, dict[int, 
     recipes: dict[int, int] = {}
     inputs: set[int] = set()  # the storages the recipes read
 
-    def counted(tensor: torch.Tensor, packed):
+    def counted(tensor: torch.Tensor, saved) -> torch.Tensor:
         storage = tensor.untyped_storage()
-        if isinstance(packed, torch.Tensor) and storage.data_ptr() not in params:
+        if saved is tensor and storage.data_ptr() not in params:
             kept[storage.data_ptr()] = storage.nbytes()
-        elif not isinstance(packed, torch.Tensor):  # (its storage is freed: its address may come again)
-            recipes[id(packed.recipe)] = storage.nbytes()
-            inputs.update(t.untyped_storage().data_ptr() for t in packed.recipe.inputs)
-        return packed
+        elif saved is not tensor:  # (its storage is freed: its address may come again)
+            recipes[id(saved.recipe)] = storage.nbytes()
+            inputs.update(t.untyped_storage().data_ptr() for t in saved.recipe.inputs)
+        return tensor
 
     if block:
-        pack = recompute._Offered.pack
-        with (
-            mock.patch.object(recompute._Offered, "pack", lambda self, t: counted(t, pack(self, t))),
-            recompute.recomputed_in_backward(),
-        ):
+        with recompute.recomputed_in_backward(observe=counted):
             logps, entropy = run_forward(model)
     else:
         with torch.autograd.graph.saved_tensors_hooks(lambda t: counted(t, t), lambda t: t):

@@ -4,14 +4,12 @@ configs, and the peak memory of a real trainer step measured on the CPU."""
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import json
 import math
 import os
 import subprocess
 import sys
-from unittest import mock
 
 import pytest
 import torch
@@ -105,19 +103,10 @@ def saved_bytes(
     positions = (mask.cumsum(1) - 1).clamp(min=0)
     hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
     if lean:  # the block's own hooks; each tensor they keep as it is goes through the count
-        keeps = recompute._Offered.pack
-        hooks = contextlib.ExitStack()
-        hooks.enter_context(
-            mock.patch.object(recompute._Offered, "pack", lambda self, t: _counted(keeps(self, t), pack))
-        )
-        hooks.enter_context(recompute.recomputed_in_backward())
+        hooks = recompute.recomputed_in_backward(observe=lambda t, saved: saved is t and pack(t))
     with hooks, torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         model.model(input_ids=ids, attention_mask=mask, position_ids=positions)
     return sum(seen.values())
-
-
-def _counted(kept, pack):
-    return pack(kept) if isinstance(kept, torch.Tensor) else kept
 
 
 @pytest.mark.parametrize("lean", [False, True], ids=["transformers", "lean"])

@@ -67,8 +67,9 @@ class _Saved(NamedTuple):
 class _Offered:
     """The tensors offered inside one block, by their storage's address, each held weakly with its recipe."""
 
-    def __init__(self) -> None:
+    def __init__(self, observe: Callable[[torch.Tensor, Any], None] | None = None) -> None:
         self.entries: dict[int, tuple[weakref.ref, _Recipe]] = {}
+        self.observe = observe
 
     def add(self, tensor: torch.Tensor, recipe: _Recipe) -> None:
         storage = tensor.untyped_storage()
@@ -85,6 +86,12 @@ class _Offered:
         self.entries[address] = (weakref.ref(tensor, forget), recipe)
 
     def pack(self, tensor: torch.Tensor) -> Any:
+        saved = self.saved(tensor)
+        if self.observe is not None:
+            self.observe(tensor, saved)
+        return saved
+
+    def saved(self, tensor: torch.Tensor) -> Any:
         ref, recipe = self.entries.get(tensor.untyped_storage().data_ptr(), (None, None))
         offered = None if ref is None else ref()
         if offered is None or tensor.dtype != offered.dtype:
@@ -116,11 +123,13 @@ def offer(tensor: torch.Tensor, make: Callable[[], torch.Tensor], *inputs: torch
 
 
 @contextlib.contextmanager
-def recomputed_in_backward() -> Iterator[None]:
+def recomputed_in_backward(observe: Callable[[torch.Tensor, Any], None] | None = None) -> Iterator[None]:
     """The block in which offered tensors are saved as their recipes (module docstring). Enter it around a
-    forward whose backward follows."""
+    forward whose backward follows. ``observe(tensor, saved)``, where given, sees each tensor autograd saves
+    in the block and what is kept for it: the tensor itself, or a record whose ``recipe`` holds ``inputs``
+    (for counting what the block keeps: ``benchmarks/``, the memory plan's test)."""
     global _OFFERED
-    outer, offered = _OFFERED, _Offered()
+    outer, offered = _OFFERED, _Offered(observe)
     _OFFERED = offered
     try:
         with torch.autograd.graph.saved_tensors_hooks(offered.pack, _unpack):
