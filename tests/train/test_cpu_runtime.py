@@ -24,25 +24,28 @@ from grpokit.parallel.cpu_runtime import (
 
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
-# Minor page faults of allocating, filling and freeing a 64 MiB tensor 8 times, after two such rounds that
-# settle the heap (in a fresh process, so that no earlier test has set the policy).
+# Minor page faults of allocating, filling and freeing a block of argv[2] floats 8 times, after two such
+# rounds that settle the heap (in a fresh process, so that no earlier test has set the policy). argv[1]:
+# "off" (cpu_memory_reuse=False), "all" (cpu_memory_reuse_below=None) or "default".
 FAULTS = """
 import resource, sys, torch
 from grpokit import GRPOConfig
 from grpokit.parallel.cpu_runtime import keep_freed_memory
-applied = keep_freed_memory(GRPOConfig(cpu_memory_reuse=sys.argv[1] == "on"))
-torch.empty(16 * 2**20).fill_(1.0)
-torch.empty(16 * 2**20).fill_(1.0)
+settings = {"off": dict(cpu_memory_reuse=False), "all": dict(cpu_memory_reuse_below=None), "default": {}}
+applied = keep_freed_memory(GRPOConfig(**settings[sys.argv[1]]))
+numel = int(sys.argv[2])
+torch.empty(numel).fill_(1.0)
+torch.empty(numel).fill_(1.0)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(8):
-    torch.empty(16 * 2**20).fill_(1.0)
+    torch.empty(numel).fill_(1.0)
 print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-def _faults(setting: str) -> tuple[str, int]:
+def _faults(setting: str, nbytes: int) -> tuple[str, int]:
     out = subprocess.run(
-        [sys.executable, "-c", FAULTS, setting], capture_output=True, text=True, check=True
+        [sys.executable, "-c", FAULTS, setting, str(nbytes // 4)], capture_output=True, text=True, check=True
     ).stdout.split()
     return out[0], int(out[1])
 
@@ -51,12 +54,24 @@ def _faults(setting: str) -> tuple[str, int]:
     not GLIBC or preloaded_allocator() is not None, reason="the policy sets glibc's thresholds"
 )
 def test_freed_blocks_are_reused_instead_of_page_faulted_again():
-    pages = 64 * 2**20 // 4096  # 16,384 pages per 64 MiB block
-    applied, faults_on = _faults("on")
-    assert applied == "True" and faults_on <= 2 * pages  # at most a block's move: then the same pages
-    applied, faults_off = _faults("off")
+    block = 64 * 2**20
+    pages = block // 4096  # 16,384 pages per 64 MiB block
+    applied, faults_all = _faults("all", block)
+    assert applied == "True" and faults_all <= 2 * pages  # at most a block's move: then the same pages
+    applied, faults_off = _faults("off", block)
     # glibc's default maps a 64 MiB block fresh every time (above its 32 MiB dynamic ceiling)
     assert applied == "False" and faults_off >= 8 * pages * 0.95
+
+
+@pytest.mark.skipif(
+    not GLIBC or preloaded_allocator() is not None, reason="the policy sets glibc's thresholds"
+)
+def test_by_default_blocks_from_1_mib_are_mapped_fresh_and_smaller_ones_reused():
+    applied, faults_large = _faults("default", 2**20)  # a 1 MiB block: mapped, given back, mapped again
+    assert applied == "True" and faults_large >= 8 * 256 * 0.95
+    small = 2**20 - 4096  # just below: from the heap, the same pages every time
+    applied, faults_small = _faults("default", small)
+    assert applied == "True" and faults_small <= 2 * small // 4096
 
 
 JEMALLOC = next(

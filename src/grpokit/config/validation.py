@@ -445,6 +445,13 @@ def _check_precision(c: Any) -> None:
     """Threads, checkpointing and FSDP options (``bf16``/``fp16`` against ``mixed_precision``: on the fields
     as set, ``_check_precision_flags``)."""
     _at_least(c, "torch_num_threads", 0, none="torch's default, lowered to the idle cores")
+    below = c.cpu_memory_reuse_below
+    require(
+        below is None or (isinstance(below, int) and 4096 <= below <= 2**30),
+        "cpu_memory_reuse_below",
+        f"must be a size in bytes from 4096 (a page) to 2**30 (1 GiB), or None (every block up to 1 GiB "
+        f"kept), got {below!r}",
+    )
     require(
         not (c.gradient_checkpointing_kwargs or {}).get("use_reentrant", False),
         "gradient_checkpointing_kwargs",
