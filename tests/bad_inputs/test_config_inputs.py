@@ -85,6 +85,21 @@ def test_environment_settings_out_of_range():
     }  # the command line's strings typed as YAML types them
 
 
+def test_a_reuse_size_out_of_range():
+    for value in (0, 4095, 2**30 + 1):
+        with pytest.raises(ValueError, match=r"GRPOConfig.cpu_memory_reuse_below must be a size in bytes"):
+            GRPOConfig(cpu_memory_reuse_below=value)
+    assert GRPOConfig(cpu_memory_reuse_below=None).cpu_memory_reuse_below is None  # every block kept
+    assert (
+        parse_train_args(["cpu_memory_reuse_below=null", "dataset=t.jsonl"]).config.cpu_memory_reuse_below
+        is None
+    )
+    assert (
+        parse_train_args(["cpu_memory_reuse_below=65536", "dataset=t.jsonl"]).config.cpu_memory_reuse_below
+        == 65536
+    )
+
+
 # ---- derived fields: a source changed after the config was built is honoured -------------------------------
 @pytest.mark.parametrize(
     ("built", "change", "field", "expected"),

@@ -165,7 +165,10 @@ def _kernel_cache_growth(setting: str, shapes: int = 600) -> tuple[float, str]:
     env = {k: v for k, v in os.environ.items() if not k.endswith("CACHE_CAPACITY")}
     out = subprocess.run(
         [sys.executable, "-c", KERNEL_CACHES, setting, str(shapes)],
-        capture_output=True, text=True, check=True, env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
     ).stdout.split()
     return float(out[0]), out[1]
 
