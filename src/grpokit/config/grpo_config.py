@@ -556,17 +556,18 @@ class GRPOConfigBase(metaclass=RefusesMovedFields):
     cores found idle when the trainer starts, shared among this machine's processes, so a run that shares its
     cores with other jobs does not oversubscribe them (``parallel/threads.py``). 0: torch's default as is."""
     cpu_memory_reuse: bool = True
-    """CPU runs on Linux: keep freed memory in the process for the next step (glibc's mmap and trim
-    thresholds raised to 1 GiB), as the CUDA caching allocator does on GPUs, instead of page-faulting
-    every step's large tensors afresh. Faster (the SmolLM2 benchmark's update: -10%), at the price of
-    resident memory; process-wide (``parallel/cpu_runtime.py``)."""
+    """CPU runs on Linux: keep freed blocks below ``cpu_memory_reuse_below`` in the process for the next step
+    (glibc's mmap threshold set to it, its trim threshold raised to 1 GiB), as the CUDA caching allocator
+    does on GPUs, instead of page-faulting them afresh every step; process-wide
+    (``parallel/cpu_runtime.py``). False: glibc's own thresholds."""
     cpu_memory_reuse_below: int | None = 1 << 20
     """With ``cpu_memory_reuse``: the size (bytes) from which a block is no longer kept in the heap but mapped
     from the kernel and given back when it is freed (glibc's mmap threshold). The heap then holds no large
     tensor for the update's short-lived activations to leave holes around: W4's peak resident memory fell
-    from 6,155 to 4,851 MiB (-21%) at 1 MiB, the step took 6% longer (2-core AVX2 EPYC, where a fresh page
-    costs 0.24 s per GiB; docs/performance.md). None: every block up to 1 GiB is kept (the fastest step, the
-    highest peak)."""
+    from 6,155 to 4,851 MiB (-21%) at 1 MiB, the step took 6% longer (2-core AVX2 EPYC; docs/performance.md).
+    That cost is the kernel's fresh pages, about 25 GiB per W4 step at 0.24 s per GiB there; where a fresh
+    page costs more (a VM that measured 1.1 s per GiB), set None. None: every block up to 1 GiB is kept
+    (the fastest step, the highest peak)."""
     lean_activations: bool = True
     """The policy's gated MLPs and RMSNorms (llama, qwen2, qwen3, mistral) keep their inputs for the backward
     and run silu(gate) * up and x / rms again there, instead of keeping them (``models/lean_layers.py``).

@@ -9,7 +9,8 @@ reuse, grouped-query attention without copied keys/values, and bounded oneDNN ke
   memory at the top of its heap back to the kernel.
 - A GRPO step allocates the same large blocks every step: activations, LM-head chunks, and gradients such
   as a tied [V, H] embedding's (113 MB for SmolLM2-135M). Each time, the kernel page-faults and zero-fills
-  their pages again, at ~4.5 us per 4 KiB page on the project's 2-core machine (~1.1 s per GiB).
+  their pages again, at ~4.5 us per 4 KiB page (~1.1 s per GiB) on the 2-core VM where this was first
+  measured, ~0.9 us (0.24 s per GiB) on the 2-core AVX2 EPYC of docs/performance.md.
 - The SmolLM2 step of ``benchmarks/`` (W3) spent ~0.75 s of its ~7 s update that way (side by side, 2
   rounds).
 - On GPUs, PyTorch's caching allocator keeps freed blocks. Here grpokit sets glibc's two thresholds
@@ -20,7 +21,8 @@ reuse, grouped-query attention without copied keys/values, and bounded oneDNN ke
   update's forward keeps activations of 2-15 MiB per layer between short-lived ones of the same sizes,
   whose holes the next layer's kept blocks do not fit, so the heap grows past what is live. W4 on the
   2-core AVX2 EPYC: peak 6,155 MiB with every block kept, 4,851 with blocks from 1 MiB mapped fresh, for
-  a 6% longer step (a fresh page costs 0.24 s per GiB there); 8 MiB gave back only ~200 MiB of the peak.
+  a 6% longer step (about 25 GiB of fresh pages per step, at 0.24 s per GiB there); 8 MiB gave back only
+  ~200 MiB of the peak. Where a fresh page costs more, ``cpu_memory_reuse_below=None`` keeps every block.
 - The price is resident memory: the process keeps the small blocks it freed, up to a step's high-water
   mark. The setting stays after training. Other C libraries (macOS, musl, Windows) are left as they are,
   and so is a process running another allocator in glibc's place (jemalloc or tcmalloc through
