@@ -109,9 +109,11 @@ def saved_mib(model: torch.nn.Module, forward, block: bool) -> float:
             seen[pointer] = tensor.untyped_storage().nbytes()
         return tensor
 
-    hooks = torch.autograd.graph.saved_tensors_hooks(lambda t: count(t, t), lambda t: t)
-    with contextlib.nullcontext() if block else hooks:  # the block shows what it keeps itself
-        lp, ent = forward(model, observe=count) if block else forward(model)
+    if block:  # the block shows what it keeps itself
+        lp, ent = forward(model, observe=count)
+    else:
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: count(t, t), lambda t: t):
+            lp, ent = forward(model)
     del lp, ent
     return sum(seen.values()) / 2**20
 

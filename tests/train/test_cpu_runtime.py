@@ -23,6 +23,9 @@ from grpokit.parallel.cpu_runtime import (
 )
 
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+SETS_GLIBC_THRESHOLDS = pytest.mark.skipif(
+    not GLIBC or preloaded_allocator() is not None, reason="the policy sets glibc's thresholds"
+)
 
 # Minor page faults of allocating, filling and freeing a block of argv[2] floats 8 times, after two such
 # rounds that settle the heap (in a fresh process, so that no earlier test has set the policy). argv[1]:
@@ -50,9 +53,7 @@ def _faults(setting: str, nbytes: int) -> tuple[str, int]:
     return out[0], int(out[1])
 
 
-@pytest.mark.skipif(
-    not GLIBC or preloaded_allocator() is not None, reason="the policy sets glibc's thresholds"
-)
+@SETS_GLIBC_THRESHOLDS
 def test_freed_blocks_are_reused_instead_of_page_faulted_again():
     block = 64 * 2**20
     pages = block // 4096  # 16,384 pages per 64 MiB block
@@ -63,9 +64,7 @@ def test_freed_blocks_are_reused_instead_of_page_faulted_again():
     assert applied == "False" and faults_off >= 8 * pages * 0.95
 
 
-@pytest.mark.skipif(
-    not GLIBC or preloaded_allocator() is not None, reason="the policy sets glibc's thresholds"
-)
+@SETS_GLIBC_THRESHOLDS
 def test_by_default_blocks_from_1_mib_are_mapped_fresh_and_smaller_ones_reused():
     applied, faults_large = _faults("default", 2**20)  # a 1 MiB block: mapped, given back, mapped again
     assert applied == "True" and faults_large >= 8 * 256 * 0.95

@@ -60,6 +60,10 @@ import ctypes.util
 import logging
 import os
 import platform
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from grpokit.config import GRPOConfig
 
 __all__ = [
     "FORCE_GQA",
@@ -92,7 +96,7 @@ _M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
 _M_MMAP_THRESHOLD = -3
 
 
-def apply_cpu_runtime(args: object, *, cpu: bool) -> None:
+def apply_cpu_runtime(args: GRPOConfig, *, cpu: bool) -> None:
     """Both settings of the module docstring, for a CPU run (nothing on accelerators)."""
     if cpu:
         keep_freed_memory(args)
@@ -100,11 +104,11 @@ def apply_cpu_runtime(args: object, *, cpu: bool) -> None:
         bound_onednn_caches()
 
 
-def keep_freed_memory(args: object) -> bool:
+def keep_freed_memory(args: GRPOConfig) -> bool:
     """When ``args.cpu_memory_reuse`` is set, set glibc's mmap threshold to ``args.cpu_memory_reuse_below``
     (None: ``KEEP_BYTES``) and its trim threshold to ``KEEP_BYTES``; True when they were set, False when
     nothing was changed (turned off, or not glibc)."""
-    if not getattr(args, "cpu_memory_reuse", True):
+    if not args.cpu_memory_reuse:
         return False
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
@@ -112,7 +116,7 @@ def keep_freed_memory(args: object) -> bool:
     if other is not None:
         logger.info("grpokit: %s serves malloc; cpu_memory_reuse (glibc's thresholds) leaves it alone", other)
         return False
-    below = getattr(args, "cpu_memory_reuse_below", None) or KEEP_BYTES
+    below = args.cpu_memory_reuse_below or KEEP_BYTES
     libc = _libc()
     applied = bool(libc.mallopt(_M_MMAP_THRESHOLD, below))
     applied = applied and bool(libc.mallopt(_M_TRIM_THRESHOLD, KEEP_BYTES))
