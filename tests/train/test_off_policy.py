@@ -342,3 +342,16 @@ def test_the_update_weights_the_policy_term_by_the_importance_weights_and_the_en
         expected = weights * top_entropy_mask(entropy, mask.float(), quantile).float()
         assert (expected == 0).sum() > (weights == 0).sum()  # the entropy mask removed tokens
     torch.testing.assert_close(seen, expected)
+
+
+@pytest.mark.parametrize("padding_free", [None, True, False])
+def test_the_samplers_prefill_follows_padding_free(tiny_model_dir, padding_free):
+    """``GRPOConfig.padding_free`` reaches the fast sampler's prefill, on the policy and on a dtype copy."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    for dtype in ("float32", "bfloat16"):
+        config = GRPOConfig(num_generations=2, generation_dtype=dtype, padding_free=padding_free)
+        backend, _ = make_sampler(config, model, None, "ddp")
+        sampler = backend.inner if isinstance(backend, CopiedWeightsBackend) else backend
+        assert isinstance(sampler, FastSampler) and sampler.padding_free is padding_free

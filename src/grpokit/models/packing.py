@@ -38,11 +38,14 @@ from grpokit.models import recompute
 
 __all__ = [
     "PACKED_MODEL_TYPES",
+    "PADDING_FREE_MIN_SAVING",
     "PackedIndex",
     "PackedLayout",
     "packed_attention",
+    "packed_call",
     "packing_obstacles",
     "packing_supported",
+    "padding_free_pays",
     "refuse_unrunnable",
     "use_packed_attention",
 ]
@@ -56,6 +59,16 @@ LAYOUT_ARGUMENT = "grpokit_packing"
 keyword of a decoder's forward down to its layers' attention function."""
 
 _PREFIX = "grpokit_packed_"
+
+PADDING_FREE_MIN_SAVING = 0.1
+"""A call runs packed (where nothing forces either way) when padding is at least this fraction of its padded
+tokens: the training passes (``grpokit.train.forward``) and the fast sampler's prefill."""
+
+
+def padding_free_pays(padded_tokens: float, real_tokens: float) -> bool:
+    """Whether packing a call of ``padded_tokens`` (``real_tokens`` of them real) pays:
+    ``PADDING_FREE_MIN_SAVING``."""
+    return padded_tokens - real_tokens >= PADDING_FREE_MIN_SAVING * padded_tokens
 
 
 @dataclass(frozen=True)
@@ -294,6 +307,15 @@ def _flash_varlen(query, key, value, index: PackedIndex, dropout: float, scaling
         dropout_p=dropout, softmax_scale=scaling, causal=True,
     )  # fmt: skip  # [T, h, d]
     return out[None]  # [1, T, h, d]
+
+
+def packed_call(lengths: torch.Tensor, layout: PackedLayout | None = None) -> dict[str, object]:
+    """The keywords of a packed backbone call: its layout (each of the sequences of ``lengths`` [S] causal
+    by default), and a 4D attention mask that stops ``transformers`` from building a [T, T] one (the packed
+    attention never reads it)."""
+    layout = PackedLayout.causal(lengths) if layout is None else layout
+    unused = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=lengths.device)
+    return {LAYOUT_ARGUMENT: layout, "attention_mask": unused}
 
 
 def packing_supported(config: object) -> bool:

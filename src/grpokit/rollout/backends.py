@@ -40,13 +40,19 @@ def resolve_backend_name(name: str, model: torch.nn.Module) -> str:
 
 
 def make_backend(
-    name: str, model: torch.nn.Module, *, micro_batch_size: int | None = None, compile_decode: bool = False
+    name: str,
+    model: torch.nn.Module,
+    *,
+    micro_batch_size: int | None = None,
+    compile_decode: bool = False,
+    padding_free: bool | None = None,
 ) -> RolloutBackend:
     """``"transformers"``: ``model.generate``; ``"fast"``: grpokit's sampler (shared prompt prefill,
     pre-allocated KV cache); ``"auto"``: ``resolve_backend_name``. Both read the live weights of ``model``
     and generate for at most ``micro_batch_size`` prompts per call (None: all at once), which bounds the KV
     cache. ``compile_decode``: the fast sampler's decode step through ``torch.compile`` (a ValueError where
-    the chosen backend is not the fast sampler's native decode)."""
+    the chosen backend is not the fast sampler's native decode). ``padding_free``: the fast sampler's
+    prefill over the prompts' real tokens packed (``FastSampler.padding_free``; ``model.generate`` pads)."""
     name = resolve_backend_name(name, model)
     if name == "transformers":
         if compile_decode:
@@ -60,5 +66,7 @@ def make_backend(
     if name == "fast":
         from grpokit.rollout.fast import FastSampler
 
-        return FastSampler(model, prompts_per_call=micro_batch_size, compile_decode=compile_decode)
+        return FastSampler(
+            model, prompts_per_call=micro_batch_size, compile_decode=compile_decode, padding_free=padding_free
+        )
     raise ValueError(f"generation_backend must be one of {GENERATION_BACKENDS}, got {name!r}")

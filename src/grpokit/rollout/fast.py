@@ -43,7 +43,9 @@ import torch
 from torch import nn
 
 from grpokit.core import pad_left
+from grpokit.models.packing import packed_call, packing_obstacles, padding_free_pays, use_packed_attention
 from grpokit.models.parts import cache_argument, decoder_of, model_device, returned_cache
+from grpokit.models.prefix_cache import RecordingCache
 from grpokit.models.routing_replay import routing_of, sampled_rows
 from grpokit.models.vision import PromptImages, multimodal_backbone, token_types
 from grpokit.rollout.base import GenerationOutput, SamplingParams
@@ -66,6 +68,7 @@ class _Prefill:
     lengths: torch.Tensor  # [P] real prompt lengths
     last_logits: torch.Tensor  # [P, V] float32
     cache: object  # the transformers cache (hf path only)
+    tokens: int  # prompt tokens run through the backbone: P*L padded, the real ones where packed
 
 
 class FastSampler:
@@ -83,6 +86,8 @@ class FastSampler:
         compile_decode: run the native decode step through ``torch.compile`` (inductor, dynamic shapes;
             compiled once per process on first use, then per new shape set). Native decode only.
         compact: let finished rows leave the decode batch (see ``compact``).
+        padding_free: prefill the prompts packed, their real tokens only (see ``padding_free``); None: where
+            it can run and padding is at least ``PADDING_FREE_MIN_SAVING`` of the padded prompt tokens.
     """
 
     def __init__(
@@ -95,6 +100,7 @@ class FastSampler:
         prompts_per_call: int | None = None,
         compile_decode: bool = False,
         compact: bool = True,
+        padding_free: bool | None = None,
     ) -> None:
         if impl not in ("auto", "native", "hf"):
             raise ValueError(f"impl must be 'auto', 'native' or 'hf', got {impl!r}")
@@ -117,13 +123,27 @@ class FastSampler:
         self.compact = compact
         """Whether finished rows leave the decode batch (``_compaction_pays``); False decodes every row until
         the last one finishes (the same tokens, up to float rounding)."""
+        obstacles = packing_obstacles(model.config) if self.impl == "native" else ["no native decode"]
+        if padding_free and obstacles:
+            raise ValueError(
+                f"padding_free=True: the fast sampler cannot prefill {type(model).__name__} packed: "
+                + "; ".join(obstacles)
+            )
+        self.padding_free = False if obstacles else padding_free
+        """Whether the prefill runs each chunk's prompts packed into one sequence of their real tokens (each
+        attending only to itself, positions from 0; ``grpokit.models.packing``) instead of left-padded to the
+        longest: True always (not with images), False never, None where padding is at least
+        ``PADDING_FREE_MIN_SAVING`` of the padded prompt tokens. Native decode of a model that
+        ``packing_supported`` (Llama, Qwen2, Qwen3, Mistral without a sliding window) only; the prompt cache
+        is the same up to float rounding, laid out left-padded for the decode."""
         self.accepts_images = self.impl == "native"
         """Whether ``generate`` takes ``images`` (a vision-language model, native decode only)."""
         self.decode_step = compiled_decode_step() if compile_decode else None
         """The compiled ``NativeDecoder.__call__`` (``compile_decode``); None: the decoder is called as is."""
         self.last_stats: dict[str, int] = {}
         """Counters of the last ``generate`` call, summed over its chunks of prompts: prefill_rows (distinct
-        prompts run), prefill_tokens (padded), decode_steps (forward calls after the prefill), rows."""
+        prompts run), prefill_tokens (prompt tokens run through the backbone: padded to the longest, or the
+        real ones where the prefill is packed), decode_steps (forward calls after the prefill), rows."""
 
     # ------------------------------------------------------------------ public API
     def generate(
@@ -139,6 +159,11 @@ class FastSampler:
             raise ValueError(
                 f"the fast sampler takes images only with its native decode, which does not support "
                 f"{type(self.model).__name__}; sample with model.generate (generation_backend='transformers')"
+            )
+        if images is not None and self.padding_free:
+            raise ValueError(
+                "padding_free=True: a prefill with images runs left-padded (image inputs are laid out by "
+                "padded rows); sample with padding_free=None or False"
             )
         if num_generations < 1:
             raise ValueError("num_generations must be >= 1")
@@ -248,7 +273,7 @@ class FastSampler:
 
         self.last_stats = {
             "prefill_rows": num_prompts,
-            "prefill_tokens": int(pre.pad_bias.shape[-1]) * num_prompts,
+            "prefill_tokens": pre.tokens,
             "decode_steps": steps - 1,
             "rows": rows,
             "decoded_rows": sum(len(f) for f in fed),
@@ -292,9 +317,10 @@ class FastSampler:
                 use_cache=True,
                 logits_to_keep=1,
             )
-            return _Prefill(
-                [], [], _pad_bias(mask), lengths, out.logits[:, -1].float(), returned_cache(out, cache)
-            )
+            logits, cache = out.logits[:, -1].float(), returned_cache(out, cache)
+            return _Prefill([], [], _pad_bias(mask), lengths, logits, cache, mask.numel())
+        if images is None and self._prefills_packed(mask):
+            return self._packed_prefill(ids, mask, position_ids)
         keys: list[list[torch.Tensor]] = []
         values: list[list[torch.Tensor]] = []
         last = []
@@ -320,7 +346,47 @@ class FastSampler:
         # would still poison the attention matmul (0 * nan).
         k_all = [torch.cat([chunk[i] for chunk in keys]).masked_fill(pad, 0.0) for i in range(n_layers)]
         v_all = [torch.cat([chunk[i] for chunk in values]).masked_fill(pad, 0.0) for i in range(n_layers)]
-        return _Prefill(k_all, v_all, _pad_bias(mask), lengths, torch.cat(last), None)
+        return _Prefill(k_all, v_all, _pad_bias(mask), lengths, torch.cat(last), None, mask.numel())
+
+    def _prefills_packed(self, mask: torch.Tensor) -> bool:
+        """Whether prompts of ``mask`` [P, L] (left-padded) are prefilled packed (``padding_free``)."""
+        if self.padding_free is None:
+            return padding_free_pays(mask.numel(), float(mask.sum()))
+        return self.padding_free
+
+    def _packed_prefill(self, ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor) -> _Prefill:
+        """The prefill over the prompts' real tokens only: ``prefill_batch_size`` prompts per backbone call,
+        packed into one sequence (``ids``, ``mask``, ``position_ids`` [P, L] as the padded prefill has them),
+        each attending only to itself. Their keys/values are laid out as the padded prefill's ([P, kv, L, d]
+        per layer, left-padded, zeros at the padding), so that the decode reads them the same way."""
+        base = decoder_of(self.model)
+        use_packed_attention(base.config)
+        head = self.model.get_output_embeddings()
+        real = mask.bool()  # [P, L]
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        last = []
+        for s in range(0, len(ids), self.prefill_batch_size):
+            sl = slice(s, s + self.prefill_batch_size)
+            lengths = mask[sl].sum(dim=1)  # [p]
+            recording = RecordingCache(base.config.num_hidden_layers)
+            out = base(
+                input_ids=ids[sl][real[sl]][None],  # [1, T]
+                position_ids=position_ids[sl][real[sl]][None],
+                use_cache=True,
+                **cache_argument(base, recording),
+                **packed_call(lengths),
+            )
+            last.append(head(out.last_hidden_state[0, lengths.cumsum(0) - 1]).float())  # [p, V]
+            for i, layer in enumerate(recording.layers):  # keys/values [1, kv, T, d]
+                if len(keys) == i:  # [P, kv, L, d]
+                    _, kv_heads, _, head_dim = layer.keys.shape
+                    keys.append(layer.keys.new_zeros(len(ids), kv_heads, ids.shape[1], head_dim))
+                    values.append(torch.zeros_like(keys[i]))
+                keys[i][sl].transpose(1, 2)[real[sl]] = layer.keys[0].transpose(0, 1)  # [T, kv, d]
+                values[i][sl].transpose(1, 2)[real[sl]] = layer.values[0].transpose(0, 1)
+        lengths = mask.sum(dim=1)
+        return _Prefill(keys, values, _pad_bias(mask), lengths, torch.cat(last), None, int(lengths.sum()))
 
 
 # ---------------------------------------------------------------------- decoders

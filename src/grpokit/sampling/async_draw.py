@@ -75,8 +75,8 @@ class AsyncDrawer:
     docstring). ``draw(timer)`` is ``draw(timer, backend)`` (a ``GroupDrawer``'s) with the staleness bound.
 
     ``model``: the policy generation reads (copied, and refreshed from it before each draw starts);
-    ``dtype``: the copies' dtype; ``backend_name`` and ``micro_batch_size``: the copies' samplers
-    (``rollout.make_backend``)."""
+    ``dtype``: the copies' dtype; ``backend_name``, ``micro_batch_size`` and ``padding_free``: the copies'
+    samplers (``rollout.make_backend``)."""
 
     def __init__(
         self,
@@ -87,6 +87,7 @@ class AsyncDrawer:
         dtype: torch.dtype,
         backend_name: str,
         micro_batch_size: int | None = None,
+        padding_free: bool | None = None,
     ) -> None:
         self.draw_now, self.model, self.max_staleness = draw, model, max_staleness
         # one frozen copy per draw in flight: a copy must not change while its draw runs
@@ -94,7 +95,8 @@ class AsyncDrawer:
             generation_copy(model, dtype) for _ in range(max_staleness)
         )
         self.backends = {
-            id(c): make_backend(backend_name, c, micro_batch_size=micro_batch_size) for c in self.copies
+            id(c): make_backend(backend_name, c, micro_batch_size=micro_batch_size, padding_free=padding_free)
+            for c in self.copies
         }
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="grpokit-rollouts")
         self.pending: collections.deque[_Pending] = collections.deque()
@@ -111,7 +113,7 @@ class AsyncDrawer:
         dtype = policy_dtype(model) if auto else getattr(torch, args.generation_dtype)
         return cls(
             draw, model, max_staleness=args.max_staleness, dtype=dtype, backend_name=args.generation_backend,
-            micro_batch_size=args.generation_micro_batch_size,
+            micro_batch_size=args.generation_micro_batch_size, padding_free=args.padding_free,
         )  # fmt: skip
 
     def draw(self, timer: PhaseTimer) -> Any:

@@ -156,10 +156,14 @@ def make_sampler(
         return backend, OffPolicyCorrection.from_config(args, off_policy=True)
     if rollout_backend is not None:
         return rollout_backend, OffPolicyCorrection.from_config(args, off_policy=True)
-    size, compiled = args.generation_micro_batch_size, args.compile_decode
+    chosen = {
+        "micro_batch_size": args.generation_micro_batch_size,
+        "compile_decode": args.compile_decode,
+        "padding_free": args.padding_free,
+    }
     dtype = copy_dtype(args, model)
     if dtype is None:
-        backend = make_backend(args.generation_backend, model, micro_batch_size=size, compile_decode=compiled)
+        backend = make_backend(args.generation_backend, model, **chosen)
         return backend, OffPolicyCorrection.from_config(args, off_policy=drawn_ahead)
     if strategy == "fsdp" and copied is None:
         raise ValueError(
@@ -167,7 +171,7 @@ def make_sampler(
             "policy's weights are sharded (make_sampler(copied=sampler_copy(...)), as GRPOTrainer does)"
         )
     copied = generation_copy(model, dtype) if copied is None else copied
-    inner = make_backend(args.generation_backend, copied, micro_batch_size=size, compile_decode=compiled)
+    inner = make_backend(args.generation_backend, copied, **chosen)
     return CopiedWeightsBackend(model, copied, inner), OffPolicyCorrection.from_config(args, off_policy=True)
 
 

@@ -33,7 +33,13 @@ from typing import Any
 import torch
 
 from grpokit.models.moe import is_mixture_of_experts
-from grpokit.models.packing import LAYOUT_ARGUMENT, PackedLayout, packing_obstacles, use_packed_attention
+from grpokit.models.packing import (
+    PackedLayout,
+    packed_call,
+    packing_obstacles,
+    padding_free_pays,
+    use_packed_attention,
+)
 from grpokit.models.parts import cache_argument, decoder_of
 from grpokit.models.prefix_cache import (
     PrefixCache,
@@ -71,9 +77,6 @@ MICRO_BATCH_TOKENS = 4608
 
 SHARED_PREFIX_MIN_SAVING = 0.15
 """Shared-prefix forward is used when it removes at least this fraction of the backbone's tokens."""
-
-PADDING_FREE_MIN_SAVING = 0.1
-"""The packed (padding-free) forward is used when padding is at least this fraction of the padded tokens."""
 
 
 def completion_logprobs(
@@ -118,8 +121,8 @@ def completion_logprobs(
     checkpointed layer's recomputation routes as its forward did.
     ``padding_free``: run the backbone over the rows' real tokens packed into one sequence
     (``grpokit.models.packing``), combined with the shared prefix when that applies. None picks it where the
-    model supports it and padding is at least ``PADDING_FREE_MIN_SAVING`` of the backbone's tokens
-    (``_choose_packed``); True forces it (ValueError where it cannot run); False never.
+    model supports it and padding is at least ``models.packing.PADDING_FREE_MIN_SAVING`` of the backbone's
+    tokens (``_choose_packed``); True forces it (ValueError where it cannot run); False never.
     """
     context = completion_mask if context_mask is None else context_mask
     batch, num_completion = completion_ids.shape
@@ -329,7 +332,7 @@ def _choose_packed(model, prompt_mask, context, padding_free, padded_inputs=()) 
     """Whether the backbone runs over packed real tokens: rows laid out as the padded forward takes them
     (prompts left-padded, completions right-padded), a model ``packing_supported`` and no input laid out by
     padded rows (``padded_inputs``: images, routing replay, router logits); chosen automatically when
-    padding is at least ``PADDING_FREE_MIN_SAVING`` of the padded tokens."""
+    padding is at least ``models.packing.PADDING_FREE_MIN_SAVING`` of the padded tokens."""
     if padding_free is False:
         return False
     reasons = packing_obstacles(model.config, padded_inputs)
@@ -342,8 +345,7 @@ def _choose_packed(model, prompt_mask, context, padding_free, padded_inputs=()) 
     if padding_free:
         return True
     padded = prompt_mask.numel() + context.numel()
-    real = float(prompt_mask.sum()) + float(context.sum())
-    return padded - real >= PADDING_FREE_MIN_SAVING * padded
+    return padding_free_pays(padded, float(prompt_mask.sum()) + float(context.sum()))
 
 
 def _padded_as_expected(prompt_mask: torch.Tensor, context: torch.Tensor) -> bool:
@@ -375,7 +377,7 @@ def _packed_hidden(model, prompt_ids, prompt_mask, completion_ids, context, grou
         place = keep.long().cumsum(dim=1) - 1  # [B, P+C-1] a kept token's position in its row
         lengths = keep.sum(dim=1)  # [B]
         packed = {"input_ids": ids[keep][None], "position_ids": place[keep][None]}  # [1, T]
-        out = decoder(**packed, use_cache=False, **_packed_call(lengths))
+        out = decoder(**packed, use_cache=False, **packed_call(lengths))
         hidden = out.last_hidden_state[0]  # [T, H]
         at = (lengths.cumsum(0) - lengths)[:, None] + place  # [B, P+C-1] packed index of each kept token
         return hidden[at[:, width - 1 : width - 1 + num_completion].clamp(min=0)]  # [B, C, H]
@@ -387,7 +389,7 @@ def _packed_hidden(model, prompt_ids, prompt_mask, completion_ids, context, grou
     with replay_safe_layers(decoder):
         out = decoder(
             input_ids=prompt_ids[::group][p_mask][None], position_ids=p_place[p_mask][None], use_cache=True,
-            **cache_argument(decoder, recording), **_packed_call(p_lengths),
+            **cache_argument(decoder, recording), **packed_call(p_lengths),
         )  # fmt: skip
         last = out.last_hidden_state[0][p_lengths.cumsum(0) - 1]  # [B/G, H] predicts each group's token 0
         first = last.repeat_interleave(group, dim=0)[:, None]  # [B, 1, H]
@@ -402,19 +404,11 @@ def _packed_hidden(model, prompt_ids, prompt_mask, completion_ids, context, grou
         out = decoder(
             input_ids=completion_ids[:, :-1][fed][None],
             position_ids=(p_lengths[owners][:, None] + place)[fed][None],
-            use_cache=True, **cache_argument(decoder, prefix), **_packed_call(lengths, layout),
+            use_cache=True, **cache_argument(decoder, prefix), **packed_call(lengths, layout),
         )  # fmt: skip
     hidden = out.last_hidden_state[0]  # [T_c, H]
     at = (lengths.cumsum(0) - lengths)[:, None] + place  # [B, C-1]
     return torch.cat([first, hidden[at.clamp(min=0)]], dim=1)  # [B, C, H]
-
-
-def _packed_call(lengths: torch.Tensor, layout: PackedLayout | None = None) -> dict[str, Any]:
-    """The keywords of a packed backbone call: its layout (each row causal by default), and a 4D attention
-    mask that stops ``transformers`` from building a [T, T] one (the packed attention never reads it)."""
-    layout = PackedLayout.causal(lengths) if layout is None else layout
-    unused = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=lengths.device)
-    return {LAYOUT_ARGUMENT: layout, "attention_mask": unused}
 
 
 def _full_hidden(
