@@ -135,8 +135,8 @@ def test_one_precision_changes_nothing(tiny_model_dir, tmp_path, monkeypatch):
     trainer = build(tiny_model_dir, tmp_path / "a")
     passes = []
     logprob_pass = trainer.logprob_pass
-    trainer.logprob_pass = lambda model, batch, routing=None: passes.append(model) or logprob_pass(
-        model, batch, routing
+    trainer.logprob_pass = lambda model, batch, routing=None: (
+        passes.append(model) or logprob_pass(model, batch, routing)
     )
     metrics, batch = train_and_capture(trainer, monkeypatch)
     assert isinstance(trainer.backend, FastSampler) and not trainer.correction.active

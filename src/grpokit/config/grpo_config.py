@@ -587,10 +587,12 @@ class GRPOConfigBase(metaclass=RefusesMovedFields):
     (TRL's name in its SFT trainer; ``grpokit.models.packing``): no padding through the backbone, attention
     kept within each row (per-row positions; one attention per run of equal rows over their real keys,
     ``flash-attn``'s variable-length kernel on CUDA where it is installed), combined with the shared-prefix
-    forward. The same log-probs and gradients as the padded passes, up to float rounding. None: wherever the
-    model supports it (Llama, Qwen2, Qwen3, Mistral without a sliding window; text only, no routing replay)
-    and padding is at least 10% of a pass's tokens; True: always (refused where it cannot run); False:
-    never."""
+    forward. The same log-probs and gradients as the padded passes, up to float rounding. The fast
+    sampler's prefill follows it too: the distinct prompts' real tokens packed, their keys/values laid out
+    for the decode as the padded prefill's (``FastSampler.padding_free``; text prompts only). None: wherever
+    the model supports it (Llama, Qwen2, Qwen3, Mistral without a sliding window; text only, no routing
+    replay) and padding is at least 10% of a pass's (or the prefill's) tokens; True: always (refused where
+    it cannot run); False: never."""
     fsdp: str = ""
     """Fully sharded data parallel (TRL/transformers name): ``"full_shard"`` shards the weights, gradients
     and optimizer state of the policy (and the reference) over the processes with PyTorch FSDP2
