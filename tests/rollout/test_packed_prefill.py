@@ -95,3 +95,21 @@ def test_padding_free_refused_where_the_prefill_cannot_be_packed(built):
     sampler = FastSampler(model, padding_free=True)
     with pytest.raises(ValueError, match=r"padding_free=True: a prefill with images runs left-padded"):
         sampler.generate([[3, 4]], 1, SamplingParams(max_new_tokens=1), images=object())
+
+
+def test_packed_prefill_under_autocast_keeps_the_padded_prefills_dtypes(built):
+    """Under bf16 autocast the keys come out of the rotary in one dtype and the values out of their
+    projection in another: the packed prefill lays each out in its own, as the padded one has them."""
+    model, tok = built
+    prompts = [_encode(tok, p) for p in PROMPTS]
+    made = {}
+    for padding_free in (True, False):
+        sampler = FastSampler(model, padding_free=padding_free)
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+            made[padding_free] = sampler._prefill(prompts, torch.device("cpu"), keep_hf_cache=False)
+    for packed, padded in zip(made[True].keys + made[True].values, made[False].keys + made[False].values):
+        assert packed.dtype == padded.dtype
+        # equal up to bf16's rounding (products of other shapes round otherwise), through two layers
+        torch.testing.assert_close(packed.float(), padded.float(), atol=0.1, rtol=0.05)
+        assert (packed.float() - padded.float()).abs().mean() < 1e-2
+    torch.testing.assert_close(made[True].last_logits, made[False].last_logits, atol=0.1, rtol=0.05)

@@ -379,10 +379,11 @@ class FastSampler:
             )
             last.append(head(out.last_hidden_state[0, lengths.cumsum(0) - 1]).float())  # [p, V]
             for i, layer in enumerate(recording.layers):  # keys/values [1, kv, T, d]
-                if len(keys) == i:  # [P, kv, L, d]
-                    _, kv_heads, _, head_dim = layer.keys.shape
-                    keys.append(layer.keys.new_zeros(len(ids), kv_heads, ids.shape[1], head_dim))
-                    values.append(torch.zeros_like(keys[i]))
+                if len(keys) == i:  # [P, kv, L, d], each in its own dtype (under autocast the keys, past
+                    _, kv_heads, _, head_dim = layer.keys.shape  # the rotary, may be float32, the values not)
+                    shape = (len(ids), kv_heads, ids.shape[1], head_dim)
+                    keys.append(layer.keys.new_zeros(shape))
+                    values.append(layer.values.new_zeros(shape))
                 keys[i][sl].transpose(1, 2)[real[sl]] = layer.keys[0].transpose(0, 1)  # [T, kv, d]
                 values[i][sl].transpose(1, 2)[real[sl]] = layer.values[0].transpose(0, 1)
         lengths = mask.sum(dim=1)
