@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from grpokit.models.vision import PromptImages
 from grpokit.rollout import FastSampler
 from grpokit.rollout.base import SamplingParams
 
@@ -94,7 +95,8 @@ def test_padding_free_refused_where_the_prefill_cannot_be_packed(built):
     assert FastSampler(model, impl="hf").padding_free is False  # the generic decode pads: never packed
     sampler = FastSampler(model, padding_free=True)
     with pytest.raises(ValueError, match=r"padding_free=True: a prefill with images runs left-padded"):
-        sampler.generate([[3, 4]], 1, SamplingParams(max_new_tokens=1), images=object())
+        images = PromptImages(tensors=(None,), rows=torch.zeros(1, dtype=torch.long))
+        sampler.generate([[3, 4]], 1, SamplingParams(max_new_tokens=1), images=images)
 
 
 def test_packed_prefill_under_autocast_keeps_the_padded_prefills_dtypes(built):
