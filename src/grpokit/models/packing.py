@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 
 from grpokit.models import recompute
+from grpokit.models.parts import cache_argument
+from grpokit.models.prefix_cache import RecordingCache
 
 __all__ = [
     "PACKED_MODEL_TYPES",
@@ -43,6 +45,7 @@ __all__ = [
     "PackedLayout",
     "packed_attention",
     "packed_call",
+    "packed_prompts",
     "packing_obstacles",
     "packing_supported",
     "padding_free_pays",
@@ -316,6 +319,25 @@ def packed_call(lengths: torch.Tensor, layout: PackedLayout | None = None) -> di
     layout = PackedLayout.causal(lengths) if layout is None else layout
     unused = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=lengths.device)
     return {LAYOUT_ARGUMENT: layout, "attention_mask": unused}
+
+
+def packed_prompts(
+    decoder: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
+) -> tuple[RecordingCache, torch.Tensor]:
+    """The prompts ``prompt_ids`` / ``prompt_mask`` [P, L] (left-padded) run by ``decoder`` (a backbone)
+    packed over their real tokens, positions from 0, each attending only to itself. Returns the recording
+    of each layer's keys/values ([1, kv, T, d], the prompts' real tokens one after another) and each
+    prompt's last hidden state [P, H] (which predicts its first completion token)."""
+    use_packed_attention(decoder.config)
+    real = prompt_mask.bool()  # [P, L]
+    lengths = real.sum(dim=1)  # [P]
+    positions = real.long().cumsum(dim=1) - 1  # [P, L]
+    recording = RecordingCache(decoder.config.num_hidden_layers)
+    out = decoder(
+        input_ids=prompt_ids[real][None], position_ids=positions[real][None], use_cache=True,
+        **cache_argument(decoder, recording), **packed_call(lengths),
+    )  # fmt: skip
+    return recording, out.last_hidden_state[0][lengths.cumsum(0) - 1]
 
 
 def packing_supported(config: object) -> bool:

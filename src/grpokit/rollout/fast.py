@@ -43,9 +43,8 @@ import torch
 from torch import nn
 
 from grpokit.core import pad_left
-from grpokit.models.packing import packed_call, packing_obstacles, padding_free_pays, use_packed_attention
+from grpokit.models.packing import packed_prompts, packing_obstacles, padding_free_pays
 from grpokit.models.parts import cache_argument, decoder_of, model_device, returned_cache
-from grpokit.models.prefix_cache import RecordingCache
 from grpokit.models.routing_replay import routing_of, sampled_rows
 from grpokit.models.vision import PromptImages, multimodal_backbone, token_types
 from grpokit.rollout.base import GenerationOutput, SamplingParams
@@ -320,7 +319,7 @@ class FastSampler:
             logits, cache = out.logits[:, -1].float(), returned_cache(out, cache)
             return _Prefill([], [], _pad_bias(mask), lengths, logits, cache, mask.numel())
         if images is None and self._prefills_packed(mask):
-            return self._packed_prefill(ids, mask, position_ids)
+            return self._packed_prefill(ids, mask, lengths)
         keys: list[list[torch.Tensor]] = []
         values: list[list[torch.Tensor]] = []
         last = []
@@ -354,13 +353,13 @@ class FastSampler:
             return padding_free_pays(mask.numel(), float(mask.sum()))
         return self.padding_free
 
-    def _packed_prefill(self, ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor) -> _Prefill:
-        """The prefill over the prompts' real tokens only: ``prefill_batch_size`` prompts per backbone call,
-        packed into one sequence (``ids``, ``mask``, ``position_ids`` [P, L] as the padded prefill has them),
-        each attending only to itself. Their keys/values are laid out as the padded prefill's ([P, kv, L, d]
-        per layer, left-padded, zeros at the padding), so that the decode reads them the same way."""
+    def _packed_prefill(self, ids: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor) -> _Prefill:
+        """The prefill over the prompts' real tokens only (``ids``, ``mask`` [P, L] as the padded prefill has
+        them, ``lengths`` [P]): ``prefill_batch_size`` prompts per backbone call, packed into one sequence,
+        each attending only to itself (``packed_prompts``). Their keys/values are laid out as the padded
+        prefill's ([P, kv, L, d] per layer, left-padded, zeros at the padding), so that the decode reads them
+        the same way."""
         base = decoder_of(self.model)
-        use_packed_attention(base.config)
         head = self.model.get_output_embeddings()
         real = mask.bool()  # [P, L]
         keys: list[torch.Tensor] = []
@@ -368,16 +367,8 @@ class FastSampler:
         last = []
         for s in range(0, len(ids), self.prefill_batch_size):
             sl = slice(s, s + self.prefill_batch_size)
-            lengths = mask[sl].sum(dim=1)  # [p]
-            recording = RecordingCache(base.config.num_hidden_layers)
-            out = base(
-                input_ids=ids[sl][real[sl]][None],  # [1, T]
-                position_ids=position_ids[sl][real[sl]][None],
-                use_cache=True,
-                **cache_argument(base, recording),
-                **packed_call(lengths),
-            )
-            last.append(head(out.last_hidden_state[0, lengths.cumsum(0) - 1]).float())  # [p, V]
+            recording, hidden = packed_prompts(base, ids[sl], mask[sl])
+            last.append(head(hidden).float())  # [p, V]
             for i, layer in enumerate(recording.layers):  # keys/values [1, kv, T, d]
                 if len(keys) == i:  # [P, kv, L, d], each in its own dtype (under autocast the keys, past
                     _, kv_heads, _, head_dim = layer.keys.shape  # the rotary, may be float32, the values not)
@@ -386,7 +377,6 @@ class FastSampler:
                     values.append(layer.values.new_zeros(shape))
                 keys[i][sl].transpose(1, 2)[real[sl]] = layer.keys[0].transpose(0, 1)  # [T, kv, d]
                 values[i][sl].transpose(1, 2)[real[sl]] = layer.values[0].transpose(0, 1)
-        lengths = mask.sum(dim=1)
         return _Prefill(keys, values, _pad_bias(mask), lengths, torch.cat(last), None, int(lengths.sum()))
 
 

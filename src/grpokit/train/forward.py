@@ -36,6 +36,7 @@ from grpokit.models.moe import is_mixture_of_experts
 from grpokit.models.packing import (
     PackedLayout,
     packed_call,
+    packed_prompts,
     packing_obstacles,
     padding_free_pays,
     use_packed_attention,
@@ -382,16 +383,9 @@ def _packed_hidden(model, prompt_ids, prompt_mask, completion_ids, context, grou
         at = (lengths.cumsum(0) - lengths)[:, None] + place  # [B, P+C-1] packed index of each kept token
         return hidden[at[:, width - 1 : width - 1 + num_completion].clamp(min=0)]  # [B, C, H]
     # the prompts, once per group
-    p_mask = prompt_mask[::group].bool()  # [B/G, P]
-    p_lengths = p_mask.sum(dim=1)  # [B/G]
-    p_place = p_mask.long().cumsum(dim=1) - 1
-    recording = RecordingCache(decoder.config.num_hidden_layers)
+    p_lengths = prompt_mask[::group].sum(dim=1)  # [B/G]
     with replay_safe_layers(decoder):
-        out = decoder(
-            input_ids=prompt_ids[::group][p_mask][None], position_ids=p_place[p_mask][None], use_cache=True,
-            **cache_argument(decoder, recording), **packed_call(p_lengths),
-        )  # fmt: skip
-        last = out.last_hidden_state[0][p_lengths.cumsum(0) - 1]  # [B/G, H] predicts each group's token 0
+        recording, last = packed_prompts(decoder, prompt_ids[::group], prompt_mask[::group])  # last [B/G, H]
         first = last.repeat_interleave(group, dim=0)[:, None]  # [B, 1, H]
         lengths = fed.sum(dim=1)  # [B]
         if num_completion == 1 or int(lengths.sum()) == 0:
