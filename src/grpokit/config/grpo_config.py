@@ -565,9 +565,10 @@ class GRPOConfigBase(metaclass=RefusesMovedFields):
     from the kernel and given back when it is freed (glibc's mmap threshold). The heap then holds no large
     tensor for the update's short-lived activations to leave holes around: W4's peak resident memory fell
     from 6,155 to 4,851 MiB (-21%) at 1 MiB, the step took 6% longer (2-core AVX2 EPYC; docs/performance.md).
-    That cost is the kernel's fresh pages, about 25 GiB per W4 step at 0.24 s per GiB there; where a fresh
-    page costs more (a VM that measured 1.1 s per GiB), set None. None: every block up to 1 GiB is kept
-    (the fastest step, the highest peak)."""
+    That cost is the kernel's fresh pages, about 25 GiB per W4 step at 0.24 s per GiB there; it weighs more
+    where the rest of the step is faster (Zen 5: 0.28 s per GiB, W4's step 13-19% longer than with every
+    block kept, its peak 19% lower) or a fresh page costs more (a VM that measured 1.1 s per GiB): there set
+    None for speed. None: every block up to 1 GiB is kept (the fastest step, the highest peak)."""
     lean_activations: bool = True
     """The policy's gated MLPs and RMSNorms (llama, qwen2, qwen3, mistral) keep their inputs for the backward
     and run silu(gate) * up and x / rms again there, instead of keeping them (``models/lean_layers.py``).

@@ -22,7 +22,10 @@ reuse, grouped-query attention without copied keys/values, and bounded oneDNN ke
   whose holes the next layer's kept blocks do not fit, so the heap grows past what is live. W4 on the
   2-core AVX2 EPYC: peak 6,155 MiB with every block kept, 4,851 with blocks from 1 MiB mapped fresh, for
   a 6% longer step (about 25 GiB of fresh pages per step, at 0.24 s per GiB there); 8 MiB gave back only
-  ~200 MiB of the peak. Where a fresh page costs more, ``cpu_memory_reuse_below=None`` keeps every block.
+  ~200 MiB of the peak. On a 2-core Zen 5 EPYC, whose fresh pages cost about the same (0.28 s per GiB)
+  but whose step is 3x faster, W4's step took 13-19% longer than with every block kept, for a 19% lower
+  peak (``benchmarks/results/memory-reuse-zen5-2026-12-06.txt``). Where time matters more than the peak,
+  or a fresh page costs more, ``cpu_memory_reuse_below=None`` keeps every block.
 - The price is resident memory: the process keeps the small blocks it freed, up to a step's high-water
   mark. The setting stays after training. Other C libraries (macOS, musl, Windows) are left as they are,
   and so is a process running another allocator in glibc's place (jemalloc or tcmalloc through
