@@ -141,11 +141,24 @@ def parameter_casts(model, run) -> int:
     return Casts.count
 
 
+def decoder_cache_dtypes(model, prompts) -> tuple[set[torch.dtype], set[torch.dtype]]:
+    """The dtypes of the native decoder's keys and of its values (prompt and generated) under bf16
+    autocast."""
+    from grpokit.rollout.native_decode import NativeDecoder
+
+    with bf16(), torch.inference_mode():
+        pre = FastSampler(model, impl="native")._prefill(prompts, torch.device("cpu"), keep_hf_cache=False)
+        decoder = NativeDecoder(model, pre, group=2, max_new=4)
+    keys = {t.dtype for t in decoder.prompt_keys + decoder.gen_k}
+    return keys, {t.dtype for t in decoder.prompt_values + decoder.gen_v}
+
+
 def test_the_native_decode_casts_each_weight_once_per_call_with_autocasts_numbers(qwen2, monkeypatch):
     """Under bf16 autocast the native decode casts its weights to bf16 once per call, not at every step
     (the sampler runs in inference mode, where autocast keeps no cast): the parameter casts of a call do not
-    grow with its steps. Its tokens and log-probs are those of autocast casting the float32 weights at every
-    step (the decode with its own casts turned off), bit for bit; qwen2's q/k/v biases included."""
+    grow with its steps. It keeps its keys/values in bf16 too (each key cast once, where it is written).
+    Its tokens and log-probs are those of autocast casting the float32 weights and the float32 keys at
+    every product (the decode with its own casts turned off), bit for bit; qwen2's q/k/v biases included."""
     from grpokit.rollout import native_decode
 
     model, tok = qwen2
@@ -160,10 +173,12 @@ def test_the_native_decode_casts_each_weight_once_per_call_with_autocasts_number
             )
 
     once = sample(6)
+    assert decoder_cache_dtypes(model, prompts) == ({torch.bfloat16}, {torch.bfloat16})
     casts = [parameter_casts(model, lambda n=n: sample(n)) for n in (2, 6)]
     assert casts[0] == casts[1]  # one cast per weight per call, whatever the number of steps
     monkeypatch.setattr(native_decode, "autocast_dtype", lambda device: None)  # autocast casts at each step
     every_step = sample(6)
+    assert decoder_cache_dtypes(model, prompts)[0] == {torch.float32}  # the keys as the rotary leaves them
     assert once.completion_ids == every_step.completion_ids
     assert torch.equal(torch.tensor(once.logprobs), torch.tensor(every_step.logprobs))
     per_step = [parameter_casts(model, lambda n=n: sample(n)) for n in (2, 6)]

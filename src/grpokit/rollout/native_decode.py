@@ -64,10 +64,16 @@ class NativeDecoder:
         num_prompts, kv_heads, _, d = pre.keys[0].shape
         self.kv_heads = kv_heads
         rows = num_prompts * group
-        dtype, device = pre.keys[0].dtype, pre.keys[0].device
+        device = pre.keys[0].device
+        # The dtype of every product (None: each weight's own). Under autocast the attention's products take
+        # their operands in it, so the caches are kept in it: each key cast once, where it is written, instead
+        # of autocast casting every layer's whole cache at every step (the same numbers).
+        compute = autocast_dtype(device)
+        self.compute = compute
+        self.cache_dtype = compute or pre.keys[0].dtype
         # Pre-allocated caches of the generated tokens, one [N, kv, max_new, d] pair per layer.
-        self.gen_k = [torch.empty(rows, kv_heads, max_new, d, dtype=dtype, device=device) for _ in pre.keys]
-        self.gen_v = [torch.empty(rows, kv_heads, max_new, d, dtype=dtype, device=device) for _ in pre.keys]
+        self.gen_k = [self._cache_buffer(rows, max_new, d, device) for _ in pre.keys]
+        self.gen_v = [self._cache_buffer(rows, max_new, d, device) for _ in pre.keys]
         self.positions = pre.lengths.repeat_interleave(group)[:, None]  # [N, 1] next position per row
         self._set_prompts(list(pre.keys), list(pre.values), pre.pad_bias)  # the prompt cache, per layer
         self.rows = rows  # rows in the decode batch: the first ``rows`` of the buffers
@@ -91,7 +97,6 @@ class NativeDecoder:
         # Where it pays (``packs_weights``, ``packing_pays``), each weight is then also packed once into
         # oneDNN's layout (``_pack``); not where autocast runs without its dtype here (only a test of the
         # casts does that), as autocast does not cast the input of a packed product.
-        compute = autocast_dtype(device)
         layers = self.base.layers
         attentions = [layer.self_attn for layer in layers]
         pack = not compiled and (compute is not None or not torch.is_autocast_enabled(device.type))
@@ -109,18 +114,21 @@ class NativeDecoder:
         self.down_proj = [None if w is None else prepared(_cast_linear(layer.mlp.down_proj, compute))
                           for layer, w in zip(layers, fused_mlps, strict=True)]  # fmt: skip
         self.head_weights = prepared(_cast_linear(self.head, compute))
-        self.compute = compute  # the dtype of every product (None: each weight's own)
+
+    def _cache_buffer(self, rows: int, max_new: int, d: int, device: torch.device) -> torch.Tensor:
+        """One layer's keys or values of the generated tokens, [N, kv, max_new, d] (written step by step)."""
+        return torch.empty(rows, self.kv_heads, max_new, d, dtype=self.cache_dtype, device=device)
 
     def _set_prompts(
         self, keys: list[torch.Tensor], values: list[torch.Tensor], pad_bias: torch.Tensor
     ) -> None:
         """The prompt cache, per layer [P, kv, L, d], kept as [P*kv, L, d] (one batch of products per kv
-        head of each prompt), and the left padding's bias [P, 1, 1, L] as [P*kv, 1, L]."""
+        head of each prompt) in ``cache_dtype``, and the left padding's bias [P, 1, 1, L] as [P*kv, 1, L]."""
         num_prompts, kv_heads, length, d = keys[0].shape
         batch = num_prompts * kv_heads
-        self.prompt_keys = [k.reshape(batch, length, d) for k in keys]
-        self.prompt_values = [v.reshape(batch, length, d) for v in values]
-        bias = pad_bias.to(self.gen_k[0].dtype).reshape(num_prompts, 1, length)  # [P, 1, L]
+        self.prompt_keys = [k.reshape(batch, length, d).to(self.cache_dtype) for k in keys]
+        self.prompt_values = [v.reshape(batch, length, d).to(self.cache_dtype) for v in values]
+        bias = pad_bias.to(self.cache_dtype).reshape(num_prompts, 1, length)  # [P, 1, L]
         self.prompt_bias = bias.repeat_interleave(kv_heads, dim=0)  # [P*kv, 1, L]
         if self.compiled:
             _model_sizes_static(self.prompt_keys + self.prompt_values, 2)
@@ -235,6 +243,7 @@ class NativeDecoder:
             qk = torch.cat([_rms_norm(attn.q_norm, qk[:, :heads]), _rms_norm(attn.k_norm, qk[:, heads:])], 1)
         qk = _rope(qk, cos, sin)  # q scaled
         q, k = qk[:, :heads], qk[:, heads:]  # [N, h, d], [N, kv, d]
+        q = q.to(self.cache_dtype)  # once, as autocast would at each of its two products
         # position t written as a slice: an integer index would make torch.compile specialise on t
         self.gen_k[i][:rows, :, t : t + 1] = k[:, :, None]
         self.gen_v[i][:rows, :, t : t + 1] = v[:, :, None]
