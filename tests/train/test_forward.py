@@ -10,13 +10,15 @@ the logits), which the lean forward's fused head computes without them.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from grpokit.core import logprobs_and_entropy
 from grpokit.train.forward import completion_logprobs, no_grad_logprobs, shared_prefix_pays
-from grpokit.train.lm_head import head_chunk_rows
+from grpokit.train.lm_head import _FusedHeadLogprobs, head_chunk_rows
 
 VOCAB = 61
 G = 3
@@ -214,9 +216,45 @@ def test_shared_prefix_choice(model):
         )
 
 
-def test_head_chunk_rows_keep_a_chunk_within_16_mib():
-    # rows = 16 MiB / (4 bytes x V), between 32 and 512
-    assert head_chunk_rows(8000) == 512  # 524 by size, capped
-    assert head_chunk_rows(49152) == 85  # SmolLM2: 85 x 49,152 x 4 B = 16.7e6 B <= 16 MiB
-    assert head_chunk_rows(152064) == 32  # Qwen2.5: 27 by size, the floor keeps the matmul efficient
-    assert 85 * 49152 * 4 <= 16 * 2**20 < 86 * 49152 * 4
+def test_head_chunk_rows_keep_a_chunk_within_32_mib():
+    # rows = 32 MiB / (4 bytes x V), between 32 and 512
+    assert head_chunk_rows(8000) == 512  # 1,048 by size, capped
+    assert head_chunk_rows(49152) == 170  # SmolLM2: 170 x 49,152 x 4 B = 33.4e6 B <= 32 MiB
+    assert head_chunk_rows(152064) == 55  # Qwen2.5
+    assert 170 * 49152 * 4 <= 32 * 2**20 < 171 * 49152 * 4
+    assert head_chunk_rows(2_000_000) == 32  # the floor keeps the matmul efficient
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_fused_head_equals_a_float64_log_softmax_of_its_logits(autocast):
+    """The chunked head over chunks of 4, 4 and 3 rows (its buffers reused from chunk to chunk), with a bias
+    and a temperature: log-probs, entropy and the gradients of h, W and b against a float64 log-softmax of
+    the whole [M, V] logits and its exact gradient (dL/dz, then through z = h W^T + b). Under bf16 autocast
+    the logits are the same bf16 product, and the backward runs after autocast is left, as a trainer calls
+    it: the head recomputes each chunk's logits as its forward computed them (its entropy's dot and its
+    gradients in float32)."""
+    gen = torch.Generator().manual_seed(7)
+    h = torch.randn(11, 8, generator=gen).requires_grad_()
+    weight = torch.randn(13, 8, generator=gen).requires_grad_()
+    bias = torch.randn(13, generator=gen).requires_grad_()
+    targets = torch.randint(0, 13, (11,), generator=gen)
+    w_lp, w_ent = torch.randn(11, generator=gen), torch.randn(11, generator=gen)
+    product = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+
+    with product:
+        lp, ent = _FusedHeadLogprobs.apply(h, weight, bias, targets, 1 / 0.7, True, 4)
+    (w_lp * lp + w_ent * ent).sum().backward()
+
+    with product, torch.no_grad():
+        logits = torch.nn.functional.linear(h, weight, bias)  # [M, V]
+    z = logits.double().requires_grad_()
+    log_p = torch.log_softmax(z / 0.7, dim=-1)
+    ref_lp = log_p.gather(1, targets[:, None]).squeeze(1)
+    ref_ent = -(log_p.exp() * log_p).sum(-1)
+    (w_lp.double() * ref_lp + w_ent.double() * ref_ent).sum().backward()
+    dz = z.grad  # [M, V]
+    ref_grads = (dz @ weight.detach().double(), dz.T @ h.detach().double(), dz.sum(0))
+    torch.testing.assert_close(lp, ref_lp.float(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent, ref_ent.float(), atol=1e-5, rtol=1e-5)
+    for name, tensor, ref in zip(("h", "W", "b"), (h, weight, bias), ref_grads):
+        torch.testing.assert_close(tensor.grad, ref.float(), atol=1e-5, rtol=1e-5, msg=name)

@@ -8,26 +8,28 @@ from contextlib import nullcontext
 import torch
 from torch.autograd.function import once_differentiable
 
-from grpokit.core.logprobs import CHUNK_BYTES
 from grpokit.models.policy import FP32_HEAD
 
-__all__ = ["HEAD_CHUNK_ROWS", "head_chunk_rows", "head_logprobs"]
+__all__ = ["HEAD_CHUNK_BYTES", "HEAD_CHUNK_ROWS", "head_chunk_rows", "head_logprobs"]
 
+HEAD_CHUNK_BYTES = 32 * 2**20
+"""Float32 bytes of one chunk's logits [rows, V] (32 MiB): ``head_chunk_rows``' budget."""
 HEAD_CHUNK_ROWS = 512
 """Most rows (completion positions) per LM-head chunk: the chunk's float32 logits are [rows, V]."""
 
 
 def head_chunk_rows(vocab_size: int) -> int:
-    """LM-head rows per chunk: as many as keep the chunk's float32 logits within 16 MiB (``CHUNK_BYTES``, the
-    same budget as ``grpokit.core.logprobs``' chunks), between 32 and ``HEAD_CHUNK_ROWS`` (8,000 words: 512
-    rows; 49,152: 85; 152,064: 32).
+    """LM-head rows per chunk: as many as keep the chunk's float32 logits within ``HEAD_CHUNK_BYTES``, between
+    32 and ``HEAD_CHUNK_ROWS`` (8,000 words: 512 rows; 49,152: 170; 152,064: 55).
 
-    Small enough to be reused rather than page-faulted: the C allocator serves blocks up to 32 MiB again
-    from the memory it keeps, while a larger block is mapped fresh on every allocation, and the kernel
-    zero-fills every page of it (a 100 MB chunk's matmul ran at ~40% of the matmul rate here). Large
-    enough that each chunk is a full-rate matmul: the head's weight is read once per chunk.
+    Each chunk's product reads the head's whole [V, H] weight, so the product runs at the matmul rate only
+    with enough rows: SmolLM2-135M's [rows, 576] x [576, 49,152] ran at 117 GFLOP/s with 85 rows, 156 with
+    170, 168 with 512 (a 2-core Zen 5 EPYC, where square products run at ~205). Each pass allocates its two
+    [rows, V] float32 buffers once and reuses them for every chunk (``_FusedHeadLogprobs``), so the
+    allocator maps no fresh pages per chunk; the budget bounds what they add to the pass's peak (2 x 32
+    MiB).
     """
-    return max(32, min(HEAD_CHUNK_ROWS, CHUNK_BYTES // (4 * max(1, vocab_size))))
+    return max(32, min(HEAD_CHUNK_ROWS, HEAD_CHUNK_BYTES // (4 * max(1, vocab_size))))
 
 
 def head_logprobs(model, hidden, completion_ids, completion_mask, *, temperature, with_entropy, chunk_size):
@@ -56,33 +58,45 @@ def head_logprobs(model, hidden, completion_ids, completion_mask, *, temperature
 class _FusedHeadLogprobs(torch.autograd.Function):
     """logp[m] = log softmax(z[m])[target[m]] and H[m] = -sum_v p log p, z = (h W^T + b) / temperature,
     without a [M, V] tensor: rows are processed ``rows`` at a time, and the backward recomputes each chunk's
-    logits (one extra matmul) instead of keeping them.
+    logits (one extra matmul) instead of keeping them. Each pass writes its chunks into two [rows, V]
+    float32 buffers it allocates once (``_chunk_buffers``).
 
     Per row, with p = softmax(z):  dlogp/dz = 1[v = target] - p,   dH/dz = -p (log p + H).
     Math in float32 (the logits are upcast per chunk); the same quantities as
     ``grpokit.core.logprobs.logprobs_and_entropy`` applied to the full logits.
+
+    Autocast. The forward's product runs in autocast's dtype where autocast is on, and the backward
+    recomputes it under the same autocast, wherever the backward is called from (a trainer calls it after
+    leaving autocast): its p = exp(z - lse) are then the forward's probabilities. Everything after the
+    product runs with autocast off (autocast would run the entropy's ``vecdot`` and the backward's products
+    in bf16).
     """
 
     @staticmethod
     def forward(ctx, h, weight, bias, targets, inv_temperature, with_entropy, rows):
         ctx.set_materialize_grads(False)
+        device = h.device.type
+        ctx.autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
         num = h.shape[0]
         lse = torch.empty(num, dtype=torch.float32, device=h.device)
         logp = torch.empty(num, dtype=torch.float32, device=h.device)
         ent = torch.empty(num if with_entropy else 0, dtype=torch.float32, device=h.device)
+        logits, exps = _chunk_buffers(num, rows, weight)  # [rows, V] each
         for s in range(0, num, rows):
-            z = _chunk_logits(h[s : s + rows], weight, bias, inv_temperature)  # [m, V] float32
-            target = z.gather(1, targets[s : s + rows, None]).squeeze(1)  # [m]
-            peak = z.amax(dim=1, keepdim=True)  # [m, 1]
-            z.sub_(peak)  # z - max
-            e = torch.exp(z)  # [m, V]
-            total = e.sum(dim=1)  # [m]
-            chunk_lse = peak.squeeze(1) + total.log()
-            lse[s : s + rows] = chunk_lse
-            logp[s : s + rows] = target - chunk_lse
-            if with_entropy:
-                # H = lse - sum p z = log(total) - sum e (z - max) / total
-                ent[s : s + rows] = total.log() - torch.linalg.vecdot(e, z) / total
+            hc = h[s : s + rows]
+            z = _chunk_logits(hc, weight, bias, inv_temperature, logits[: hc.shape[0]])  # [m, V] float32
+            with torch.autocast(device, enabled=False):
+                target = z.gather(1, targets[s : s + rows, None]).squeeze(1)  # [m]
+                peak = z.amax(dim=1, keepdim=True)  # [m, 1]
+                z.sub_(peak)  # z - max
+                e = torch.exp(z, out=exps[: hc.shape[0]])  # [m, V]
+                total = e.sum(dim=1)  # [m]
+                chunk_lse = peak.squeeze(1) + total.log()
+                lse[s : s + rows] = chunk_lse
+                logp[s : s + rows] = target - chunk_lse
+                if with_entropy:
+                    # H = lse - sum p z = log(total) - sum e (z - max) / total
+                    ent[s : s + rows] = total.log() - torch.linalg.vecdot(e, z) / total
         ctx.save_for_backward(h, weight, bias, targets, lse, ent if with_entropy else None)
         ctx.inv_temperature, ctx.rows = inv_temperature, rows
         return logp, ent
@@ -99,30 +113,34 @@ class _FusedHeadLogprobs(torch.autograd.Function):
         grad_h = torch.empty_like(h) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
-        rows = ctx.rows
+        rows, device = ctx.rows, h.device.type
+        logits, coefs = _chunk_buffers(h.shape[0], rows, weight)  # [rows, V] each
         for s in range(0, h.shape[0], rows):
             sl = slice(s, s + rows)
-            z = _chunk_logits(h[sl], weight, bias, ctx.inv_temperature)  # [m, V]
-            z.sub_(lse[sl, None])  # log p
-            if grad_ent is not None:
-                # dL/dz = -p * (g_lp + g_h (log p + H)) + g_lp 1[v = target]
-                coef = z.add(ent[sl, None]).mul_(grad_ent[sl, None])  # [m, V]
-                if grad_logp is not None:
-                    coef.add_(grad_logp[sl, None])
-                g = z.exp_().mul_(coef).neg_()
-            else:
-                g = z.exp_().mul_(grad_logp[sl, None].neg())  # -p * g_lp
-            if grad_logp is not None:
-                g.scatter_add_(1, targets[sl, None], grad_logp[sl, None])
-            if ctx.inv_temperature != 1.0:
-                g.mul_(ctx.inv_temperature)
             hc = h[sl]
-            if grad_h is not None:
-                grad_h[sl] = (g.to(weight.dtype) @ weight).to(h.dtype)
-            if grad_w is not None:
-                grad_w.addmm_(g.t(), hc.float() if hc.dtype != torch.float32 else hc)
-            if grad_b is not None:
-                grad_b += g.sum(dim=0)
+            m = hc.shape[0]
+            with torch.autocast(device, dtype=ctx.autocast, enabled=ctx.autocast is not None):
+                z = _chunk_logits(hc, weight, bias, ctx.inv_temperature, logits[:m])  # the forward's [m, V]
+            with torch.autocast(device, enabled=False):
+                z.sub_(lse[sl, None])  # log p
+                if grad_ent is not None:
+                    # dL/dz = -p * (g_lp + g_h (log p + H)) + g_lp 1[v = target]
+                    coef = torch.add(z, ent[sl, None], out=coefs[:m]).mul_(grad_ent[sl, None])  # [m, V]
+                    if grad_logp is not None:
+                        coef.add_(grad_logp[sl, None])
+                    g = z.exp_().mul_(coef).neg_()
+                else:
+                    g = z.exp_().mul_(grad_logp[sl, None].neg())  # -p * g_lp
+                if grad_logp is not None:
+                    g.scatter_add_(1, targets[sl, None], grad_logp[sl, None])
+                if ctx.inv_temperature != 1.0:
+                    g.mul_(ctx.inv_temperature)
+                if grad_h is not None:
+                    grad_h[sl] = (g.to(weight.dtype) @ weight).to(h.dtype)
+                if grad_w is not None:
+                    grad_w.addmm_(g.t(), hc.float() if hc.dtype != torch.float32 else hc)
+                if grad_b is not None:
+                    grad_b += g.sum(dim=0)
         return (
             grad_h,
             grad_w.to(weight.dtype) if grad_w is not None else None,
@@ -134,8 +152,28 @@ class _FusedHeadLogprobs(torch.autograd.Function):
         )
 
 
-def _chunk_logits(h, weight, bias, inv_temperature):
-    z = torch.nn.functional.linear(h, weight, bias).float()  # [m, V]
+def _chunk_buffers(num: int, rows: int, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two float32 [min(rows, num), V] buffers that a pass's chunks are written into: allocated once per pass,
+    not once per chunk (a block this large is mapped fresh from the kernel at every allocation under
+    ``cpu_memory_reuse_below``, and glibc's above 32 MiB)."""
+    shape = (min(rows, num), weight.shape[0])
+    return (
+        torch.empty(shape, dtype=torch.float32, device=weight.device),
+        torch.empty(shape, dtype=torch.float32, device=weight.device),
+    )
+
+
+def _chunk_logits(h, weight, bias, inv_temperature, out):
+    """z = (h W^T + b) * inv_temperature in float32, written into ``out`` [m, V]. A float32 product outside
+    autocast is computed into ``out`` itself (``F.linear``'s own ``mm``/``addmm``, the same numbers); any
+    other (autocast's bf16, a bf16 model) is computed as ``F.linear`` computes it and upcast into ``out``."""
+    float32 = h.dtype == weight.dtype == torch.float32 and not torch.is_autocast_enabled(h.device.type)
+    if float32 and bias is None:
+        z = torch.mm(h, weight.t(), out=out)
+    elif float32:
+        z = torch.addmm(bias, h, weight.t(), out=out)
+    else:
+        z = out.copy_(torch.nn.functional.linear(h, weight, bias))
     if inv_temperature != 1.0:
         z.mul_(inv_temperature)
     return z
