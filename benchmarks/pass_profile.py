@@ -9,6 +9,13 @@ layers, timed on their own and then under ``torch.profiler``, operators' own CPU
 - element-wise and the rest: norms, rotary, SiLU, residuals, the log-softmax of the head, indexing.
 
     python benchmarks/pass_profile.py [--model DIR] [--bf16] [--top N]
+    python benchmarks/pass_profile.py [--bf16] --timed N
+
+``--timed N`` profiles nothing: it times each pass N times (after a warm-up) as the trainer runs them, under
+the trainer's CPU runtime (``grpokit.parallel.cpu_runtime`` at ``GRPOConfig``'s defaults: blocks from 1 MiB
+mapped fresh) and the update inside ``recomputed_in_backward``, and prints a hash of the log-probs, the
+entropy's sum and the LM head's gradient norm, so that two commits can be compared side by side
+(``PYTHONPATH=<other checkout>/src``).
 
 Run it alone on the machine. The profiler adds its own overhead: compare the kinds' shares.
 """
@@ -44,7 +51,11 @@ def main() -> None:
     ap.add_argument("--model", default=os.path.join(tempfile.gettempdir(), "grpokit-bench", "smollm2"))
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast over the float32 weights")
     ap.add_argument("--top", type=int, default=0, help="also list the operators with the most own time")
+    ap.add_argument("--timed", type=int, default=0, help="time each pass N times as the trainer runs it")
     a = ap.parse_args()
+    if a.timed:
+        timed(a.model, a.bf16, a.timed)
+        return
     from common import print_operator_time
     from saved_activations import G, w4_batch
     from smollm2 import prepare
@@ -86,6 +97,61 @@ def main() -> None:
         events = prof.key_averages()
         print(f"{name}: {seconds:.2f} s unprofiled; profiled:")
         print_operator_time(events, KINDS, "element-wise and the rest", a.top)
+
+
+def timed(model_dir: str, bf16: bool, repeats: int) -> None:
+    """``--timed``: the update's forward + backward and the reference pass, ``repeats`` times each in turn."""
+    import hashlib
+
+    from saved_activations import G, w4_batch
+    from smollm2 import prepare
+    from transformers import AutoModelForCausalLM
+
+    import grpokit
+    from grpokit.config import GRPOConfig
+    from grpokit.models.lean_layers import use_lean_layers
+    from grpokit.models.recompute import recomputed_in_backward
+    from grpokit.parallel.cpu_runtime import apply_cpu_runtime
+    from grpokit.train.forward import completion_logprobs, no_grad_logprobs
+
+    apply_cpu_runtime(GRPOConfig(output_dir=tempfile.mkdtemp()), cpu=True)
+    model = AutoModelForCausalLM.from_pretrained(prepare(model_dir), dtype=torch.float32)
+    use_lean_layers(model)
+    batch = w4_batch(model.config.vocab_size)
+    rows = len(batch[0])
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
+    print(f"grpokit from {os.path.dirname(grpokit.__file__)}, {'bf16 autocast' if bf16 else 'fp32'}")
+
+    def update() -> tuple[torch.Tensor, torch.Tensor, float]:
+        with autocast(), recomputed_in_backward():
+            lp, ent = completion_logprobs(
+                model, *batch, num_generations=G, padding_free=True, with_entropy=True
+            )
+        (lp.sum() + ent.sum()).backward()  # (after autocast is left, as the trainer calls it)
+        head_grad = float(model.get_output_embeddings().weight.grad.norm())
+        model.zero_grad(set_to_none=True)
+        return lp.detach(), ent.detach(), head_grad
+
+    def reference() -> torch.Tensor:
+        with autocast():
+            return no_grad_logprobs(
+                model, *batch, num_generations=G, micro_batch_size=rows, padding_free=True
+            )
+
+    update(), reference()  # warm-up
+    seconds: dict[str, list[float]] = {"update": [], "reference": []}
+    for _ in range(repeats):
+        begin = time.perf_counter()
+        lp, ent, head_grad = update()
+        seconds["update"].append(time.perf_counter() - begin)
+        begin = time.perf_counter()
+        ref = reference()
+        seconds["reference"].append(time.perf_counter() - begin)
+    for name, times in seconds.items():
+        print(f"  {name}: " + " ".join(f"{t:.2f}" for t in times) + " s")
+    digest = hashlib.sha1(lp.numpy().tobytes() + ref.numpy().tobytes()).hexdigest()[:12]
+    print(f"  log-probs (update, reference) {digest}, entropy sum {float(ent.sum()):.6f}")
+    print(f"  the LM head's gradient norm {head_grad:.6f}")
 
 
 if __name__ == "__main__":
