@@ -65,31 +65,36 @@ class _FusedHeadLogprobs(torch.autograd.Function):
     Math in float32 (the logits are upcast per chunk); the same quantities as
     ``grpokit.core.logprobs.logprobs_and_entropy`` applied to the full logits.
 
-    Autocast. The forward's product runs in autocast's dtype where autocast is on, and the backward
-    recomputes it under the same autocast, wherever the backward is called from (a trainer calls it after
-    leaving autocast): its p = exp(z - lse) are then the forward's probabilities. Everything after the
-    product runs with autocast off (autocast would run the entropy's ``vecdot`` and the backward's products
-    in bf16).
+    Precision. The products run in one dtype (``_product_dtype``): autocast's where autocast is on when the
+    forward runs, else the weight's. The forward records it and casts h, W and b to it once per pass, as
+    autocast casts ``F.linear``'s operands (not once per chunk: in inference mode and in the backward
+    autocast keeps no cast, and would cast the [V, H] weight again for every chunk); the backward does the
+    same wherever it is called from (a trainer calls it after leaving autocast), so it recomputes the
+    forward's logits and its p = exp(z - lse) are the forward's probabilities. Its two gradient products
+    take dL/dz rounded to that dtype, as autocast's ``F.linear`` backward does (each chunk's dL/dW product
+    summed into a float32 gradient). Everything else (log-sum-exp, entropy, dL/dz, dL/db) is float32, with
+    autocast off.
     """
 
     @staticmethod
     def forward(ctx, h, weight, bias, targets, inv_temperature, with_entropy, rows):
         ctx.set_materialize_grads(False)
         device = h.device.type
-        ctx.autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        ctx.product_dtype = _product_dtype(weight)
         num = h.shape[0]
         lse = torch.empty(num, dtype=torch.float32, device=h.device)
         logp = torch.empty(num, dtype=torch.float32, device=h.device)
         ent = torch.empty(num if with_entropy else 0, dtype=torch.float32, device=h.device)
         logits, exps = _chunk_buffers(num, rows, weight)  # [rows, V] each
-        for s in range(0, num, rows):
-            hc = h[s : s + rows]
-            z = _chunk_logits(hc, weight, bias, inv_temperature, logits[: hc.shape[0]])  # [m, V] float32
-            with torch.autocast(device, enabled=False):
+        with torch.autocast(device, enabled=False):
+            hp, wp, bp = (_cast(t, ctx.product_dtype) for t in (h, weight, bias))  # once per pass
+            for s in range(0, num, rows):
+                m = min(rows, num - s)
+                z = _chunk_logits(hp[s : s + rows], wp, bp, inv_temperature, logits[:m])  # [m, V] float32
                 target = z.gather(1, targets[s : s + rows, None]).squeeze(1)  # [m]
                 peak = z.amax(dim=1, keepdim=True)  # [m, 1]
                 z.sub_(peak)  # z - max
-                e = torch.exp(z, out=exps[: hc.shape[0]])  # [m, V]
+                e = torch.exp(z, out=exps[:m])  # [m, V]
                 total = e.sum(dim=1)  # [m]
                 chunk_lse = peak.squeeze(1) + total.log()
                 lse[s : s + rows] = chunk_lse
@@ -113,15 +118,14 @@ class _FusedHeadLogprobs(torch.autograd.Function):
         grad_h = torch.empty_like(h) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
-        rows, device = ctx.rows, h.device.type
+        rows, dtype = ctx.rows, ctx.product_dtype
         logits, coefs = _chunk_buffers(h.shape[0], rows, weight)  # [rows, V] each
-        for s in range(0, h.shape[0], rows):
-            sl = slice(s, s + rows)
-            hc = h[sl]
-            m = hc.shape[0]
-            with torch.autocast(device, dtype=ctx.autocast, enabled=ctx.autocast is not None):
-                z = _chunk_logits(hc, weight, bias, ctx.inv_temperature, logits[:m])  # the forward's [m, V]
-            with torch.autocast(device, enabled=False):
+        with torch.autocast(h.device.type, enabled=False):
+            hp, wp, bp = (_cast(t, dtype) for t in (h, weight, bias))  # the forward's operands
+            for s in range(0, h.shape[0], rows):
+                sl = slice(s, s + rows)
+                m = min(rows, h.shape[0] - s)
+                z = _chunk_logits(hp[sl], wp, bp, ctx.inv_temperature, logits[:m])  # the forward's [m, V]
                 z.sub_(lse[sl, None])  # log p
                 if grad_ent is not None:
                     # dL/dz = -p * (g_lp + g_h (log p + H)) + g_lp 1[v = target]
@@ -135,12 +139,15 @@ class _FusedHeadLogprobs(torch.autograd.Function):
                     g.scatter_add_(1, targets[sl, None], grad_logp[sl, None])
                 if ctx.inv_temperature != 1.0:
                     g.mul_(ctx.inv_temperature)
-                if grad_h is not None:
-                    grad_h[sl] = (g.to(weight.dtype) @ weight).to(h.dtype)
-                if grad_w is not None:
-                    grad_w.addmm_(g.t(), hc.float() if hc.dtype != torch.float32 else hc)
                 if grad_b is not None:
                     grad_b += g.sum(dim=0)
+                g = _in_dtype(g, dtype, spare=coefs)  # [m, V], dL/dz in the products' dtype
+                if grad_h is not None:
+                    grad_h[sl] = g @ wp  # [m, H]
+                if grad_w is not None and dtype == torch.float32:
+                    grad_w.addmm_(g.t(), hp[sl])
+                elif grad_w is not None:
+                    grad_w += g.t() @ hp[sl]  # [V, H] in the products' dtype, summed in float32
         return (
             grad_h,
             grad_w.to(weight.dtype) if grad_w is not None else None,
@@ -163,11 +170,34 @@ def _chunk_buffers(num: int, rows: int, weight: torch.Tensor) -> tuple[torch.Ten
     )
 
 
+def _product_dtype(weight: torch.Tensor) -> torch.dtype:
+    """The dtype of the head's products: autocast's where autocast is on (for the weight's device), else the
+    weight's own."""
+    device = weight.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+
+
+def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """``t`` in ``dtype`` (as autocast casts a product's floating-point operands); ``None`` stays ``None``."""
+    return t if t is None or t.dtype == dtype else t.to(dtype)
+
+
+def _in_dtype(g: torch.Tensor, dtype: torch.dtype, spare: torch.Tensor) -> torch.Tensor:
+    """``g`` (float32) in ``dtype``: itself where that is float32, else written into ``spare``'s bytes (a
+    chunk buffer no longer needed) where it fits, so that no fresh block is allocated per chunk."""
+    if g.dtype == dtype:
+        return g
+    if dtype.itemsize > spare.dtype.itemsize:
+        return g.to(dtype)
+    return spare.view(-1).view(dtype)[: g.numel()].view_as(g).copy_(g)
+
+
 def _chunk_logits(h, weight, bias, inv_temperature, out):
-    """z = (h W^T + b) * inv_temperature in float32, written into ``out`` [m, V]. A float32 product outside
-    autocast is computed into ``out`` itself (``F.linear``'s own ``mm``/``addmm``, the same numbers); any
-    other (autocast's bf16, a bf16 model) is computed as ``F.linear`` computes it and upcast into ``out``."""
-    float32 = h.dtype == weight.dtype == torch.float32 and not torch.is_autocast_enabled(h.device.type)
+    """z = (h W^T + b) * inv_temperature in float32, written into ``out`` [m, V], from operands already in the
+    products' dtype (autocast off). A float32 product is computed into ``out`` itself (``F.linear``'s own
+    ``mm``/``addmm``, the same numbers); any other is computed as ``F.linear`` computes it and upcast into
+    ``out``."""
+    float32 = h.dtype == weight.dtype == torch.float32
     if float32 and bias is None:
         z = torch.mm(h, weight.t(), out=out)
     elif float32:
