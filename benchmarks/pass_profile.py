@@ -62,11 +62,10 @@ def main() -> None:
     from torch.profiler import ProfilerActivity, profile
     from transformers import AutoModelForCausalLM
 
-    from grpokit.models.lean_layers import use_lean_layers
     from grpokit.train.forward import completion_logprobs, no_grad_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(prepare(a.model), dtype=torch.float32)
-    use_lean_layers(model)
+    as_the_trainer_loads_it(model)
     batch = w4_batch(model.config.vocab_size)
     rows = len(batch[0])
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if a.bf16 else contextlib.nullcontext()
@@ -99,6 +98,21 @@ def main() -> None:
         print_operator_time(events, KINDS, "element-wise and the rest", a.top)
 
 
+def as_the_trainer_loads_it(model: torch.nn.Module) -> None:
+    """The layers ``load_policy`` gives a float32 policy at GRPOConfig's defaults: oneDNN's float32 linears
+    (on x86 CPUs; absent from grpokit before them, which this script also times) and the lean MLPs and
+    norms."""
+    from grpokit.models.lean_layers import use_lean_layers
+
+    try:
+        from grpokit.models.cpu_linear import use_onednn_linears
+    except ImportError:
+        pass
+    else:
+        use_onednn_linears(model)
+    use_lean_layers(model)
+
+
 def timed(model_dir: str, bf16: bool, repeats: int) -> None:
     """``--timed``: the update's forward + backward and the reference pass, ``repeats`` times each in turn."""
     import hashlib
@@ -109,14 +123,13 @@ def timed(model_dir: str, bf16: bool, repeats: int) -> None:
 
     import grpokit
     from grpokit.config import GRPOConfig
-    from grpokit.models.lean_layers import use_lean_layers
     from grpokit.models.recompute import recomputed_in_backward
     from grpokit.parallel.cpu_runtime import apply_cpu_runtime
     from grpokit.train.forward import completion_logprobs, no_grad_logprobs
 
     apply_cpu_runtime(GRPOConfig(output_dir=tempfile.mkdtemp()), cpu=True)
     model = AutoModelForCausalLM.from_pretrained(prepare(model_dir), dtype=torch.float32)
-    use_lean_layers(model)
+    as_the_trainer_loads_it(model)
     batch = w4_batch(model.config.vocab_size)
     rows = len(batch[0])
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext

@@ -13,6 +13,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from grpokit import GRPOConfig
+from grpokit.models.cpu_linear import use_onednn_linears
 from grpokit.models.lean_layers import GatedMLP, use_lean_layers
 from grpokit.models.policy import load_policy
 
@@ -49,9 +50,12 @@ def run(module: torch.nn.Module, x: torch.Tensor, autocast: bool) -> tuple[torch
 @pytest.mark.parametrize("part", ["mlp", "input_layernorm"])
 def test_a_lean_module_computes_what_the_transformers_module_does_bit_for_bit(arch, precision, part):
     """Alone, each lean module's output and every gradient (its input's, its weights') equal the
-    ``transformers`` module's exactly, in float32, bf16 and under bf16 autocast over float32 weights."""
+    ``transformers`` module's exactly, in float32, bf16 and under bf16 autocast over float32 weights (its
+    linears on the products the lean MLP computes with, oneDNN's in float32 on x86 CPUs with AVX-512, as a
+    policy's are: ``use_onednn_linears``)."""
     dtype, autocast = PRECISIONS[precision]
     original = getattr(tiny(arch, dtype).model.layers[0], part)
+    use_onednn_linears(original)
     lean = copy.deepcopy(original)
     assert use_lean_layers(lean) == 1
     x = torch.randn(2, 7, 64, generator=torch.Generator().manual_seed(1)).to(dtype)
@@ -80,6 +84,7 @@ def test_the_lean_mlp_with_biases(precision, bias):
     """llama's ``mlp_bias``: the biases' gradients too, exactly."""
     dtype, autocast = PRECISIONS[precision]
     original = tiny("llama", dtype, mlp_bias=bias).model.layers[0].mlp
+    use_onednn_linears(original)  # (as the policy's)
     lean = copy.deepcopy(original)
     use_lean_layers(lean)
     x = torch.randn(3, 5, 64, generator=torch.Generator().manual_seed(2)).to(dtype)
@@ -96,6 +101,7 @@ def test_a_whole_model_with_lean_layers_has_the_same_logits_and_gradients(arch, 
     """Every layer lean: the logits equal bit for bit; the gradients too in bf16, and in float32 to the last
     bits (the residual stream's gradient adds the norm's two terms before the residual's, autograd after)."""
     original = tiny(arch, dtype)
+    use_onednn_linears(original)  # (as the policy's)
     lean = copy.deepcopy(original)
     assert use_lean_layers(lean) == 2 * 3 + 1 + (2 * 2 * (arch == "qwen3"))  # + final norm, + q/k norms
     ids = torch.randint(0, 100, (2, 11), generator=torch.Generator().manual_seed(3))

@@ -467,8 +467,13 @@ def plan_memory(
     completion_tokens = rows * completion if budget is None else min(tokens, step_rows * completion)
     chunk = min(head_chunk_rows(vocab), completion_tokens)
     p["head"] = 2 * completion_tokens * hidden * w + 2 * chunk * vocab * 4  # h, grad_h; z and e (or coef)
-    if w != 4:  # the chunk's gradient cast to the weights' dtype; a float32 [V, H] weight-gradient buffer
-        p["head"] += chunk * vocab * w + (0 if lora else vocab * hidden * 4)
+    p["head"] += chunk * vocab * c  # a chunk's product before its copy into z (oneDNN's, bf16's)
+    if c != w:  # autocast: h and the weight cast once per pass
+        p["head"] += (completion_tokens + vocab) * hidden * c
+    if c != 4 and not lora:  # a chunk's bf16 weight-gradient product before its sum into float32
+        p["head"] += vocab * hidden * c
+    if w != 4 and not lora:  # a float32 [V, H] weight-gradient buffer
+        p["head"] += vocab * hidden * 4
 
     # --- no-grad log-prob passes (reference, old policy) over max(micro-batch, G) rows --------------------
     pass_rows = max(rows, args.num_generations)

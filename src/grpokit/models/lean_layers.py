@@ -40,6 +40,7 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 from torch.nn.modules import module as nn_module
 
 from grpokit.models import recompute
+from grpokit.models.cpu_linear import linear, matmul, plain_linear
 from grpokit.models.parts import autocast_dtype
 
 __all__ = ["LEAN_MODEL_TYPES", "MLP_CLASSES", "NORM_CLASSES", "GatedMLP", "RMSNorm", "use_lean_layers"]
@@ -105,18 +106,9 @@ def _taking_gradients(*tensors: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and not hooks and any(t.requires_grad for t in tensors)
 
 
-def _plain_linear(linear: torch.nn.Module) -> bool:
-    return type(linear) is torch.nn.Linear and not (
-        linear._forward_hooks
-        or linear._forward_pre_hooks
-        or linear._backward_hooks
-        or linear._backward_pre_hooks
-    )
-
-
 def _lean_mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
     gate, up, down = self.gate_proj, self.up_proj, self.down_proj
-    lean = all(_plain_linear(linear) for linear in (gate, up, down))
+    lean = all(plain_linear(linear) for linear in (gate, up, down))
     if not (lean and _taking_gradients(x, gate.weight, up.weight, down.weight)):
         return type(self).forward(self, x)
     dtype = autocast_dtype(x.device)  # autocast's compute dtype, or None
@@ -157,9 +149,9 @@ class GatedMLP(torch.autograd.Function):
     ) -> torch.Tensor:
         with torch.autocast(x.device.type, enabled=False):
             xc = _cast(x, dtype)  # [*, H]
-            gate = F.linear(xc, _cast(gate_weight, dtype), _cast(gate_bias, dtype))  # [*, I]
-            up = F.linear(xc, _cast(up_weight, dtype), _cast(up_bias, dtype))  # [*, I]
-            out = F.linear(F.silu(gate) * up, _cast(down_weight, dtype), _cast(down_bias, dtype))  # [*, H]
+            gate = linear(xc, _cast(gate_weight, dtype), _cast(gate_bias, dtype))  # [*, I]
+            up = linear(xc, _cast(up_weight, dtype), _cast(up_bias, dtype))  # [*, I]
+            out = linear(F.silu(gate) * up, _cast(down_weight, dtype), _cast(down_bias, dtype))  # [*, H]
         ctx.save_for_backward(xc, gate, up, gate_weight, up_weight, down_weight)
         ctx.dtype = dtype
         ctx.input_dtype = x.dtype
@@ -176,18 +168,18 @@ class GatedMLP(torch.autograd.Function):
             d_out = grad_out.reshape(-1, hidden).to(gate.dtype)  # [N, H]
             x2, g2, u2 = xc.reshape(-1, hidden), gate.reshape(-1, inter), up.reshape(-1, inter)  # [N, .]
             act = F.silu(g2)  # [N, I]
-            d_down = d_out.t().mm(act * u2).to(down_weight.dtype) if needs[5] else None  # [H, I]
-            d_h = d_out.mm(_cast(down_weight, dtype))  # [N, I]
+            d_down = matmul(d_out.t(), act * u2).to(down_weight.dtype) if needs[5] else None  # [H, I]
+            d_h = matmul(d_out, _cast(down_weight, dtype))  # [N, I]
             d_up = d_h * act  # [N, I]
             d_gate = torch.ops.aten.silu_backward(d_h * u2, g2)  # [N, I]
             del act, d_h
             d_x = None
             if needs[0]:  # [N, H]: each linear's input gradient back in x's dtype, then summed (autograd
                 # casts each of autocast's two casts of x back before adding)
-                d_x = d_gate.mm(_cast(gate_weight, dtype)).to(ctx.input_dtype)
-                d_x = (d_x + d_up.mm(_cast(up_weight, dtype)).to(ctx.input_dtype)).reshape(xc.shape)
-            d_gate_weight = d_gate.t().mm(x2).to(gate_weight.dtype) if needs[1] else None  # [I, H]
-            d_up_weight = d_up.t().mm(x2).to(up_weight.dtype) if needs[3] else None  # [I, H]
+                d_x = matmul(d_gate, _cast(gate_weight, dtype)).to(ctx.input_dtype)
+                d_x = (d_x + matmul(d_up, _cast(up_weight, dtype)).to(ctx.input_dtype)).reshape(xc.shape)
+            d_gate_weight = matmul(d_gate.t(), x2).to(gate_weight.dtype) if needs[1] else None  # [I, H]
+            d_up_weight = matmul(d_up.t(), x2).to(up_weight.dtype) if needs[3] else None  # [I, H]
             gate_b, up_b, down_b = needs[2], needs[4], needs[6]  # (False for a missing bias)
             biases = (
                 d_gate.sum(0).to(gate_weight.dtype) if gate_b else None,

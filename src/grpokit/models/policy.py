@@ -10,6 +10,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, PreTrainedModel
 
 from grpokit.data.integrity import InputError, check_model_dir
+from grpokit.models.cpu_linear import use_onednn_linears
 from grpokit.models.lean_layers import use_lean_layers
 from grpokit.models.loading import load_processor, load_tokenizer
 from grpokit.models.vision import VISION_MODULE_NAMES, is_vision_language, vision_modules
@@ -271,7 +272,7 @@ def load_policy(
         disable_dropout(policy)
     if getattr(args, "cast_lm_head_to_fp32", False):
         cast_lm_head_to_fp32(policy)
+    use_onednn_linears(policy)  # float32 products through oneDNN on x86 CPUs (after PEFT: its base layers)
     if getattr(args, "lean_activations", False):  # after PEFT: an adapted MLP keeps its own forward
         use_lean_layers(policy)
     return policy
-
