@@ -24,7 +24,15 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-__all__ = ["Linear", "linear", "matmul", "onednn_available", "onednn_float32", "plain_linear", "use_onednn_linears"]
+__all__ = [
+    "Linear",
+    "linear",
+    "matmul",
+    "onednn_available",
+    "onednn_float32",
+    "plain_linear",
+    "use_onednn_linears",
+]
 
 
 @functools.cache

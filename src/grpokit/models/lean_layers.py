@@ -1,8 +1,9 @@
 """Decoder layers that keep fewer activations for the backward: the gated MLP and the RMSNorms of Llama-family
 decoders (llama, qwen2, qwen3, mistral) as autograd functions that save their inputs and run the element-wise
 intermediates again in the backward. The forward computes the same operations as ``transformers``' modules
-(the same outputs, bit for bit); the backward computes the gradients autograd would, and no matrix product
-runs twice.
+(the same outputs, bit for bit, where their linears compute the same products: on x86 CPUs with AVX-512 the
+MLP's float32 products are oneDNN's, ``grpokit.models.cpu_linear``, as the policy's linears are); the
+backward computes the gradients autograd would, and no matrix product runs twice.
 
 What a layer keeps for its backward, per token (H hidden, I intermediate, c bytes of the compute dtype:
 autocast's, else the weights'; r those of the residual stream):

@@ -1,5 +1,5 @@
 """Loading the policy to train and its tokenizer: TRL's ``model_init_kwargs``, gradient checkpointing, PEFT
-adapters, ``disable_dropout``, ``cast_lm_head_to_fp32``, ``lean_activations``."""
+adapters, ``disable_dropout``, ``cast_lm_head_to_fp32``, oneDNN's float32 linears, ``lean_activations``."""
 
 from __future__ import annotations
 

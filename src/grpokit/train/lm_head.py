@@ -25,10 +25,11 @@ def head_chunk_rows(vocab_size: int) -> int:
 
     Each chunk's product reads the head's whole [V, H] weight, so the product runs at the matmul rate only
     with enough rows: SmolLM2-135M's [rows, 576] x [576, 49,152] ran at 117 GFLOP/s with 85 rows, 156 with
-    170, 168 with 512 (a 2-core Zen 5 EPYC, where square products run at ~205). Each pass allocates its two
-    [rows, V] float32 buffers once and reuses them for every chunk (``_FusedHeadLogprobs``), so the
-    allocator maps no fresh pages per chunk; the budget bounds what they add to the pass's peak (2 x 32
-    MiB).
+    170, 168 with 512 in MKL's product (a 2-core Zen 5 EPYC, where MKL's square products run at ~205;
+    oneDNN's, which a float32 head uses there, ran at 411 with 170 rows). Each pass allocates its two
+    [rows, V] float32 buffers once and reuses them for every chunk (``_FusedHeadLogprobs``); the budget
+    bounds what they add to the pass's peak (2 x 32 MiB), and the one product block a chunk allocates
+    where its product is oneDNN's or bf16 (copied into a buffer).
     """
     return max(32, min(HEAD_CHUNK_ROWS, HEAD_CHUNK_BYTES // (4 * max(1, vocab_size))))
 
