@@ -135,3 +135,17 @@ def test_the_policy_gets_them():
     policy = load_policy(tiny("llama"), GRPOConfig(output_dir="unused"))
     linears = [m for m in policy.modules() if type(m) is torch.nn.Linear]
     assert len(linears) == 15 and all("forward" in vars(m) for m in linears)
+
+
+def test_a_backward_called_inside_autocast_keeps_float32_products():
+    """The forward ran in float32; a backward called under bf16 autocast computes its gradients in float32
+    too (to 1e-5 of float64, where bf16 products would be ~1e-2 off)."""
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(9, 64, generator=gen).requires_grad_()
+    weight = torch.randn(32, 64, generator=gen).requires_grad_()
+    y = linear(x, weight)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y.sum().backward()
+    ones = torch.ones(9, 32, dtype=torch.float64)
+    torch.testing.assert_close(x.grad, (ones @ weight.detach().double()).float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(weight.grad, (ones.T @ x.detach().double()).float(), rtol=1e-5, atol=1e-5)

@@ -35,6 +35,9 @@ __all__ = [
 ]
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 @functools.cache
 def onednn_available() -> bool:
     """torch has oneDNN's linear operator and runs on an x86 CPU with AVX-512 (where it was measured; AVX2
@@ -45,10 +48,11 @@ def onednn_available() -> bool:
 
 
 def onednn_float32(*tensors: torch.Tensor | None) -> bool:
-    """Whether a product of ``tensors`` (None ones ignored) runs through oneDNN: all float32 on the CPU
-    (``onednn_available``), and autocast off there (autocast computes its own dtype's products)."""
+    """Whether a product of ``tensors`` (None ones ignored) runs through oneDNN: all plain float32 tensors on
+    the CPU (not a tensor subclass such as a DTensor or a compiler's fake tensor; ``onednn_available``), and
+    autocast off there (autocast computes its own dtype's products)."""
     present = [t for t in tensors if t is not None]
-    if not all(t.dtype == torch.float32 and t.device.type == "cpu" for t in present):
+    if not all(type(t) in _PLAIN and t.dtype == torch.float32 and t.device.type == "cpu" for t in present):
         return False
     return onednn_available() and not torch.is_autocast_enabled("cpu")
 
@@ -131,6 +135,11 @@ class Linear(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: FunctionCtx, grad_out: torch.Tensor) -> tuple:
+        with torch.autocast("cpu", enabled=False):  # (float32 products wherever the backward is called)
+            return Linear._gradients(ctx, grad_out)
+
+    @staticmethod
+    def _gradients(ctx: FunctionCtx, grad_out: torch.Tensor) -> tuple:
         x, weight = ctx.saved_tensors
         d_out = grad_out.reshape(-1, weight.shape[0])  # [N, out]
         d_x = matmul(d_out, weight).reshape(x.shape) if ctx.needs_input_grad[0] else None  # [*, in]
