@@ -1,10 +1,10 @@
 """Float32 matrix products through oneDNN on x86 CPUs, for the training passes.
 
 torch computes a float32 ``F.linear`` / ``mm`` on a CPU with MKL's sgemm, and the bf16 ones with oneDNN. On
-AMD's processors MKL's float32 kernels run at less than half of what oneDNN's do on the same operands: on a
-2-core Zen 5 EPYC (AVX-512), SmolLM2-135M's training products [1,024 x 576] x [576 x 1,536] and their
-backward ran at 218-223 GFLOP/s with MKL and 434-517 with oneDNN (forward, input and weight gradients), the
-LM head's [170 x 576] x [576 x 49,152] at 178 and 433 (``python benchmarks/cpu_products.py``;
+AMD's Zen 5 MKL's float32 kernels run at less than half of what oneDNN's do on the same operands: on a
+2-core Zen 5 EPYC (AVX-512), SmolLM2-135M's training products with 1,024 rows ran at 198-221 GFLOP/s with
+MKL and 389-502 with oneDNN (forward 473-479, input gradient 470-502, weight gradient 389-432), the LM head's
+[170 x 576] x [576 x 49,152] at 158 and 411 (``python benchmarks/cpu_products.py``;
 ``benchmarks/results/cpu-products-zen5-2026-12-06.txt``). oneDNN's product is an ordinary float32 product
 (accumulated in float32, in its own order): it differs from MKL's by rounding only, as two BLAS libraries do.
 

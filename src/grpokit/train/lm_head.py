@@ -197,7 +197,7 @@ def _in_dtype(g: torch.Tensor, dtype: torch.dtype, spare: torch.Tensor) -> torch
 def _chunk_logits(h, weight, bias, inv_temperature, out):
     """z = (h W^T + b) * inv_temperature in float32, written into ``out`` [m, V], from operands already in the
     products' dtype (autocast off). A float32 product runs through oneDNN where ``onednn_float32`` holds
-    (2.4x MKL's rate on Zen 5, ``grpokit.models.cpu_linear``), else into ``out`` itself (``F.linear``'s own
+    (2.6x MKL's rate on Zen 5, ``grpokit.models.cpu_linear``), else into ``out`` itself (``F.linear``'s own
     ``mm``/``addmm``, the same numbers); any other dtype's is computed as ``F.linear`` computes it; both
     then upcast into ``out``."""
     float32 = h.dtype == weight.dtype == torch.float32
