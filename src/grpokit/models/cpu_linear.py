@@ -30,6 +30,7 @@ __all__ = [
     "matmul",
     "onednn_available",
     "onednn_float32",
+    "onednn_ops",
     "plain_linear",
     "use_onednn_linears",
 ]
@@ -38,13 +39,16 @@ __all__ = [
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
+def onednn_ops(*names: str) -> bool:
+    """torch has oneDNN and its operators ``torch.ops.mkldnn.<name>`` (the packed decode asks here too)."""
+    return torch.backends.mkldnn.is_available() and all(hasattr(torch.ops.mkldnn, op) for op in names)
+
+
 @functools.cache
 def onednn_available() -> bool:
     """torch has oneDNN's linear operator and runs on an x86 CPU with AVX-512 (where it was measured; AVX2
     processors and Intel's, where MKL's kernels may be as fast, were not)."""
-    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
-        return False
-    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    return onednn_ops("_linear_pointwise") and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
 def onednn_float32(*tensors: torch.Tensor | None) -> bool:

@@ -42,7 +42,7 @@ from torch.nn.modules import module as nn_module
 
 from grpokit.models import recompute
 from grpokit.models.cpu_linear import linear, matmul, plain_linear
-from grpokit.models.parts import autocast_dtype
+from grpokit.models.parts import autocast_dtype, cast
 
 __all__ = ["LEAN_MODEL_TYPES", "MLP_CLASSES", "NORM_CLASSES", "GatedMLP", "RMSNorm", "use_lean_layers"]
 
@@ -122,10 +122,6 @@ def _lean_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     return RMSNorm.apply(hidden_states, self.weight, self.variance_epsilon)
 
 
-def _cast(tensor: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tensor | None:
-    return tensor if tensor is None or dtype is None else tensor.to(dtype)
-
-
 class GatedMLP(torch.autograd.Function):
     """out = down(silu(gate(x)) * up(x)), keeping x (its compute-dtype cast), gate(x) and up(x) for the
     backward, which runs silu(gate) and the product again (two element-wise operations) instead of keeping
@@ -149,10 +145,10 @@ class GatedMLP(torch.autograd.Function):
         dtype: torch.dtype | None,
     ) -> torch.Tensor:
         with torch.autocast(x.device.type, enabled=False):
-            xc = _cast(x, dtype)  # [*, H]
-            gate = linear(xc, _cast(gate_weight, dtype), _cast(gate_bias, dtype))  # [*, I]
-            up = linear(xc, _cast(up_weight, dtype), _cast(up_bias, dtype))  # [*, I]
-            out = linear(F.silu(gate) * up, _cast(down_weight, dtype), _cast(down_bias, dtype))  # [*, H]
+            xc = cast(x, dtype)  # [*, H]
+            gate = linear(xc, cast(gate_weight, dtype), cast(gate_bias, dtype))  # [*, I]
+            up = linear(xc, cast(up_weight, dtype), cast(up_bias, dtype))  # [*, I]
+            out = linear(F.silu(gate) * up, cast(down_weight, dtype), cast(down_bias, dtype))  # [*, H]
         ctx.save_for_backward(xc, gate, up, gate_weight, up_weight, down_weight)
         ctx.dtype = dtype
         ctx.input_dtype = x.dtype
@@ -170,15 +166,15 @@ class GatedMLP(torch.autograd.Function):
             x2, g2, u2 = xc.reshape(-1, hidden), gate.reshape(-1, inter), up.reshape(-1, inter)  # [N, .]
             act = F.silu(g2)  # [N, I]
             d_down = matmul(d_out.t(), act * u2).to(down_weight.dtype) if needs[5] else None  # [H, I]
-            d_h = matmul(d_out, _cast(down_weight, dtype))  # [N, I]
+            d_h = matmul(d_out, cast(down_weight, dtype))  # [N, I]
             d_up = d_h * act  # [N, I]
             d_gate = torch.ops.aten.silu_backward(d_h * u2, g2)  # [N, I]
             del act, d_h
             d_x = None
             if needs[0]:  # [N, H]: each linear's input gradient back in x's dtype, then summed (autograd
                 # casts each of autocast's two casts of x back before adding)
-                d_x = matmul(d_gate, _cast(gate_weight, dtype)).to(ctx.input_dtype)
-                d_x = (d_x + matmul(d_up, _cast(up_weight, dtype)).to(ctx.input_dtype)).reshape(xc.shape)
+                d_x = matmul(d_gate, cast(gate_weight, dtype)).to(ctx.input_dtype)
+                d_x = (d_x + matmul(d_up, cast(up_weight, dtype)).to(ctx.input_dtype)).reshape(xc.shape)
             d_gate_weight = matmul(d_gate.t(), x2).to(gate_weight.dtype) if needs[1] else None  # [I, H]
             d_up_weight = matmul(d_up.t(), x2).to(up_weight.dtype) if needs[3] else None  # [I, H]
             gate_b, up_b, down_b = needs[2], needs[4], needs[6]  # (False for a missing bias)

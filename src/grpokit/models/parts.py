@@ -13,6 +13,7 @@ import torch
 __all__ = [
     "autocast_dtype",
     "cache_argument",
+    "cast",
     "decoder_of",
     "linear_weight",
     "model_device",
@@ -25,6 +26,12 @@ def autocast_dtype(device: torch.device) -> torch.dtype | None:
     if not torch.is_autocast_enabled(device.type):
         return None
     return torch.get_autocast_dtype(device.type)
+
+
+def cast(tensor: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tensor | None:
+    """``tensor`` in ``dtype``, as autocast casts a product's operands; ``None`` (no tensor, or no dtype to
+    cast to) leaves it as it is."""
+    return tensor if tensor is None or dtype is None else tensor.to(dtype)
 
 
 def decoder_of(model: torch.nn.Module) -> torch.nn.Module:

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from grpokit.models.cpu_linear import onednn_ops
 from grpokit.models.parts import autocast_dtype, decoder_of, linear_weight
 
 __all__ = [
@@ -364,9 +365,7 @@ def packs_weights(device: torch.device, dtype: torch.dtype) -> bool:
       float32's with 8-64 rows anyway.
     With 1-2 rows float32 runs by columns on the plain weight, faster there (``_linear``). Other processors
     (ARM) were not measured: their products run as before (``_by_columns``)."""
-    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
-        return False
-    if not all(hasattr(torch.ops.mkldnn, op) for op in ("_reorder_linear_weight", "_linear_pointwise")):
+    if device.type != "cpu" or not onednn_ops("_reorder_linear_weight", "_linear_pointwise"):
         return False
     capability = torch.backends.cpu.get_cpu_capability()
     if dtype == torch.float32:

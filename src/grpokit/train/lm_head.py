@@ -9,6 +9,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from grpokit.models.cpu_linear import linear, matmul, onednn_float32
+from grpokit.models.parts import autocast_dtype, cast
 from grpokit.models.policy import FP32_HEAD
 
 __all__ = ["HEAD_CHUNK_BYTES", "HEAD_CHUNK_ROWS", "head_chunk_rows", "head_logprobs"]
@@ -67,7 +68,7 @@ class _FusedHeadLogprobs(torch.autograd.Function):
     Math in float32 (the logits are upcast per chunk); the same quantities as
     ``grpokit.core.logprobs.logprobs_and_entropy`` applied to the full logits.
 
-    Precision. The products run in one dtype (``_product_dtype``): autocast's where autocast is on when the
+    Precision. The products run in one dtype: autocast's where autocast is on when the
     forward runs, else the weight's. The forward records it and casts h, W and b to it once per pass, as
     autocast casts ``F.linear``'s operands (not once per chunk: in inference mode and in the backward
     autocast keeps no cast, and would cast the [V, H] weight again for every chunk); the backward does the
@@ -82,14 +83,14 @@ class _FusedHeadLogprobs(torch.autograd.Function):
     def forward(ctx, h, weight, bias, targets, inv_temperature, with_entropy, rows):
         ctx.set_materialize_grads(False)
         device = h.device.type
-        ctx.product_dtype = _product_dtype(weight)
+        ctx.product_dtype = autocast_dtype(weight.device) or weight.dtype
         num = h.shape[0]
         lse = torch.empty(num, dtype=torch.float32, device=h.device)
         logp = torch.empty(num, dtype=torch.float32, device=h.device)
         ent = torch.empty(num if with_entropy else 0, dtype=torch.float32, device=h.device)
         logits, exps = _chunk_buffers(num, rows, weight)  # [rows, V] each
         with torch.autocast(device, enabled=False):
-            hp, wp, bp = (_cast(t, ctx.product_dtype) for t in (h, weight, bias))  # once per pass
+            hp, wp, bp = (cast(t, ctx.product_dtype) for t in (h, weight, bias))  # once per pass
             for s in range(0, num, rows):
                 m = min(rows, num - s)
                 z = _chunk_logits(hp[s : s + rows], wp, bp, inv_temperature, logits[:m])  # [m, V] float32
@@ -123,7 +124,7 @@ class _FusedHeadLogprobs(torch.autograd.Function):
         rows, dtype = ctx.rows, ctx.product_dtype
         logits, coefs = _chunk_buffers(h.shape[0], rows, weight)  # [rows, V] each
         with torch.autocast(h.device.type, enabled=False):
-            hp, wp, bp = (_cast(t, dtype) for t in (h, weight, bias))  # the forward's operands
+            hp, wp, bp = (cast(t, dtype) for t in (h, weight, bias))  # the forward's operands
             for s in range(0, h.shape[0], rows):
                 sl = slice(s, s + rows)
                 m = min(rows, h.shape[0] - s)
@@ -170,18 +171,6 @@ def _chunk_buffers(num: int, rows: int, weight: torch.Tensor) -> tuple[torch.Ten
         torch.empty(shape, dtype=torch.float32, device=weight.device),
         torch.empty(shape, dtype=torch.float32, device=weight.device),
     )
-
-
-def _product_dtype(weight: torch.Tensor) -> torch.dtype:
-    """The dtype of the head's products: autocast's where autocast is on (for the weight's device), else the
-    weight's own."""
-    device = weight.device.type
-    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
-
-
-def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """``t`` in ``dtype`` (as autocast casts a product's floating-point operands); ``None`` stays ``None``."""
-    return t if t is None or t.dtype == dtype else t.to(dtype)
 
 
 def _in_dtype(g: torch.Tensor, dtype: torch.dtype, spare: torch.Tensor) -> torch.Tensor:
