@@ -3,6 +3,7 @@ attention without copied keys/values (the same numbers as the copying path), bou
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import subprocess
@@ -12,7 +13,8 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from grpokit import GRPOConfig
+from grpokit import GRPOConfig, GRPOTrainer
+from grpokit.parallel import cpu_runtime
 from grpokit.parallel.cpu_runtime import (
     FORCE_GQA,
     ONEDNN_CACHE_CAPACITY,
@@ -21,6 +23,8 @@ from grpokit.parallel.cpu_runtime import (
     keep_freed_memory,
     preloaded_allocator,
 )
+
+from ..conftest import small_config
 
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 SETS_GLIBC_THRESHOLDS = pytest.mark.skipif(
@@ -71,6 +75,120 @@ def test_by_default_blocks_from_1_mib_are_mapped_fresh_and_smaller_ones_reused()
     small = 2**20 - 4096  # just below: from the heap, the same pages every time
     applied, faults_small = _faults("default", small)
     assert applied == "True" and faults_small <= 2 * small // 4096
+
+
+# Inside blocks_from_heap (after keep_freed_memory at GRPOConfig's defaults, argv[1] "on"/"off": its
+# cpu_memory_reuse_in_backward): whether it applies, minor page faults of 8 rounds of a 64 MiB block inside it
+# and outside it after, and the resident memory it handed back when it ended (bytes).
+IN_HEAP = """
+import resource, sys, torch
+from grpokit import GRPOConfig
+from grpokit.parallel.cpu_runtime import blocks_from_heap, keep_freed_memory
+keep_freed_memory(GRPOConfig(cpu_memory_reuse_in_backward=sys.argv[1] == "on"))
+numel = 64 * 2**20 // 4
+def faults():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(8):
+        torch.empty(numel).fill_(1.0)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+def resident():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+with blocks_from_heap() as applies:
+    torch.empty(numel).fill_(1.0)
+    inside = faults()
+    during = resident()
+after = resident()
+print(applies, inside, faults(), during - after)
+"""
+
+
+def _printed(script: str, *args: str) -> list[str]:
+    """What ``script`` prints, run with ``args`` in a fresh process (no earlier test's policy set)."""
+    run = [sys.executable, "-c", script, *args]
+    return subprocess.run(run, capture_output=True, text=True, check=True).stdout.split()
+
+
+@SETS_GLIBC_THRESHOLDS
+def test_blocks_from_heap_reuses_every_block_inside_and_hands_the_free_pages_back_after():
+    pages = 64 * 2**20 // 4096
+    applies, inside, outside, handed_back = _printed(IN_HEAP, "on")
+    assert applies == "True"
+    assert int(inside) <= 2 * pages  # at most a block's move: then the same heap pages every round
+    assert int(outside) >= 8 * pages * 0.95  # after it: from 1 MiB mapped fresh again
+    assert int(handed_back) >= 60 * 2**20  # the freed block's pages trimmed from the heap
+    applies, inside, outside, _ = _printed(IN_HEAP, "off")
+    assert applies == "False" and int(inside) >= 8 * pages * 0.95  # cpu_memory_reuse_in_backward=False
+
+
+# trim_heap after 200 blocks of 512 KiB (below the 1 MiB threshold: from the heap) were filled and freed,
+# with cpu_memory_reuse_in_backward argv[1] "on"/"off": whether it trimmed, the resident bytes handed back.
+TRIM = """
+import sys, torch
+from grpokit import GRPOConfig
+from grpokit.parallel.cpu_runtime import keep_freed_memory, trim_heap
+keep_freed_memory(GRPOConfig(cpu_memory_reuse_in_backward=sys.argv[1] == "on"))
+def resident():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+blocks = [torch.empty(2**17).fill_(1.0) for _ in range(200)]
+del blocks
+before = resident()
+print(trim_heap(), before - resident())
+"""
+
+
+@SETS_GLIBC_THRESHOLDS
+def test_trim_heap_hands_the_freed_small_blocks_pages_back():
+    trimmed, handed_back = _printed(TRIM, "on")
+    assert trimmed == "True" and int(handed_back) >= 90 * 2**20  # of the 100 MiB freed (kept: under 1 GiB)
+    trimmed, handed_back = _printed(TRIM, "off")
+    assert trimmed == "False" and abs(int(handed_back)) < 10 * 2**20
+
+
+def test_each_micro_batch_backward_runs_with_blocks_from_the_heap(tiny_model_dir, tmp_path, monkeypatch):
+    """The update's backward (accelerate's, per micro-batch) runs inside ``blocks_from_heap``; the forward and
+    the optimizer step outside it."""
+    import grpokit.train.update as update
+
+    inside, entered = [False], []
+    real = update.blocks_from_heap
+
+    @contextlib.contextmanager
+    def recording():
+        with real() as applies:
+            entered.append(applies)
+            inside[0] = True
+            yield applies
+            inside[0] = False
+
+    monkeypatch.setattr(update, "blocks_from_heap", recording)
+    config = small_config(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2, beta=0.0)
+    rows = [{"prompt": f"{k}+1="} for k in range(4)]
+    trainer = GRPOTrainer(str(tiny_model_dir), [_length], config, train_dataset=rows)
+    context, seen = trainer.update_context, []
+    backward, step = context.backward, context.step
+
+    def recorded_backward(loss):
+        seen.append(("backward", inside[0]))
+        backward(loss)
+
+    def recorded_step(max_norm):
+        seen.append(("step", inside[0]))
+        return step(max_norm)
+
+    monkeypatch.setattr(context, "backward", recorded_backward)
+    monkeypatch.setattr(context, "step", recorded_step)
+    trainer.train()
+    assert seen == [("backward", True), ("backward", True), ("step", False)]
+    glibc_policy = GLIBC and preloaded_allocator() is None
+    assert entered == [glibc_policy] * 2  # applies on a CPU run under glibc (cpu_memory_reuse's defaults)
+    if glibc_policy:
+        assert cpu_runtime._set_threshold == 2**20
+
+
+def _length(completions, **kwargs):
+    return [float(len(c)) for c in completions]
 
 
 JEMALLOC = next(

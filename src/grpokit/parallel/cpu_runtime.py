@@ -26,6 +26,15 @@ reuse, grouped-query attention without copied keys/values, and bounded oneDNN ke
   but whose step is 3x faster, W4's step took 13-19% longer than with every block kept, for a 19% lower
   peak (``benchmarks/results/memory-reuse-zen5-2026-12-06.txt``). Where time matters more than the peak,
   or a fresh page costs more, ``cpu_memory_reuse_below=None`` keeps every block.
+- The update's backward is where that fragmentation does not arise: every block it allocates is freed by
+  its end (the forward's activations it frees, the gradients it returns, the operators' intermediates),
+  but the gradients kept for the optimizer step. With ``GRPOConfig.cpu_memory_reuse_in_backward`` (on by
+  default) each micro-batch's backward takes blocks of every size up to ``KEEP_BYTES`` from the heap
+  (``blocks_from_heap``), then the threshold is set back and the heap's free pages are handed back to the
+  kernel (``malloc_trim``), so the next forward starts from what is live; the update also starts from a
+  trimmed heap (``trim_heap``: the pages the sampler and the log-prob passes freed are not left resident
+  beside the forward's fresh activations). Measured side by side:
+  ``benchmarks/results/backward-heap-zen5-2026-12-07.txt``.
 - The price is resident memory: the process keeps the small blocks it freed, up to a step's high-water
   mark. The setting stays after training. Other C libraries (macOS, musl, Windows) are left as they are,
   and so is a process running another allocator in glibc's place (jemalloc or tcmalloc through
@@ -58,11 +67,13 @@ reuse, grouped-query attention without copied keys/values, and bounded oneDNN ke
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import logging
 import os
 import platform
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -75,9 +86,11 @@ __all__ = [
     "ONEDNN_CACHE_CAPACITY",
     "apply_cpu_runtime",
     "attention_without_copies",
+    "blocks_from_heap",
     "bound_onednn_caches",
     "keep_freed_memory",
     "preloaded_allocator",
+    "trim_heap",
 ]
 
 logger = logging.getLogger(__name__)
@@ -97,6 +110,9 @@ dozen per step; at 64 its bf16 update took ~5% longer than at 1,024, at 256 no l
 
 _M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
 _M_MMAP_THRESHOLD = -3
+
+_set_threshold: int | None = None  # the mmap threshold keep_freed_memory set in this process (None: none)
+_in_backward = False  # and whether blocks_from_heap applies (GRPOConfig.cpu_memory_reuse_in_backward)
 
 
 def apply_cpu_runtime(args: GRPOConfig, *, cpu: bool) -> None:
@@ -125,7 +141,46 @@ def keep_freed_memory(args: GRPOConfig) -> bool:
     applied = applied and bool(libc.mallopt(_M_TRIM_THRESHOLD, KEEP_BYTES))
     if applied:
         logger.info("grpokit: freed CPU blocks below %d KiB kept for reuse (cpu_memory_reuse)", below >> 10)
+        global _set_threshold, _in_backward
+        _set_threshold, _in_backward = below, args.cpu_memory_reuse_in_backward
     return applied
+
+
+def _backward_policy() -> int | None:
+    """The mmap threshold to restore after ``blocks_from_heap``, or None where it does not apply: only where
+    ``keep_freed_memory`` set a threshold below ``KEEP_BYTES`` with ``cpu_memory_reuse_in_backward``
+    (elsewhere: accelerators, other allocators, every block kept already, turned off)."""
+    below = _set_threshold
+    return below if below is not None and below < KEEP_BYTES and _in_backward else None
+
+
+@contextlib.contextmanager
+def blocks_from_heap() -> Iterator[bool]:
+    """Within the block, glibc serves blocks of every size up to ``KEEP_BYTES`` from its heap (for a phase
+    that frees what it allocates: the update's backward); after it, the mmap threshold ``keep_freed_memory``
+    set is set again and the heap's free pages are handed back (``malloc_trim(0)``). Yields whether it
+    applies (``_backward_policy``); where it does not, nothing changes."""
+    below = _backward_policy()
+    if below is None:
+        yield False
+        return
+    libc = _libc()
+    libc.mallopt(_M_MMAP_THRESHOLD, KEEP_BYTES)
+    try:
+        yield True
+    finally:
+        libc.mallopt(_M_MMAP_THRESHOLD, below)
+        libc.malloc_trim(0)
+
+
+def trim_heap() -> bool:
+    """Hand the heap's free pages back to the kernel (``malloc_trim(0)``) where ``blocks_from_heap`` applies:
+    before the update, whose forward maps its activations fresh and would leave the pages the sampler and the
+    log-prob passes freed resident beside them (W4: its peak 200-230 MiB lower). True when trimmed."""
+    if _backward_policy() is None:
+        return False
+    _libc().malloc_trim(0)
+    return True
 
 
 def preloaded_allocator() -> str | None:

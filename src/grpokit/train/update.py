@@ -16,6 +16,7 @@ from grpokit.core import PolicyLoss, off_policy_sequence_mask, top_entropy_mask
 from grpokit.models.moe import RouterLoss
 from grpokit.models.recompute import recomputed_in_backward
 from grpokit.models.routing_replay import ExpertRouting, RoutingUse
+from grpokit.parallel.cpu_runtime import blocks_from_heap, trim_heap
 from grpokit.parallel.fsdp import unwrap_tensor
 from grpokit.rollout.records import RolloutBatch
 from grpokit.train.batch import balanced_micro_batches, micro_batch_indices, token_budget_micro_batches
@@ -129,6 +130,7 @@ def run_update(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext) -> d
     sums: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
     ctx.policy.train()
+    trim_heap()  # a CPU run: the pages the sampler and log-prob passes freed, handed back (cpu_runtime)
     for _epoch in range(config.num_iterations):
         order = shuffled_rows(len(batch), config, ctx.generator)
         for rows in order.split(rows_per_optimizer_step):
@@ -173,7 +175,8 @@ def _optimizer_step(batch: RolloutBatch, config: GRPOConfig, ctx: UpdateContext)
             if aux is not None:  # scaled for accumulation like the loss (TRL: / gradient_accumulation_steps)
                 loss = loss + ctx.router.coefficient * part.of_rows(aux)
                 metrics["aux_loss"] = aux.detach()
-            with ctx.routing.in_backward() if ctx.routing is not None else nullcontext():
+            routing = ctx.routing.in_backward() if ctx.routing is not None else nullcontext()
+            with routing, blocks_from_heap():  # (a CPU run: the backward's blocks reused, not faulted)
                 ctx.backward(loss)  # (gradient checkpointing recomputes with the routing just replayed)
         metric_sums["loss"] += float(loss.detach())
         for name, value in metrics.items():
