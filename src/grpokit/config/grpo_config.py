@@ -572,11 +572,11 @@ class GRPOConfigBase(metaclass=RefusesMovedFields):
     cpu_memory_reuse_in_backward: bool = True
     """With ``cpu_memory_reuse`` and a ``cpu_memory_reuse_below``: each micro-batch's backward takes blocks of
     every size from glibc's heap, trimmed after it (its free pages handed back to the kernel), and the update
-    starts from a trimmed heap. A backward frees what it allocates (but the gradients), so its blocks leave
-    no holes for the next forward's activations, and are reused instead of page-faulted afresh: on a 2-core
-    Zen 5 EPYC W3's update took 24% less time and W4's 8-19% less, for a peak 190-270 and ~300 MiB higher
-    (``parallel/cpu_runtime.py``). False: the backward's blocks from ``cpu_memory_reuse_below`` are mapped
-    fresh too (the lowest peak)."""
+    starts from a trimmed heap. A backward frees what it allocates but the parameters' gradients, so its
+    blocks leave no holes for the next forward's activations, and are reused instead of page-faulted afresh:
+    on a 2-core Zen 5 EPYC W3's update took 22-24% less time and W4's 14-16% less, for a peak 122 and 253 MiB
+    higher (``parallel/cpu_runtime.py``). False: the backward's blocks from ``cpu_memory_reuse_below`` are
+    mapped fresh too (the lowest peak)."""
     lean_activations: bool = True
     """The policy's gated MLPs and RMSNorms (llama, qwen2, qwen3, mistral) keep their inputs for the backward
     and run silu(gate) * up and x / rms again there, instead of keeping them (``models/lean_layers.py``).

@@ -27,8 +27,8 @@ reuse, grouped-query attention without copied keys/values, and bounded oneDNN ke
   peak (``benchmarks/results/memory-reuse-zen5-2026-12-06.txt``). Where time matters more than the peak,
   or a fresh page costs more, ``cpu_memory_reuse_below=None`` keeps every block.
 - The update's backward is where that fragmentation does not arise: every block it allocates is freed by
-  its end (the forward's activations it frees, the gradients it returns, the operators' intermediates),
-  but the gradients kept for the optimizer step. With ``GRPOConfig.cpu_memory_reuse_in_backward`` (on by
+  its end (the operators' intermediates, the gradients it passes from layer to layer) but the parameters'
+  gradients, kept for the optimizer step. With ``GRPOConfig.cpu_memory_reuse_in_backward`` (on by
   default) each micro-batch's backward takes blocks of every size up to ``KEEP_BYTES`` from the heap
   (``blocks_from_heap``), then the threshold is set back and the heap's free pages are handed back to the
   kernel (``malloc_trim``), so the next forward starts from what is live; the update also starts from a
@@ -176,7 +176,7 @@ def blocks_from_heap() -> Iterator[bool]:
 def trim_heap() -> bool:
     """Hand the heap's free pages back to the kernel (``malloc_trim(0)``) where ``blocks_from_heap`` applies:
     before the update, whose forward maps its activations fresh and would leave the pages the sampler and the
-    log-prob passes freed resident beside them (W4: its peak 200-230 MiB lower). True when trimmed."""
+    log-prob passes freed resident beside them (W4: its peak 200-290 MiB lower). True when trimmed."""
     if _backward_policy() is None:
         return False
     _libc().malloc_trim(0)
