@@ -147,8 +147,8 @@ def test_trim_heap_hands_the_freed_small_blocks_pages_back():
 
 
 def test_each_micro_batch_backward_runs_with_blocks_from_the_heap(tiny_model_dir, tmp_path, monkeypatch):
-    """The update's backward (accelerate's, per micro-batch) runs inside ``blocks_from_heap``; the forward and
-    the optimizer step outside it."""
+    """Each micro-batch's backward (accelerate's) runs inside ``blocks_from_heap``, the optimizer step outside
+    it."""
     import grpokit.train.update as update
 
     inside, entered = [False], []
