@@ -3,7 +3,9 @@ over one W4-shaped micro-batch (``saved_activations.w4_batch``: 2 groups of 8, p
 tokens, completions of 2-256, packed, shared prefix) of SmolLM2-135M-Instruct with the trainer's lean
 layers, timed on their own and then under ``torch.profiler``, operators' own CPU time summed by kind:
 
-- products: ``aten::mm`` / ``addmm`` / ``bmm`` (projections, MLP, LM head chunks, and their gradients);
+- products: ``aten::mm`` / ``addmm`` / ``addmm_`` / ``bmm`` and oneDNN's ``mkldnn::_linear_pointwise``
+  (projections, MLP, LM head chunks, and their gradients; the float32 ones oneDNN's where
+  ``grpokit.models.cpu_linear`` runs);
 - attention: ``scaled_dot_product_*`` and softmax, forward and backward;
 - casts: ``copy_`` / ``_to_copy`` (under autocast: every weight and activation cast to bf16, and back);
 - element-wise and the rest: norms, rotary, SiLU, residuals, the log-softmax of the head, indexing.
@@ -34,7 +36,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 KINDS = {
-    "products": ("aten::mm", "aten::addmm", "aten::bmm"),
+    "products": ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "mkldnn::_linear_pointwise"),
     "attention": (
         "aten::_scaled_dot_product_flash_attention_for_cpu",
         "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
