@@ -111,8 +111,10 @@ dozen per step; at 64 its bf16 update took ~5% longer than at 1,024, at 256 no l
 _M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
 _M_MMAP_THRESHOLD = -3
 
-_set_threshold: int | None = None  # the mmap threshold keep_freed_memory set in this process (None: none)
-_in_backward = False  # and whether blocks_from_heap applies (GRPOConfig.cpu_memory_reuse_in_backward)
+_set_threshold: int | None = None
+"""The mmap threshold ``keep_freed_memory`` set in this process, where ``blocks_from_heap`` and ``trim_heap``
+apply (one below ``KEEP_BYTES``, with ``cpu_memory_reuse_in_backward``); None: they do nothing (accelerators,
+other allocators, every block kept already, turned off)."""
 
 
 def apply_cpu_runtime(args: GRPOConfig, *, cpu: bool) -> None:
@@ -141,17 +143,9 @@ def keep_freed_memory(args: GRPOConfig) -> bool:
     applied = applied and bool(libc.mallopt(_M_TRIM_THRESHOLD, KEEP_BYTES))
     if applied:
         logger.info("grpokit: freed CPU blocks below %d KiB kept for reuse (cpu_memory_reuse)", below >> 10)
-        global _set_threshold, _in_backward
-        _set_threshold, _in_backward = below, args.cpu_memory_reuse_in_backward
+        global _set_threshold
+        _set_threshold = below if below < KEEP_BYTES and args.cpu_memory_reuse_in_backward else None
     return applied
-
-
-def _backward_policy() -> int | None:
-    """The mmap threshold to restore after ``blocks_from_heap``, or None where it does not apply: only where
-    ``keep_freed_memory`` set a threshold below ``KEEP_BYTES`` with ``cpu_memory_reuse_in_backward``
-    (elsewhere: accelerators, other allocators, every block kept already, turned off)."""
-    below = _set_threshold
-    return below if below is not None and below < KEEP_BYTES and _in_backward else None
 
 
 @contextlib.contextmanager
@@ -159,8 +153,8 @@ def blocks_from_heap() -> Iterator[bool]:
     """Within the block, glibc serves blocks of every size up to ``KEEP_BYTES`` from its heap (for a phase
     that frees what it allocates: the update's backward); after it, the mmap threshold ``keep_freed_memory``
     set is set again and the heap's free pages are handed back (``malloc_trim(0)``). Yields whether it
-    applies (``_backward_policy``); where it does not, nothing changes."""
-    below = _backward_policy()
+    applies (``_set_threshold``); where it does not, nothing changes."""
+    below = _set_threshold
     if below is None:
         yield False
         return
@@ -177,7 +171,7 @@ def trim_heap() -> bool:
     """Hand the heap's free pages back to the kernel (``malloc_trim(0)``) where ``blocks_from_heap`` applies:
     before the update, whose forward maps its activations fresh and would leave the pages the sampler and the
     log-prob passes freed resident beside them (W4: its peak 200-290 MiB lower). True when trimmed."""
-    if _backward_policy() is None:
+    if _set_threshold is None:
         return False
     _libc().malloc_trim(0)
     return True
