@@ -148,7 +148,9 @@ class GatedMLP(torch.autograd.Function):
             xc = cast(x, dtype)  # [*, H]
             gate = linear(xc, cast(gate_weight, dtype), cast(gate_bias, dtype))  # [*, I]
             up = linear(xc, cast(up_weight, dtype), cast(up_bias, dtype))  # [*, I]
-            out = linear(F.silu(gate) * up, cast(down_weight, dtype), cast(down_bias, dtype))  # [*, H]
+            hidden = F.silu(gate).mul_(up)  # [*, I] silu(gate) * up, in silu's block (no second one)
+            out = linear(hidden, cast(down_weight, dtype), cast(down_bias, dtype))  # [*, H]
+            del hidden
         ctx.save_for_backward(xc, gate, up, gate_weight, up_weight, down_weight)
         ctx.dtype = dtype
         ctx.input_dtype = x.dtype
@@ -187,8 +189,12 @@ class GatedMLP(torch.autograd.Function):
 
 
 def _normed(x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
-    """RMSNorm's output w * (x32 * r).to(x.dtype) from its input x [*, H] and r = 1 / rms [*, 1]."""
-    return weight * (x.to(torch.float32) * rstd).to(x.dtype)
+    """RMSNorm's output w * (x32 * r).to(x.dtype) from its input x [*, H] and r = 1 / rms [*, 1]; the product
+    with w in the block of (x32 * r) where it keeps that dtype (the same numbers: one block fewer)."""
+    normed = (x.to(torch.float32) * rstd).to(x.dtype)  # [*, H]
+    if torch.result_type(weight, normed) == normed.dtype:
+        return normed.mul_(weight)
+    return weight * normed
 
 
 class RMSNorm(torch.autograd.Function):
