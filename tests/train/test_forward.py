@@ -17,6 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from grpokit.core import logprobs_and_entropy
+from grpokit.train import lm_head
 from grpokit.train.forward import completion_logprobs, no_grad_logprobs, shared_prefix_pays
 from grpokit.train.lm_head import _FusedHeadLogprobs, head_chunk_rows
 
@@ -225,8 +226,8 @@ def test_head_chunk_rows_keep_a_chunk_within_32_mib():
     assert head_chunk_rows(2_000_000) == 32  # the floor keeps the matmul efficient
 
 
-@pytest.mark.parametrize("autocast", [False, True])
-def test_fused_head_equals_a_float64_log_softmax_of_its_logits(autocast):
+@pytest.mark.parametrize("autocast, onednn", [(False, True), (False, False), (True, True)])
+def test_fused_head_equals_a_float64_log_softmax_of_its_logits(autocast, onednn, monkeypatch):
     """The chunked head over chunks of 4, 4 and 3 rows (its buffers reused from chunk to chunk), with a bias
     and a temperature: log-probs, entropy and the gradients of h, W and b against a float64 log-softmax of
     the whole [M, V] logits and its exact gradient (dL/dz, then through z = h W^T + b). Under bf16 autocast
@@ -234,7 +235,13 @@ def test_fused_head_equals_a_float64_log_softmax_of_its_logits(autocast):
     it: the head recomputes each chunk's logits as its forward computed them, its entropy and dL/dz in
     float32; its gradient products take dL/dz, h and W rounded to bf16, as autocast's ``F.linear`` backward
     does, each product's result rounded to bf16 (to 2^-8 of each value, 2^-8 of the largest for W's, summed
-    over three chunks)."""
+    over three chunks). In float32 both ways the products run: oneDNN's where ``onednn_float32`` holds (the
+    logits its own block, each chunk's dL/dW product added to the sum in blocks of 5 of W's 13 rows) and
+    ``mm``/``addmm_`` into the buffers and the sum (``onednn`` False: as on a CPU without AVX-512, or a
+    GPU)."""
+    monkeypatch.setattr(lm_head, "WEIGHT_GRADIENT_ROWS", 5)
+    if not onednn:
+        monkeypatch.setattr(lm_head, "onednn_float32", lambda *tensors: False)
     gen = torch.Generator().manual_seed(7)
     h = torch.randn(11, 8, generator=gen).requires_grad_()
     weight = torch.randn(13, 8, generator=gen).requires_grad_()

@@ -467,7 +467,8 @@ def plan_memory(
     completion_tokens = rows * completion if budget is None else min(tokens, step_rows * completion)
     chunk = min(head_chunk_rows(vocab), completion_tokens)
     p["head"] = 2 * completion_tokens * hidden * w + 2 * chunk * vocab * 4  # h, grad_h; z and e (or coef)
-    p["head"] += chunk * vocab * c  # a chunk's product before its copy into z (oneDNN's, bf16's)
+    if c != 4:  # a chunk's bf16 product before its cast into z (a float32 one is z: oneDNN's or in place)
+        p["head"] += chunk * vocab * c
     if c != w:  # autocast: h and the weight cast once per pass
         p["head"] += (completion_tokens + vocab) * hidden * c
     if c != 4 and not lora:  # a chunk's bf16 weight-gradient product before its sum into float32

@@ -18,6 +18,10 @@ HEAD_CHUNK_BYTES = 32 * 2**20
 """Float32 bytes of one chunk's logits [rows, V] (32 MiB): ``head_chunk_rows``' budget."""
 HEAD_CHUNK_ROWS = 512
 """Most rows (completion positions) per LM-head chunk: the chunk's float32 logits are [rows, V]."""
+WEIGHT_GRADIENT_ROWS = 4096
+"""Rows of the head's [V, H] weight gradient whose float32 product oneDNN computes at a time in the backward
+(``_add_weight_gradient``): a chunk's product is added to the sum in blocks this tall (SmolLM2: 9 MiB each;
+as fast as one [V, H] product: 31.5 against 30 ms)."""
 
 
 def head_chunk_rows(vocab_size: int) -> int:
@@ -27,10 +31,10 @@ def head_chunk_rows(vocab_size: int) -> int:
     Each chunk's product reads the head's whole [V, H] weight, so the product runs at the matmul rate only
     with enough rows: SmolLM2-135M's [rows, 576] x [576, 49,152] ran at 117 GFLOP/s with 85 rows, 156 with
     170, 168 with 512 in MKL's product (a 2-core Zen 5 EPYC, where MKL's square products run at ~205;
-    oneDNN's, which a float32 head uses there, ran at 411 with 170 rows). Each pass allocates its two
-    [rows, V] float32 buffers once and reuses them for every chunk (``_FusedHeadLogprobs``); the budget
-    bounds what they add to the pass's peak (2 x 32 MiB), and the one product block a chunk allocates
-    where its product is oneDNN's or bf16 (copied into a buffer).
+    oneDNN's, which a float32 head uses there, ran at 411 with 170 rows). Each pass allocates its [rows, V]
+    float32 buffers once and reuses them for every chunk (``_FusedHeadLogprobs``); the budget bounds what
+    they add to the pass's peak (2 x 32 MiB), and the one product block a chunk allocates where its product
+    is oneDNN's (the chunk's logits themselves, in place of one buffer) or bf16 (copied into a buffer).
     """
     return max(32, min(HEAD_CHUNK_ROWS, HEAD_CHUNK_BYTES // (4 * max(1, vocab_size))))
 
@@ -61,8 +65,8 @@ def head_logprobs(model, hidden, completion_ids, completion_mask, *, temperature
 class _FusedHeadLogprobs(torch.autograd.Function):
     """logp[m] = log softmax(z[m])[target[m]] and H[m] = -sum_v p log p, z = (h W^T + b) / temperature,
     without a [M, V] tensor: rows are processed ``rows`` at a time, and the backward recomputes each chunk's
-    logits (one extra matmul) instead of keeping them. Each pass writes its chunks into two [rows, V]
-    float32 buffers it allocates once (``_chunk_buffers``).
+    logits (one extra matmul) instead of keeping them. Each pass writes its chunks into [rows, V] float32
+    buffers it allocates once (``_chunk_buffers``: two, or one beside oneDNN's own block of logits).
 
     Per row, with p = softmax(z):  dlogp/dz = 1[v = target] - p,   dH/dz = -p (log p + H).
     Math in float32 (the logits are upcast per chunk); the same quantities as
@@ -88,12 +92,12 @@ class _FusedHeadLogprobs(torch.autograd.Function):
         lse = torch.empty(num, dtype=torch.float32, device=h.device)
         logp = torch.empty(num, dtype=torch.float32, device=h.device)
         ent = torch.empty(num if with_entropy else 0, dtype=torch.float32, device=h.device)
-        logits, exps = _chunk_buffers(num, rows, weight)  # [rows, V] each
         with torch.autocast(device, enabled=False):
             hp, wp, bp = (cast(t, ctx.product_dtype) for t in (h, weight, bias))  # once per pass
+            logits, exps = _chunk_buffers(num, rows, hp, wp, bp)  # [rows, V] each (logits: or None)
             for s in range(0, num, rows):
                 m = min(rows, num - s)
-                z = _chunk_logits(hp[s : s + rows], wp, bp, inv_temperature, logits[:m])  # [m, V] float32
+                z = _chunk_logits(hp[s : s + rows], wp, bp, inv_temperature, _first(logits, m))  # [m, V] f32
                 target = z.gather(1, targets[s : s + rows, None]).squeeze(1)  # [m]
                 peak = z.amax(dim=1, keepdim=True)  # [m, 1]
                 z.sub_(peak)  # z - max
@@ -103,8 +107,9 @@ class _FusedHeadLogprobs(torch.autograd.Function):
                 lse[s : s + rows] = chunk_lse
                 logp[s : s + rows] = target - chunk_lse
                 if with_entropy:
-                    # H = lse - sum p z = log(total) - sum e (z - max) / total
-                    ent[s : s + rows] = total.log() - torch.linalg.vecdot(e, z) / total
+                    # H = lse - sum p z = log(total) - sum e (z - max) / total; e z in e's buffer (the
+                    # same numbers as torch.linalg.vecdot(e, z), which makes a fresh [m, V] block for it)
+                    ent[s : s + rows] = total.log() - e.mul_(z).sum(dim=1) / total
         ctx.save_for_backward(h, weight, bias, targets, lse, ent if with_entropy else None)
         ctx.inv_temperature, ctx.rows = inv_temperature, rows
         return logp, ent
@@ -119,16 +124,16 @@ class _FusedHeadLogprobs(torch.autograd.Function):
             return (None,) * 7
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.empty_like(h) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        grad_w = None  # [V, H] float32: the chunks' dL/dW summed
         grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
         rows, dtype = ctx.rows, ctx.product_dtype
-        logits, coefs = _chunk_buffers(h.shape[0], rows, weight)  # [rows, V] each
         with torch.autocast(h.device.type, enabled=False):
             hp, wp, bp = (cast(t, dtype) for t in (h, weight, bias))  # the forward's operands
+            logits, coefs = _chunk_buffers(h.shape[0], rows, hp, wp, bp)  # [rows, V] each (logits: or None)
             for s in range(0, h.shape[0], rows):
                 sl = slice(s, s + rows)
                 m = min(rows, h.shape[0] - s)
-                z = _chunk_logits(hp[sl], wp, bp, ctx.inv_temperature, logits[:m])  # the forward's [m, V]
+                z = _chunk_logits(hp[sl], wp, bp, ctx.inv_temperature, _first(logits, m))  # the forward's
                 z.sub_(lse[sl, None])  # log p
                 if grad_ent is not None:
                     # dL/dz = -p * (g_lp + g_h (log p + H)) + g_lp 1[v = target]
@@ -147,13 +152,11 @@ class _FusedHeadLogprobs(torch.autograd.Function):
                 g = _in_dtype(g, dtype, spare=coefs)  # [m, V], dL/dz in the products' dtype
                 if grad_h is not None:
                     grad_h[sl] = matmul(g, wp)  # [m, H]
-                if grad_w is not None and dtype == torch.float32:
-                    grad_w.addmm_(g.t(), hp[sl])
-                elif grad_w is not None:
-                    grad_w += g.t() @ hp[sl]  # [V, H] in the products' dtype, summed in float32
+                if need_w:
+                    grad_w = _add_weight_gradient(grad_w, g, hp[sl])  # [V, H]
         return (
             grad_h,
-            grad_w.to(weight.dtype) if grad_w is not None else None,
+            _weight_gradient(grad_w, weight) if need_w else None,
             grad_b.to(bias.dtype) if grad_b is not None else None,
             None,
             None,
@@ -162,15 +165,58 @@ class _FusedHeadLogprobs(torch.autograd.Function):
         )
 
 
-def _chunk_buffers(num: int, rows: int, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two float32 [min(rows, num), V] buffers that a pass's chunks are written into: allocated once per pass,
-    not once per chunk (a block this large is mapped fresh from the kernel at every allocation under
-    ``cpu_memory_reuse_below``, and glibc's above 32 MiB)."""
+def _chunk_buffers(
+    num: int, rows: int, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The float32 [min(rows, num), V] buffers that a pass's chunks are written into, for the products of
+    ``h`` [M, H] with ``weight`` [V, H] (and ``bias``) in their dtype: the logits' (None where oneDNN computes
+    the product, ``_writes_own_block``: its result is a block of its own, used as it is) and a second one.
+    Allocated once per pass, not once per chunk (a block this large is mapped fresh from the kernel at every
+    allocation under ``cpu_memory_reuse_below``, and glibc's above 32 MiB)."""
     shape = (min(rows, num), weight.shape[0])
-    return (
-        torch.empty(shape, dtype=torch.float32, device=weight.device),
-        torch.empty(shape, dtype=torch.float32, device=weight.device),
-    )
+    second = torch.empty(shape, dtype=torch.float32, device=weight.device)
+    if _writes_own_block(h, weight, bias):
+        return None, second
+    return torch.empty(shape, dtype=torch.float32, device=weight.device), second
+
+
+def _writes_own_block(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether a chunk's float32 logits are the block oneDNN's product returns (``_chunk_logits``): float32
+    operands where ``onednn_float32`` holds."""
+    return h.dtype == weight.dtype == torch.float32 and onednn_float32(h, weight, bias)
+
+
+def _first(buffer: torch.Tensor | None, m: int) -> torch.Tensor | None:
+    """The first ``m`` rows of a chunk buffer (None: none)."""
+    return None if buffer is None else buffer[:m]
+
+
+def _add_weight_gradient(total: torch.Tensor | None, g: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """``total + g^T h`` [V, H] in float32 (``total`` None: the first chunk's alone, with no zeros to add it
+    to), g [m, V] and h [m, H] in the products' dtype. A float32 product runs through oneDNN where
+    ``onednn_float32`` holds, ``WEIGHT_GRADIENT_ROWS`` rows of the sum at a time, each block's product then
+    added (so the pass holds one block, not a second [V, H]); SmolLM2's [49,152 x 170] x [170 x 576] took
+    31.5 ms that way (30 in one product) against 45 for MKL's ``addmm_`` into the sum, on a 2-core Zen 5
+    EPYC. Else ``addmm_`` adds it in the product; any other dtype's is computed as ``@`` computes it and
+    summed in float32."""
+    if g.dtype != torch.float32:
+        part = g.t() @ h  # [V, H] in the products' dtype
+        return part.float() if total is None else total.add_(part)
+    if not onednn_float32(g, h):
+        return torch.mm(g.t(), h) if total is None else total.addmm_(g.t(), h)
+    if total is None:
+        return matmul(g.t(), h)  # [V, H]
+    for start in range(0, total.shape[0], WEIGHT_GRADIENT_ROWS):
+        rows = slice(start, start + WEIGHT_GRADIENT_ROWS)
+        total[rows].add_(matmul(g[:, rows].t(), h))  # [<=4096, H]
+    return total
+
+
+def _weight_gradient(total: torch.Tensor | None, weight: torch.Tensor) -> torch.Tensor:
+    """The summed dL/dW in the weight's dtype; zeros where no chunk ran (no completion token)."""
+    if total is None:
+        return torch.zeros_like(weight)
+    return total.to(weight.dtype)
 
 
 def _in_dtype(g: torch.Tensor, dtype: torch.dtype, spare: torch.Tensor) -> torch.Tensor:
@@ -184,13 +230,15 @@ def _in_dtype(g: torch.Tensor, dtype: torch.dtype, spare: torch.Tensor) -> torch
 
 
 def _chunk_logits(h, weight, bias, inv_temperature, out):
-    """z = (h W^T + b) * inv_temperature in float32, written into ``out`` [m, V], from operands already in the
-    products' dtype (autocast off). A float32 product runs through oneDNN where ``onednn_float32`` holds
-    (2.6x MKL's rate on Zen 5, ``grpokit.models.cpu_linear``), else into ``out`` itself (``F.linear``'s own
-    ``mm``/``addmm``, the same numbers); any other dtype's is computed as ``F.linear`` computes it; both
-    then upcast into ``out``."""
+    """z = (h W^T + b) * inv_temperature in float32 [m, V], from operands already in the products' dtype
+    (autocast off). A float32 product runs through oneDNN where ``onednn_float32`` holds (2.6x MKL's rate on
+    Zen 5, ``grpokit.models.cpu_linear``), its result used as it is (``out`` None: ``_chunk_buffers``); else
+    into ``out`` itself (``F.linear``'s own ``mm``/``addmm``, the same numbers). Any other dtype's is
+    computed as ``F.linear`` computes it, then upcast into ``out``."""
     float32 = h.dtype == weight.dtype == torch.float32
-    if not float32 or onednn_float32(h, weight, bias):
+    if float32 and out is None:
+        z = linear(h, weight, bias)  # oneDNN's block
+    elif not float32:
         z = out.copy_(linear(h, weight, bias))
     elif bias is None:
         z = torch.mm(h, weight.t(), out=out)
