@@ -15,7 +15,8 @@ layers, timed on their own and then under ``torch.profiler``, operators' own CPU
 
 ``--timed N`` profiles nothing: it times each pass N times (after a warm-up) as the trainer runs them, under
 the trainer's CPU runtime (``grpokit.parallel.cpu_runtime`` at ``GRPOConfig``'s defaults: blocks from 1 MiB
-mapped fresh) and the update inside ``recomputed_in_backward``, and prints a hash of the log-probs, the
+mapped fresh, the backward's from the heap, the update starting from a trimmed heap) and the update inside
+``recomputed_in_backward``, and prints a hash of the log-probs, the
 entropy's sum and the LM head's gradient norm, so that two commits can be compared side by side
 (``PYTHONPATH=<other checkout>/src``).
 
@@ -126,10 +127,13 @@ def timed(model_dir: str, bf16: bool, repeats: int) -> None:
     import grpokit
     from grpokit.config import GRPOConfig
     from grpokit.models.recompute import recomputed_in_backward
-    from grpokit.parallel.cpu_runtime import apply_cpu_runtime
+    from grpokit.parallel import cpu_runtime
     from grpokit.train.forward import completion_logprobs, no_grad_logprobs
 
-    apply_cpu_runtime(GRPOConfig(output_dir=tempfile.mkdtemp()), cpu=True)
+    cpu_runtime.apply_cpu_runtime(GRPOConfig(output_dir=tempfile.mkdtemp()), cpu=True)
+    # (the runtime of the commit timed: one without the backward's heap runs its backward as it did)
+    blocks_from_heap = getattr(cpu_runtime, "blocks_from_heap", contextlib.nullcontext)
+    trim_heap = getattr(cpu_runtime, "trim_heap", lambda: None)
     model = AutoModelForCausalLM.from_pretrained(prepare(model_dir), dtype=torch.float32)
     as_the_trainer_loads_it(model)
     batch = w4_batch(model.config.vocab_size)
@@ -138,11 +142,13 @@ def timed(model_dir: str, bf16: bool, repeats: int) -> None:
     print(f"grpokit from {os.path.dirname(grpokit.__file__)}, {'bf16 autocast' if bf16 else 'fp32'}")
 
     def update() -> tuple[torch.Tensor, torch.Tensor, float]:
+        trim_heap()
         with autocast(), recomputed_in_backward():
             lp, ent = completion_logprobs(
                 model, *batch, num_generations=G, padding_free=True, with_entropy=True
             )
-        (lp.sum() + ent.sum()).backward()  # (after autocast is left, as the trainer calls it)
+        with blocks_from_heap():
+            (lp.sum() + ent.sum()).backward()  # (after autocast is left, as the trainer calls it)
         head_grad = float(model.get_output_embeddings().weight.grad.norm())
         model.zero_grad(set_to_none=True)
         return lp.detach(), ent.detach(), head_grad
