@@ -64,11 +64,12 @@ from typing import Any
 import torch
 
 from grpokit.config import GRPOConfig
+from grpokit.models.cpu_linear import onednn_available
 from grpokit.models.lean_layers import LEAN_MODEL_TYPES
 from grpokit.models.shape import DTYPE_BYTES, ModelShape, count_lora_parameters, dtype_name, lora_targets
 from grpokit.parallel.hardware import default_mixed_precision
 from grpokit.rollout.native_decode import call_packs
-from grpokit.train.lm_head import head_chunk_rows
+from grpokit.train.lm_head import WEIGHT_GRADIENT_ROWS, head_chunk_rows
 
 __all__ = [
     "FAST_PREFILL_PROMPTS",
@@ -473,6 +474,8 @@ def plan_memory(
         p["head"] += (completion_tokens + vocab) * hidden * c
     if c != 4 and not lora:  # a chunk's bf16 weight-gradient product before its sum into float32
         p["head"] += vocab * hidden * c
+    if c == 4 and not lora and device_type == "cpu" and onednn_available():  # oneDNN's product, a block of
+        p["head"] += min(vocab, WEIGHT_GRADIENT_ROWS) * hidden * 4  # the weight gradient's rows at a time
     if w != 4 and not lora:  # a float32 [V, H] weight-gradient buffer
         p["head"] += vocab * hidden * 4
 
