@@ -135,29 +135,35 @@ def run_trainer(
     micro = micro_batch_rows(wl.batch, wl.prompt_len, wl.max_new_tokens, wl.num_generations)
     if micro_batch_tokens is not None:
         micro = wl.batch
-    args = workload_config(
-        wl,
-        output_dir=tempfile.mkdtemp(prefix="bench-grpokit-"),
-        per_device_train_batch_size=micro,
-        gradient_accumulation_steps=wl.batch // micro,
-        micro_batch_tokens=micro_batch_tokens,
-        gradient_checkpointing=gradient_checkpointing,
-        cpu_memory_reuse_in_backward=backward_heap,
-        max_steps=steps,
-        logging_steps=1,
-        report_to=[],
-        seed=seed,
-        disable_tqdm=True,
-        bf16=precision == "bf16",
-    )
-    if tokenizer.pad_token is None:  # SmolLM2: pad with its EOS token (before EOS may be switched off)
-        tokenizer.pad_token = tokenizer.eos_token
-    if not wl.eos:  # no EOS: every completion runs to max_completion_length (TRL side: EOS suppressed)
-        tokenizer.eos_token = None
-    trainer = GRPOTrainer(
-        model=model_dir, reward_funcs=[reward_fn], args=args, train_dataset=rows, processing_class=tokenizer
-    )
-    history = trainer.train()
+    # The trainer saves its final model (517 MB for SmolLM2) into output_dir: a folder removed afterwards.
+    with tempfile.TemporaryDirectory(prefix="bench-grpokit-") as output_dir:
+        args = workload_config(
+            wl,
+            output_dir=output_dir,
+            per_device_train_batch_size=micro,
+            gradient_accumulation_steps=wl.batch // micro,
+            micro_batch_tokens=micro_batch_tokens,
+            gradient_checkpointing=gradient_checkpointing,
+            cpu_memory_reuse_in_backward=backward_heap,
+            max_steps=steps,
+            logging_steps=1,
+            report_to=[],
+            seed=seed,
+            disable_tqdm=True,
+            bf16=precision == "bf16",
+        )
+        if tokenizer.pad_token is None:  # SmolLM2: pad with its EOS token (before EOS may be switched off)
+            tokenizer.pad_token = tokenizer.eos_token
+        if not wl.eos:  # no EOS: every completion runs to max_completion_length (TRL side: EOS suppressed)
+            tokenizer.eos_token = None
+        trainer = GRPOTrainer(
+            model=model_dir,
+            reward_funcs=[reward_fn],
+            args=args,
+            train_dataset=rows,
+            processing_class=tokenizer,
+        )
+        history = trainer.train()
     for m in history:
         # The trainer times generate / reward / old log-probs / reference / update; the whole update
         # (forward + backward + optimizer) is reported under "backward".
