@@ -6,6 +6,7 @@ Usage: python side_trl.py --model DIR --workload W1 --steps 3 --warmup 1 --out r
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -109,6 +110,7 @@ def main() -> None:
     start = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - start
+    shutil.rmtree(args.output_dir, ignore_errors=True)  # (save_strategy "no": nothing in it worth keeping)
     write_result(
         a.out,
         "trl",
