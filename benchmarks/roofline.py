@@ -17,8 +17,9 @@ framework overhead and matmuls running below the measured rate.
     python benchmarks/roofline.py --results RUN.json --precision bf16     # its grpokit-bf16, trl-bf16 sides
     python benchmarks/roofline.py --results none --workloads W1,W2         # floors only, no run needed
 
-prints one table per workload (markdown). The matmul rates are measured here on torch's current threads; run
-it on an otherwise idle machine.
+prints one table per workload (markdown). The matmul rates are measured here on torch's current threads, each
+product's weight read from memory as in a pass over the model (``COLD_BYTES``); run it on an otherwise idle
+machine.
 
 Precision. The processor's bf16 support is printed first (``grpokit.parallel.hardware``: AMX-BF16 or Arm
 BF16 matrix units, ``avx512_bf16``; on CUDA the compute capability). The rates are measured in float32 and
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import os
 import statistics
@@ -152,8 +154,17 @@ PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 """``--precision`` -> the torch dtype the run's matmuls execute in."""
 
 
+COLD_BYTES = 256 << 20
+"""Bytes of distinct copies of a product's weight that a rate's calls take in turn: more than a cache holds,
+so that each call reads its weight from memory, as a pass over the model does (SmolLM2-135M's weights are
+540 MB in float32, 270 in bf16; the L3 of the processors measured here holds 32 MiB). On one weight called
+over and over the product finds it in the cache: a decode step's products with a few rows, which read each
+weight once, measured 2-4x faster that way than any decode step can run them."""
+
+
 class Rates:
-    """Measured torch.mm rates at [m, k] x [k, n] per dtype on one device, each shape measured once."""
+    """Measured torch.mm rates at [m, k] x [k, n] per dtype on one device, each shape measured once, with the
+    weight ([k, n]) read from memory at each call (``COLD_BYTES``) and the input [m, k] as it comes."""
 
     def __init__(self, device: str = "cpu") -> None:
         self.device = device
@@ -163,9 +174,10 @@ class Rates:
         """FLOP/s of the product [m, k] x [k, n] in ``precision``: the fastest of the layouts a linear layer
         can compute it in (``a @ b`` with b stored [k, n]; ``a @ w.T`` with w stored [n, k], as ``F.linear``;
         ``(w @ a.T).T``; on a CPU where the decode packs its weights, oneDNN's product on w packed,
-        ``native_decode.packs_weights``), each the best of 3 repeats of ~0.2 GFLOP. BLAS libraries differ by
-        layout: MKL's float32 product with a few rows and a wide output runs several times faster as
-        ``w @ a.T``, and oneDNN's on a packed weight faster still."""
+        ``native_decode.packs_weights``), each the best of 5 repeats of ~0.2 GFLOP, each call on the next of
+        the weight's copies (``COLD_BYTES``). BLAS libraries differ by layout: MKL's float32 product with a
+        few rows and a wide output runs several times faster as ``w @ a.T``, and oneDNN's on a packed weight
+        faster still."""
         import torch
 
         from grpokit.rollout.native_decode import pack_weight, packed_linear, packs_weights
@@ -175,17 +187,25 @@ class Rates:
             dtype = getattr(torch, PRECISIONS[precision])
             a = torch.randn(m, k, device=self.device).to(dtype)
             b = torch.randn(k, n, device=self.device).to(dtype)
-            w = b.T.contiguous()  # [n, k]
-            layouts = [lambda: torch.mm(a, b), lambda: torch.mm(a, w.T), lambda: torch.mm(w, a.T)]
+            copies = -(-COLD_BYTES // b.nbytes)
+            bs = [b] + [b.clone() for _ in range(copies - 1)]  # [k, n] each, in memory of its own
+            ws = [x.T.contiguous() for x in bs]  # [n, k]
+            layouts = [
+                _in_turn(bs, lambda b: torch.mm(a, b)),
+                _in_turn(ws, lambda w: torch.mm(a, w.T)),
+                _in_turn(ws, lambda w: torch.mm(w, a.T)),
+            ]
             if packs_weights(a.device, dtype):
-                packed = pack_weight(w, m)
-                layouts.append(lambda: packed_linear(a, packed))
+                packed = [pack_weight(w, m) for w in ws]
+                layouts.append(_in_turn(packed, lambda p: packed_linear(a, p)))
             flops = 2 * m * k * n
             self.cache[key] = flops / min(self._seconds(product, flops) for product in layouts)
+            del bs, ws, layouts
         return self.cache[key]
 
     def _seconds(self, product, flops: int) -> float:
-        """Seconds of one call of ``product`` (best of 3 repeats of ~0.2 GFLOP, after one warm-up call)."""
+        """Seconds of one call of ``product``: the best of 5 repeats of ~0.2 GFLOP, after one warm-up call
+        (with 3, [64 x 576] x [576 x 1536] once measured 211 GFLOP/s, where four other runs gave 368-385)."""
         import torch
 
         sync = torch.cuda.synchronize if self.device.startswith("cuda") else (lambda: None)
@@ -193,7 +213,7 @@ class Rates:
         sync()
         reps = max(1, int(2e8 / flops))
         best = float("inf")
-        for _ in range(3):
+        for _ in range(5):
             start = time.perf_counter()
             for _ in range(reps):
                 product()
@@ -205,6 +225,12 @@ class Rates:
         """``{"MxKxN": GFLOP/s}`` of the shapes measured in ``precision``."""
         rows = sorted((shape, r) for (p, *shape), r in self.cache.items() if p == precision)
         return {"x".join(map(str, shape)): round(r / 1e9, 1) for shape, r in rows}
+
+
+def _in_turn(weights: list, product):
+    """A call of ``product(weight)`` on the next of ``weights`` at each call (round robin)."""
+    turn = itertools.count()
+    return lambda: product(weights[next(turn) % len(weights)])
 
 
 def roofline(products: list[tuple[int, int, int, int]], rates: Rates, precision: str) -> tuple[float, float]:
