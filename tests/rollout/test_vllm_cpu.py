@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import socket
+import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -150,7 +151,8 @@ def test_dtensor_shards_are_gathered_into_full_tensors():
 
 
 # ---- the colocated engine's arguments --------------------------------------------------------------------
-def test_colocate_engine_kwargs_and_config_directory(tmp_path):
+def test_colocate_engine_kwargs_and_config_directory(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the folder made for the engine: in tmp_path
     args = GRPOConfig(
         output_dir=str(tmp_path), use_vllm=True, vllm_gpu_memory_utilization=0.45,
         vllm_enable_sleep_mode=True, vllm_max_model_length=1024, generation_dtype="bfloat16", seed=7,

@@ -31,9 +31,11 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import shutil
 import socket
 import tempfile
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -103,7 +105,8 @@ def hf_model(model: nn.Module) -> nn.Module:
 def engine_config_dir(model: nn.Module) -> str:
     """A fresh directory with the policy's ``config.json`` (``architectures`` filled in), which the engine is
     built from: the config of the model being trained (its vocabulary after any resize), whatever its
-    origin (a hub id, a directory, an object built in memory)."""
+    origin (a hub id, a directory, an object built in memory). The backend built on it removes it when it
+    closes (``VLLMColocateBackend``'s ``owned_dir``)."""
     inner = hf_model(model)
     config = copy.deepcopy(inner.config)
     if not getattr(config, "architectures", None):
@@ -217,10 +220,16 @@ class VLLMColocateBackend:
     and ``last_push_seconds`` times the latest. ``sleep_mode`` (engine built with ``enable_sleep_mode``):
     ``release_memory()`` puts the engine to sleep at level 2 for the update, the next push wakes it."""
 
-    def __init__(self, model: nn.Module, engine_kwargs: dict[str, Any]) -> None:
+    def __init__(
+        self, model: nn.Module, engine_kwargs: dict[str, Any], *, owned_dir: str | None = None
+    ) -> None:
+        """``owned_dir``: a folder made for this engine (``engine_config_dir``), removed by ``close()`` or
+        when the backend is collected; a model folder of the caller's is never removed."""
         import vllm
 
         self.model, self._vllm = model, vllm
+        self.owned_dir = owned_dir
+        self._remove_owned_dir = weakref.finalize(self, shutil.rmtree, owned_dir, True) if owned_dir else None
         self.sleep_mode = bool(engine_kwargs.get("enable_sleep_mode"))
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
         self.llm = vllm.LLM(**engine_kwargs)
@@ -287,6 +296,8 @@ class VLLMColocateBackend:
             torch.distributed.barrier()
         self.llm.llm_engine.engine_core.shutdown()
         del self.llm
+        if self._remove_owned_dir is not None:
+            self._remove_owned_dir()
 
 
 def refuse_cpu_sleep_mode(settings: VLLMSettings, platform: str | None) -> None:
@@ -327,4 +338,4 @@ def make_vllm_backend(settings: VLLMSettings, model: nn.Module, *, step_sync: bo
         model_context=getattr(text_config, "max_position_embeddings", None),
     )  # fmt: skip
     logger.info("vLLM colocate engine on process %d: %s", rank, engine_kwargs)
-    return VLLMColocateBackend(model, engine_kwargs)
+    return VLLMColocateBackend(model, engine_kwargs, owned_dir=config_dir)
