@@ -200,7 +200,6 @@ class Rates:
                 layouts.append(_in_turn(packed, lambda p: packed_linear(a, p)))
             flops = 2 * m * k * n
             self.cache[key] = flops / min(self._seconds(product, flops) for product in layouts)
-            del bs, ws, layouts
         return self.cache[key]
 
     def _seconds(self, product, flops: int) -> float:
