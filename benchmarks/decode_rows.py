@@ -6,10 +6,13 @@ For each row count, ``FastSampler.generate`` samples that many completions of on
 fitted through the row counts splits it into a per-step cost and a per-row cost.
 
     python benchmarks/decode_rows.py [--model DIR] [--bf16] [--steps 64] [--rows 1 2 4 8 16 32] [--unpacked]
+                                     [--packed-rows N]
 
 ``--unpacked`` runs the decode's products on the weights as they are, as where ``packs_weights`` says no;
 without it, every call packs its weights where ``packs_weights`` allows it, however short (the packing is
-in both calls of a row count, so the difference is the decode steps' time alone).
+in both calls of a row count, so the difference is the decode steps' time alone). ``--packed-rows N``: the
+fewest float32 rows whose products run packed, fewer by columns on the plain weights (default: this
+processor's, ``packed_fp32_min_rows``: 1 on Zen 5, 3 elsewhere).
 
 Run it alone on the machine.
 """
@@ -35,11 +38,14 @@ def main() -> None:
     ap.add_argument("--unpacked", action="store_true", help="products on the weights as they are")
     ap.add_argument("--steps", type=int, default=64, help="decode steps timed per row count")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    ap.add_argument("--packed-rows", type=int, default=None, help="fewest float32 rows run packed")
     a = ap.parse_args()
     from grpokit.rollout import native_decode
 
     if a.unpacked:
         native_decode.packs_weights = lambda device, dtype: False
+    if a.packed_rows is not None:
+        native_decode.packed_fp32_min_rows = lambda: a.packed_rows
     # every call packs where the processor allows it, the 1-token one subtracted too: its packing cancels
     native_decode.packing_pays = lambda dtype, rows, max_new: True
     from smollm2 import prepare
@@ -52,7 +58,9 @@ def main() -> None:
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if a.bf16 else contextlib.nullcontext()
     prompt = [list(range(100, 200))]
     precision = "bf16 autocast" if a.bf16 else "fp32"
-    print(f"SmolLM2-135M-Instruct, {precision}, {torch.get_num_threads()} threads, {a.steps} decode steps")
+    fewest = native_decode.packed_fp32_min_rows()
+    print(f"SmolLM2-135M-Instruct, {precision}, {torch.get_num_threads()} threads, {a.steps} decode steps, "
+          f"float32 products packed from {fewest} rows")  # fmt: skip
 
     def seconds(rows: int, new_tokens: int) -> float:
         sampler = FastSampler(model, generator=torch.Generator().manual_seed(0))

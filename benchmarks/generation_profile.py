@@ -10,12 +10,14 @@ then under ``torch.profiler``, its operators' own CPU time summed by kind:
   sampling (the processed scores' softmax, cumulative sums, the inverse CDF).
 
     python benchmarks/generation_profile.py [--model DIR] [--bf16] [--seed 0] [--top N] [--unpacked]
-                                            [--alternate N]
+                                            [--alternate N [--against unpacked|few-rows]]
 
 ``--unpacked`` runs the decode's products on the weights as they are, as where ``packs_weights`` says no.
 
 ``--alternate N`` profiles nothing: it times the call N times packed and N times unpacked, in turn, in one
-process (after one warm-up call), so that both see the same machine.
+process (after one warm-up call), so that both see the same machine. With ``--against few-rows`` the other
+call is packed too but runs its last 1-2 float32 rows by columns on the plain weights (as
+``packed_fp32_min_rows`` has it off Zen 5), the one call with them packed (as on Zen 5).
 
 ``--top N`` also lists the N operators with the most own CPU time, with their calls.
 
@@ -52,10 +54,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--top", type=int, default=0, help="also list the operators with the most own time")
     ap.add_argument("--alternate", type=int, default=0, help="time N calls packed and N unpacked, in turn")
+    ap.add_argument("--against", choices=("unpacked", "few-rows"), default="unpacked",
+                    help="--alternate's other call: unpacked, or 1-2 float32 rows by columns")  # fmt: skip
     a = ap.parse_args()
     from grpokit.rollout import native_decode
 
-    packs_weights = native_decode.packs_weights
+    packs_weights, min_rows = native_decode.packs_weights, native_decode.packed_fp32_min_rows
     if a.unpacked:
         native_decode.packs_weights = lambda device, dtype: False
     from common import WORKLOADS, benchmark_rows, print_operator_time
@@ -87,14 +91,18 @@ def main() -> None:
 
     sample()  # warm-up
     precision = "bf16 autocast" if a.bf16 else "fp32"
+    unpacked = lambda device, dtype: False  # noqa: E731
+    ways = {"packed": (packs_weights, min_rows), "unpacked": (unpacked, min_rows)}
+    if a.against == "few-rows":
+        ways = {"1-2 rows packed": (packs_weights, lambda: 1), "by columns": (packs_weights, lambda: 3)}
     for _ in range(a.alternate):
-        for packed in (True, False):
-            native_decode.packs_weights = packs_weights if packed else lambda device, dtype: False
+        for way, (packs, fewest) in ways.items():
+            native_decode.packs_weights, native_decode.packed_fp32_min_rows = packs, fewest
             seconds, sampler, completions = sample()
-            tokens = sum(len(c) for c in completions)
-            way = "packed" if packed else "unpacked"
+            stats, tokens = sampler.last_stats, sum(len(c) for c in completions)
             print(f"{precision}, {way:8s}: {seconds:6.2f} s, {tokens} completion tokens, "
-                  f"{sampler.last_stats['decode_steps']} decode steps", flush=True)  # fmt: skip
+                  f"{stats['decode_steps']} decode steps, {stats['decoded_rows']} rows decoded",
+                  flush=True)  # fmt: skip
     if a.alternate:
         return
     seconds, sampler, completions = sample()

@@ -51,14 +51,27 @@ def test_same_tokens_as_decoding_every_row(model_and_tok, impl, penalty):
     assert running <= stats["decoded_rows"] < whole_stats["decoded_rows"]
 
 
-def test_logprobs_equal_a_full_forward(model_and_tok, monkeypatch):
-    """On a CPU where the decode packs its weights (``packs_weights``), packed, however short the call."""
+@pytest.mark.parametrize("packed_rows", [1, 3])
+def test_logprobs_equal_a_full_forward(model_and_tok, monkeypatch, packed_rows):
+    """On a CPU where the decode packs its weights (``packs_weights``), packed, however short the call; as the
+    rows leave, their last 1-2 float32 rows run packed (``packed_rows`` 1, as on Zen 5) or by columns on the
+    plain weights (3, elsewhere)."""
     monkeypatch.setattr(native_decode, "packing_pays", lambda dtype, rows, max_new: True)
+    monkeypatch.setattr(native_decode, "packed_fp32_min_rows", lambda: packed_rows)
+    packed_calls = []
+    for name in ("packed_linear", "packed_linear_add"):
+        real = getattr(native_decode, name)
+        spy = lambda x, *args, real=real: packed_calls.append(x.shape[0]) or real(x, *args)  # noqa: E731
+        monkeypatch.setattr(native_decode, name, spy)
     model, tok = model_and_tok
     prompts = [_encode(tok, p) for p in PROMPTS[:3]]
     params = SamplingParams(max_new_tokens=16, eos_token_ids=STOPS, temperature=0.8)
     out, stats = _sample(model, prompts, params, impl="native", compact=True, group=4)
     assert stats["decoded_rows"] < stats["rows"] * stats["decode_steps"]
+    few = [rows for rows in packed_calls if rows <= 2]
+    if PACKS[torch.float32]:
+        assert packed_calls
+        assert bool(few) == (packed_rows == 1)  # the last rows ran packed only where 1 row runs packed
     for row, (completion, logps) in enumerate(zip(out.completion_ids, out.logprobs)):
         prompt = prompts[row // 4]
         with torch.no_grad():

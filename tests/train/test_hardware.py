@@ -30,6 +30,16 @@ def test_cpu_flags_are_those_of_proc_cpuinfo(monkeypatch):
     assert support.matrix_units == hardware.has_bf16_matrix_units()
 
 
+def test_cpu_family_is_that_of_proc_cpuinfo():
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists():
+        pytest.skip("no /proc/cpuinfo")
+    pairs = (line.split(":", 1) for line in cpuinfo.read_text().splitlines() if ":" in line)
+    fields = {key.strip(): value.strip() for key, value in pairs}  # every processor states the same
+    vendor, family = fields.get("vendor_id"), fields.get("cpu family")
+    assert hardware.cpu_family() == ((vendor, int(family)) if vendor and family else None)
+
+
 @pytest.mark.parametrize(
     ("flags", "machine", "units"),
     [

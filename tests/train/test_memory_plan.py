@@ -325,15 +325,29 @@ def test_fast_sampler_weights_by_hand():
 def test_packing_pays_for_calls_long_enough_to_repay_it():
     from grpokit.rollout.native_decode import packing_pays
 
-    for capability in ("AVX512", "AVX2"):  # 1-2 rows run by columns on the plain weights
-        assert not packing_pays(torch.float32, 2, 256, capability)
+    for capability in ("AVX512", "AVX2"):  # 1-2 rows run by columns on the plain weights (but on Zen 5)
+        assert not packing_pays(torch.float32, 2, 256, capability, min_rows=3)
     assert packing_pays(torch.float32, 8, 8, "AVX512") and not packing_pays(torch.float32, 8, 7, "AVX512")
     assert packing_pays(torch.float32, 4, 32, "AVX512") and not packing_pays(torch.float32, 4, 31, "AVX512")
+    # Zen 5 runs 1-2 float32 rows packed: repaid from 64 tokens
+    assert packing_pays(torch.float32, 1, 64, "AVX512", min_rows=1)
+    assert not packing_pays(torch.float32, 2, 63, "AVX512", min_rows=1)
+    assert packing_pays(torch.float32, 3, 32, "AVX512", min_rows=1)
     assert packing_pays(torch.bfloat16, 1, 8, "AVX512") and not packing_pays(torch.bfloat16, 64, 7, "AVX512")
     # AVX2: nothing repaid with 3-7 rows; 8-15 rows from 32 tokens, 16 or more from 16
     assert not packing_pays(torch.float32, 7, 256, "AVX2")
     assert packing_pays(torch.float32, 8, 32, "AVX2") and not packing_pays(torch.float32, 15, 31, "AVX2")
     assert packing_pays(torch.float32, 16, 16, "AVX2") and not packing_pays(torch.float32, 64, 15, "AVX2")
+
+
+def test_few_float32_rows_run_packed_on_zen5_only(monkeypatch):
+    from grpokit.rollout import native_decode
+
+    assert native_decode.packed_fp32_min_rows(("AuthenticAMD", 26)) == 1  # Zen 5
+    for family in (("AuthenticAMD", 25), ("GenuineIntel", 6)):  # Zen 4; Intel
+        assert native_decode.packed_fp32_min_rows(family) == 3
+    monkeypatch.setattr(native_decode, "cpu_family", lambda: None)  # not x86, or no /proc/cpuinfo
+    assert native_decode.packed_fp32_min_rows() == 3
 
 
 def test_uncut_prompts_are_planned_as_long_as_the_model_allows():

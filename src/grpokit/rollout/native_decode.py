@@ -11,6 +11,7 @@ from torch import nn
 
 from grpokit.models.cpu_linear import onednn_ops
 from grpokit.models.parts import autocast_dtype, decoder_of, linear_weight
+from grpokit.parallel.hardware import cpu_family
 
 __all__ = [
     "NATIVE_MODEL_TYPES",
@@ -18,6 +19,7 @@ __all__ = [
     "call_packs",
     "native_supported",
     "pack_weight",
+    "packed_fp32_min_rows",
     "packed_linear",
     "packing_pays",
     "packs_weights",
@@ -102,6 +104,7 @@ class NativeDecoder:
         attentions = [layer.self_attn for layer in layers]
         pack = not compiled and (compute is not None or not torch.is_autocast_enabled(device.type))
         pack = pack and call_packs(device, compute or self.embed.weight.dtype, rows, max_new)
+        self.packed_rows = packed_fp32_min_rows()  # fewer float32 rows run by columns, packed or not
 
         def prepared(weights: Weights | None) -> Weights | None:
             return None if weights is None else _pack(weights, rows) if pack else weights
@@ -206,7 +209,7 @@ class NativeDecoder:
         product itself), else in the orientation ``_by_columns`` picks for the dtype."""
         rows = x.shape[0]
         weight, bias = weights.weight, weights.bias
-        if weights.packed is not None and (rows > 2 or weight.dtype != torch.float32):
+        if weights.packed is not None and (rows >= self.packed_rows or weight.dtype != torch.float32):
             if residual is not None and residual.dtype == weight.dtype == torch.float32:
                 return packed_linear_add(x, weights.packed, bias, residual)
             out = packed_linear(x, weights.packed, bias)
@@ -363,8 +366,8 @@ def packs_weights(device: torch.device, dtype: torch.dtype) -> bool:
     - AVX2 (``decode-products-avx2-2026-12-05.txt``): float32 14 rows 131 and 77, 32 rows 163 and 150; the LM
       head 14 rows 34 and 16. oneDNN refuses bfloat16 there, whose products by rows run 3-5x slower than
       float32's with 8-64 rows anyway.
-    With 1-2 rows float32 runs by columns on the plain weight, faster there (``_linear``). Other processors
-    (ARM) were not measured: their products run as before (``_by_columns``)."""
+    With 1-2 rows float32 runs by columns on the plain weight where that is faster (``packed_fp32_min_rows``).
+    Other processors (ARM) were not measured: their products run as before (``_by_columns``)."""
     if device.type != "cpu" or not onednn_ops("_reorder_linear_weight", "_linear_pointwise"):
         return False
     capability = torch.backends.cpu.get_cpu_capability()
@@ -381,27 +384,57 @@ def _onednn_bf16() -> bool:
     return supported is not None and bool(supported())
 
 
-def packing_pays(dtype: torch.dtype, rows: int, max_new: int, capability: str | None = None) -> bool:
+def packing_pays(
+    dtype: torch.dtype,
+    rows: int,
+    max_new: int,
+    capability: str | None = None,
+    min_rows: int | None = None,
+) -> bool:
     """Whether a sampling call of ``rows`` rows and up to ``max_new`` tokens gains from packing its weights
     (where ``packs_weights`` allows it): the packing costs about as much as a few decode steps save. Whole
     decode steps of SmolLM2-135M packed and not (``python benchmarks/decode_rows.py [--unpacked]``), 2-core
-    AMD EPYC; 1-2 rows run by columns on the plain weights either way:
+    AMD EPYC:
     - AVX-512 (Zen 4): packing every weight takes 0.19-0.23 s in float32 and 0.08 s in bfloat16; a float32
       step saves 7 ms with 3-4 rows and 24-66 ms with 8-64, a bfloat16 step 12-23 ms at any row count
       (``benchmarks/results/decode-packing-cost-2026-12-05.txt``, ``decode-products-2026-12-05.txt``). So
       float32 from 8 tokens with 8 rows or more, from 32 tokens with 3-7 rows; bfloat16 from 8 tokens.
+      1-2 float32 rows run by columns on the plain weights there, packed or not.
+    - AVX-512 (Zen 5): packing takes 0.12-0.22 s in float32; a step with 1-2 rows, which run packed there
+      (``packed_fp32_min_rows``), saves 2.5-5 ms (``decode-rows-few-zen5-2026-12-07.txt``): from 64 tokens.
     - AVX2: packing takes 0.28-0.30 s in float32; a step saves 11-12 ms with 8 rows, 12-33 ms with 16, 45-74
       ms with 32-64, and with 3-4 rows between -11 and +15 ms (``decode-rows-packed-avx2-2026-12-05.txt``).
       So float32 from 32 tokens with 8-15 rows, from 16 tokens with 16 rows or more.
 
     ``capability``: the processor's, as ``torch.backends.cpu.get_cpu_capability()`` names it (None: this
-    machine's)."""
+    machine's); ``min_rows``: ``packed_fp32_min_rows``'s answer for it (None: this machine's)."""
     if dtype != torch.float32:
         return max_new >= 8
     capability = capability or torch.backends.cpu.get_cpu_capability()
     if not capability.startswith("AVX512"):
         return rows >= 8 and max_new >= (16 if rows >= 16 else 32)
-    return rows >= 3 and max_new >= (8 if rows >= 8 else 32)
+    min_rows = min_rows or packed_fp32_min_rows()
+    return rows >= min_rows and max_new >= (8 if rows >= 8 else 32 if rows >= 3 else 64)
+
+
+def packed_fp32_min_rows(family: tuple[str, int] | None = None) -> int:
+    """The fewest rows of a float32 product that the decode step runs on packed weights (in a call that
+    packs them); fewer run by columns on the plain weight (``_linear_by_columns``). ``family``: the
+    processor's vendor and family (``grpokit.parallel.hardware.cpu_family``; None: this machine's).
+
+    1 on AMD's Zen 5 (family 26), 3 elsewhere. The 120 projections of SmolLM2-135M's 30 layers and its LM
+    head, ms by columns against packed (``python benchmarks/decode_orientation.py``, 2-core AMD EPYC):
+    - Zen 4: 1 row 13.6 + 2.8 against 17.3 + 3.0, 2 rows 13.6 + 3.2 against 19.7 + 4.2; 3 rows 22.0 + 5.2
+      against 16.8 + 3.5 (``benchmarks/results/decode-products-2026-12-05.txt``).
+    - Zen 5: 1 row 11.0-11.7 + 2.4 against 8.6-10.6 + 1.4-1.9, 2 rows 10.8-11.3 + 2.5 against 8.6-8.8 + 1.5;
+      whole decode steps with 1 row 14.5-17.2 ms packed against 18.4-20.9 by columns, with 2 rows 16.0-18.5
+      against 20.7-23.0 (``decode-rows-few-zen5-2026-12-07.txt``; the weight packed for 1, 2 or 32 rows
+      alike).
+    Other processors (Intel's, AVX2-only ones: packed float32 needs 8 rows to pay there anyway) were not
+    measured with 1-2 rows packed: 3, as before."""
+    if family is None:
+        family = cpu_family()
+    return 1 if family == ("AuthenticAMD", 26) else 3
 
 
 def call_packs(device: torch.device, dtype: torch.dtype, rows: int, max_new: int) -> bool:
@@ -443,9 +476,9 @@ def packed_linear_add(
 
 
 def _by_columns(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether the decode step's linear maps on weights not packed (``packs_weights``; with 1-2 rows in
-    float32 also on packed ones) run by columns (``_linear_by_columns``) for products in ``dtype`` on
-    ``device``; else by rows, as ``F.linear``. True for float32 on a CPU:
+    """Whether the decode step's linear maps on weights not packed (``packs_weights``; in float32 also on
+    packed ones, with fewer rows than ``packed_fp32_min_rows``) run by columns (``_linear_by_columns``) for
+    products in ``dtype`` on ``device``; else by rows, as ``F.linear``. True for float32 on a CPU:
     there MKL runs SmolLM2-135M's four projections over its 30 layers, their weights read from memory
     as in decode, 2.0-3.4x faster by columns with 1-4 rows (1.2-1.5x with 8-64), and a decode step of the
     whole model takes 0.4-0.7x of its time by rows with 1-4 rows, 0.8-1.0x with 16-32
