@@ -11,14 +11,16 @@ layers, timed on their own and then under ``torch.profiler``, operators' own CPU
 - element-wise and the rest: norms, rotary, SiLU, residuals, the log-softmax of the head, indexing.
 
     python benchmarks/pass_profile.py [--model DIR] [--bf16] [--top N]
-    python benchmarks/pass_profile.py [--bf16] --timed N
+    python benchmarks/pass_profile.py [--bf16] --timed N [--every-block-kept]
 
 ``--timed N`` profiles nothing: it times each pass N times (after a warm-up) as the trainer runs them, under
 the trainer's CPU runtime (``grpokit.parallel.cpu_runtime`` at ``GRPOConfig``'s defaults: blocks from 1 MiB
 mapped fresh, the backward's from the heap, the update starting from a trimmed heap) and the update inside
 ``recomputed_in_backward``, and prints a hash of the log-probs, the
 entropy's sum and the LM head's gradient norm, so that two commits can be compared side by side
-(``PYTHONPATH=<other checkout>/src``).
+(``PYTHONPATH=<other checkout>/src``). The update's forward and backward are timed apart too.
+``--every-block-kept`` runs them with every block from the heap, never trimmed
+(``cpu_memory_reuse_below=None``): what the fresh pages cost the passes.
 
 Run it alone on the machine. The profiler adds its own overhead: compare the kinds' shares.
 """
@@ -55,9 +57,10 @@ def main() -> None:
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast over the float32 weights")
     ap.add_argument("--top", type=int, default=0, help="also list the operators with the most own time")
     ap.add_argument("--timed", type=int, default=0, help="time each pass N times as the trainer runs it")
+    ap.add_argument("--every-block-kept", action="store_true", help="--timed, cpu_memory_reuse_below=None")
     a = ap.parse_args()
     if a.timed:
-        timed(a.model, a.bf16, a.timed)
+        timed(a.model, a.bf16, a.timed, a.every_block_kept)
         return
     from common import print_operator_time
     from saved_activations import G, w4_batch
@@ -116,8 +119,9 @@ def as_the_trainer_loads_it(model: torch.nn.Module) -> None:
     use_lean_layers(model)
 
 
-def timed(model_dir: str, bf16: bool, repeats: int) -> None:
-    """``--timed``: the update's forward + backward and the reference pass, ``repeats`` times each in turn."""
+def timed(model_dir: str, bf16: bool, repeats: int, every_block_kept: bool = False) -> None:
+    """``--timed``: the update's forward + backward and the reference pass, ``repeats`` times each in turn
+    (``every_block_kept``: under ``cpu_memory_reuse_below=None``)."""
     import hashlib
 
     from saved_activations import G, w4_batch
@@ -130,7 +134,8 @@ def timed(model_dir: str, bf16: bool, repeats: int) -> None:
     from grpokit.parallel import cpu_runtime
     from grpokit.train.forward import completion_logprobs, no_grad_logprobs
 
-    cpu_runtime.apply_cpu_runtime(GRPOConfig(output_dir=tempfile.mkdtemp()), cpu=True)
+    kept = {"cpu_memory_reuse_below": None} if every_block_kept else {}
+    cpu_runtime.apply_cpu_runtime(GRPOConfig(output_dir=tempfile.mkdtemp(), **kept), cpu=True)
     # (the runtime of the commit timed: one without the backward's heap runs its backward as it did)
     blocks_from_heap = getattr(cpu_runtime, "blocks_from_heap", contextlib.nullcontext)
     trim_heap = getattr(cpu_runtime, "trim_heap", lambda: None)
@@ -139,16 +144,23 @@ def timed(model_dir: str, bf16: bool, repeats: int) -> None:
     batch = w4_batch(model.config.vocab_size)
     rows = len(batch[0])
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
-    print(f"grpokit from {os.path.dirname(grpokit.__file__)}, {'bf16 autocast' if bf16 else 'fp32'}")
+    precision = "bf16 autocast" if bf16 else "fp32"
+    blocks = "every block kept" if every_block_kept else "default"
+    print(f"grpokit from {os.path.dirname(grpokit.__file__)}, {precision}, blocks: {blocks}")
+    seconds: dict[str, list[float]] = {"update": [], "  forward": [], "  backward": [], "reference": []}
 
     def update() -> tuple[torch.Tensor, torch.Tensor, float]:
         trim_heap()
+        begin = time.perf_counter()
         with autocast(), recomputed_in_backward():
             lp, ent = completion_logprobs(
                 model, *batch, num_generations=G, padding_free=True, with_entropy=True
             )
+        seconds["  forward"].append(time.perf_counter() - begin)
+        begin = time.perf_counter()
         with blocks_from_heap():
             (lp.sum() + ent.sum()).backward()  # (after autocast is left, as the trainer calls it)
+        seconds["  backward"].append(time.perf_counter() - begin)
         head_grad = float(model.get_output_embeddings().weight.grad.norm())
         model.zero_grad(set_to_none=True)
         return lp.detach(), ent.detach(), head_grad
@@ -160,7 +172,8 @@ def timed(model_dir: str, bf16: bool, repeats: int) -> None:
             )
 
     update(), reference()  # warm-up
-    seconds: dict[str, list[float]] = {"update": [], "reference": []}
+    for times in seconds.values():
+        times.clear()
     for _ in range(repeats):
         begin = time.perf_counter()
         lp, ent, head_grad = update()

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from grpokit import GRPOConfig
+from grpokit.models.cpu_linear import cpu_family
 from grpokit.parallel import hardware
 
 
@@ -37,7 +38,7 @@ def test_cpu_family_is_that_of_proc_cpuinfo():
     pairs = (line.split(":", 1) for line in cpuinfo.read_text().splitlines() if ":" in line)
     fields = {key.strip(): value.strip() for key, value in pairs}  # every processor states the same
     vendor, family = fields.get("vendor_id"), fields.get("cpu family")
-    assert hardware.cpu_family() == ((vendor, int(family)) if vendor and family else None)
+    assert cpu_family() == ((vendor, int(family)) if vendor and family else None)
 
 
 @pytest.mark.parametrize(

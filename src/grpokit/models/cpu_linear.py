@@ -26,6 +26,8 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 
 __all__ = [
     "Linear",
+    "cpu_family",
+    "cpuinfo",
     "linear",
     "matmul",
     "onednn_available",
@@ -37,6 +39,34 @@ __all__ = [
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+@functools.cache
+def cpuinfo() -> dict[str, str]:
+    """The first processor's fields of ``/proc/cpuinfo`` (``flags``, ``vendor_id``, ``cpu family``, ...);
+    empty where there is no such file (macOS, Windows). Which library's products run faster depends on the
+    processor (``grpokit.rollout.native_decode.packed_fp32_min_rows``); ``grpokit.parallel.hardware`` reads
+    its flags here too."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor's block ends
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return fields
+
+
+def cpu_family() -> tuple[str, int] | None:
+    """The x86 CPU's vendor and family (``cpuinfo``): ``("AuthenticAMD", 25)`` for Zen 3 and Zen 4,
+    ``("AuthenticAMD", 26)`` for Zen 5, ``("GenuineIntel", 6)`` for most of Intel's; None where it says
+    neither (Arm, macOS, Windows)."""
+    fields = cpuinfo()
+    vendor, family = fields.get("vendor_id"), fields.get("cpu family", "")
+    return (vendor, int(family)) if vendor and family.isdigit() else None
 
 
 def onednn_ops(*names: str) -> bool:

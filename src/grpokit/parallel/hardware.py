@@ -24,15 +24,15 @@ import logging
 import os
 import platform
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
+
+from grpokit.models.cpu_linear import cpuinfo
 
 __all__ = [
     "MATRIX_UNITS_ENV",
     "Bf16Support",
     "bf16_support",
-    "cpu_family",
     "cpu_flags",
     "default_mixed_precision",
     "has_bf16_matrix_units",
@@ -67,37 +67,11 @@ class Bf16Support:
         return f"{self.device}: bf16 matrix units {answer} ({found})"
 
 
-@lru_cache(maxsize=1)
-def _cpuinfo() -> dict[str, str]:
-    """The first processor's fields of ``/proc/cpuinfo`` (``flags``, ``vendor_id``, ``cpu family``, ...);
-    empty where there is no such file (macOS, Windows)."""
-    fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if not line.strip():
-                    break  # the first processor's block ends
-                key, _, value = line.partition(":")
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    return fields
-
-
 def cpu_flags() -> frozenset[str]:
     """The CPU's feature flags from ``/proc/cpuinfo`` (x86 ``flags``, Arm ``Features``); empty where there
     is no such file (macOS, Windows)."""
-    fields = _cpuinfo()
+    fields = cpuinfo()
     return frozenset(fields.get("flags", fields.get("Features", "")).split())
-
-
-def cpu_family() -> tuple[str, int] | None:
-    """The x86 CPU's vendor and family from ``/proc/cpuinfo``: ``("AuthenticAMD", 25)`` for Zen 3 and Zen 4,
-    ``("AuthenticAMD", 26)`` for Zen 5, ``("GenuineIntel", 6)`` for most of Intel's; None where it says
-    neither (Arm, macOS, Windows)."""
-    fields = _cpuinfo()
-    vendor, family = fields.get("vendor_id"), fields.get("cpu family", "")
-    return (vendor, int(family)) if vendor and family.isdigit() else None
 
 
 def bf16_support(device: torch.device | str | None = None) -> Bf16Support:

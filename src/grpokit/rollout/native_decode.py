@@ -9,9 +9,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from grpokit.models.cpu_linear import onednn_ops
+from grpokit.models.cpu_linear import cpu_family, onednn_ops
 from grpokit.models.parts import autocast_dtype, decoder_of, linear_weight
-from grpokit.parallel.hardware import cpu_family
 
 __all__ = [
     "NATIVE_MODEL_TYPES",
@@ -420,7 +419,7 @@ def packing_pays(
 def packed_fp32_min_rows(family: tuple[str, int] | None = None) -> int:
     """The fewest rows of a float32 product that the decode step runs on packed weights (in a call that
     packs them); fewer run by columns on the plain weight (``_linear_by_columns``). ``family``: the
-    processor's vendor and family (``grpokit.parallel.hardware.cpu_family``; None: this machine's).
+    processor's vendor and family (``grpokit.models.cpu_linear.cpu_family``; None: this machine's).
 
     1 on AMD's Zen 5 (family 26), 3 elsewhere. The 120 projections of SmolLM2-135M's 30 layers and its LM
     head, ms by columns against packed (``python benchmarks/decode_orientation.py``, 2-core AMD EPYC):
