@@ -135,7 +135,8 @@ def timed(model_dir: str, bf16: bool, repeats: int, every_block_kept: bool = Fal
     from grpokit.train.forward import completion_logprobs, no_grad_logprobs
 
     kept = {"cpu_memory_reuse_below": None} if every_block_kept else {}
-    cpu_runtime.apply_cpu_runtime(GRPOConfig(output_dir=tempfile.mkdtemp(), **kept), cpu=True)
+    config = GRPOConfig(output_dir=tempfile.gettempdir(), **kept)  # (the config writes nothing there)
+    cpu_runtime.apply_cpu_runtime(config, cpu=True)
     # (the runtime of the commit timed: one without the backward's heap runs its backward as it did)
     blocks_from_heap = getattr(cpu_runtime, "blocks_from_heap", contextlib.nullcontext)
     trim_heap = getattr(cpu_runtime, "trim_heap", lambda: None)
