@@ -70,6 +70,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 import platform
@@ -194,7 +195,9 @@ def preloaded_allocator() -> str | None:
     return os.path.basename((info.dli_fname or b"?").decode())
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL:
+    """glibc, found once per process (``find_library`` runs ``ldconfig -p`` in a subprocess at each call)."""
     return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
 
 
