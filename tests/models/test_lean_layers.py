@@ -237,3 +237,90 @@ def test_other_modules_are_left_alone():
     assert use_lean_layers(moe) == 0
     model = tiny("mistral")
     assert use_lean_layers(model) == use_lean_layers(model) == 7
+
+
+# Minor page faults of 8 forwards of a lean gated MLP (x [512, 256], intermediate 1,024: silu(gate) * up is a
+# 2 MiB block, freed before the MLP returns) and of a lean RMSNorm (x [2,048, 256]: its squares a 2 MiB
+# block), after two that settle the heap, in a fresh process after keep_freed_memory at GRPOConfig's
+# defaults; argv[1] "on"/"off": its cpu_memory_reuse_transient. gate and up (kept for the backward) and the
+# norm's output are mapped fresh either way.
+TRANSIENT_FAULTS = """
+import resource, sys, torch
+from grpokit import GRPOConfig
+from grpokit.models.lean_layers import GatedMLP, RMSNorm
+from grpokit.parallel.cpu_runtime import keep_freed_memory
+keep_freed_memory(GRPOConfig(cpu_memory_reuse_transient=sys.argv[1] == "on"))
+torch.manual_seed(0)
+x = torch.randn(512, 256, requires_grad=True)
+gate, up, down = torch.randn(1024, 256), torch.randn(1024, 256), torch.randn(256, 1024)
+h, w = torch.randn(2048, 256, requires_grad=True), torch.randn(256)
+def faults(rounds, run):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(rounds):
+        run()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+mlp = lambda: GatedMLP.apply(x, gate, None, up, None, down, None, None)
+norm = lambda: RMSNorm.apply(h, w, 1e-6)
+faults(2, mlp), faults(2, norm)
+print(faults(8, mlp), faults(8, norm))
+"""
+
+
+def test_a_lean_layers_short_lived_blocks_come_from_the_heap():
+    """The lean MLP's silu(gate) * up and the norm's squares (``grpokit.models.transient``, served from
+    glibc's heap by the CPU runtime): one block's pages faulted once, not once per forward (8 x 512 pages
+    each with ``cpu_memory_reuse_transient=False``)."""
+    import platform
+    import subprocess
+    import sys
+
+    from grpokit.parallel.cpu_runtime import preloaded_allocator
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc" or preloaded_allocator() is not None:
+        pytest.skip("the CPU runtime sets glibc's thresholds")
+
+    def faults(setting: str) -> list[int]:
+        run = [sys.executable, "-c", TRANSIENT_FAULTS, setting]
+        printed = subprocess.run(run, capture_output=True, text=True, check=True).stdout
+        return [int(n) for n in printed.split()]
+
+    (mlp_on, norm_on), (mlp_off, norm_off) = faults("on"), faults("off")
+    block = 2 * 2**20 // 4096  # pages of one 2 MiB block
+    assert mlp_off - mlp_on >= 8 * block * 0.9
+    assert norm_off - norm_on >= 8 * block * 0.9
+
+
+def test_the_layers_and_the_lm_head_allocate_their_intermediates_as_transient(monkeypatch):
+    """Where the window opens: around the lean MLP's silu(gate) * up and down product, the norm's squares and,
+    under ``recomputed_in_backward`` (the update), its output, and the LM head's chunk loop; the outputs are
+    those without it."""
+    import contextlib
+
+    from grpokit.models import transient
+    from grpokit.models.recompute import recomputed_in_backward
+    from grpokit.train.lm_head import head_logprobs
+
+    entered = []
+
+    @contextlib.contextmanager
+    def window():
+        entered.append(1)
+        yield
+
+    model = tiny("llama")
+    use_lean_layers(model)
+    ids = torch.randint(0, 100, (2, 6))
+    expected = model(input_ids=ids).logits
+    monkeypatch.setattr(transient, "_window", window)
+    assert torch.equal(model(input_ids=ids).logits, expected)
+    norms = 2 * 2 + 1  # two per layer, the final one
+    assert len(entered) == 2 + norms  # each MLP, each norm's squares ...
+    entered.clear()
+    with recomputed_in_backward():
+        assert torch.equal(model(input_ids=ids).logits, expected)
+    assert len(entered) == 2 + 2 * norms  # ... and under the update's block each norm's output too
+    entered.clear()
+    hidden = torch.randn(2, 3, 64)
+    mask = torch.ones(2, 3)
+    head_logprobs(model, hidden, ids[:, :3], mask, temperature=1.0, with_entropy=True, chunk_size=2)
+    assert len(entered) == 1

@@ -123,6 +123,45 @@ def test_blocks_from_heap_reuses_every_block_inside_and_hands_the_free_pages_bac
     assert applies == "False" and int(inside) >= 8 * pages * 0.95  # cpu_memory_reuse_in_backward=False
 
 
+# Inside grpokit.models.transient.transient_blocks (the seam the layers call), after keep_freed_memory at
+# GRPOConfig's defaults (argv[1] "on"/"off": its cpu_memory_reuse_transient): whether it applies, minor page
+# faults of 8 rounds of a 4 MiB block inside it; then, inside blocks_from_heap, of 8 rounds of a 64 MiB block
+# after a transient window opened and closed within it (the backward's window must stay open), and of 8
+# rounds of a 256 MiB block after both (larger than all the heap grew: mapped fresh again).
+TRANSIENT = """
+import resource, sys, torch
+from grpokit import GRPOConfig
+from grpokit.models.transient import transient_blocks
+from grpokit.parallel.cpu_runtime import blocks_from_heap, keep_freed_memory
+keep_freed_memory(GRPOConfig(cpu_memory_reuse_transient=sys.argv[1] == "on"))
+def faults(numel):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(8):
+        torch.empty(numel).fill_(1.0)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+with transient_blocks() as applies:
+    torch.empty(2**20).fill_(1.0)
+    inside = faults(2**20)
+with blocks_from_heap():
+    with transient_blocks():
+        pass
+    torch.empty(2**24).fill_(1.0)
+    nested = faults(2**24)
+print(applies, inside, nested, faults(2**26))
+"""
+
+
+@SETS_GLIBC_THRESHOLDS
+def test_transient_blocks_come_from_the_heap_and_leave_an_enclosing_window_open():
+    pages = 4 * 2**20 // 4096
+    applies, inside, nested, after = _printed(TRANSIENT, "on")
+    assert applies == "True" and int(inside) <= 2 * pages  # the same heap pages every round
+    assert int(nested) <= 2 * 16 * pages  # the backward's window still served the 64 MiB blocks
+    assert int(after) >= 8 * 64 * pages * 0.95  # after both: from 1 MiB mapped fresh again
+    applies, inside, _, _ = _printed(TRANSIENT, "off")
+    assert applies == "False" and int(inside) >= 8 * pages * 0.95  # cpu_memory_reuse_transient=False
+
+
 # trim_heap after 200 blocks of 512 KiB (below the 1 MiB threshold: from the heap) were filled and freed,
 # with cpu_memory_reuse_in_backward argv[1] "on"/"off": whether it trimmed, the resident bytes handed back.
 TRIM = """

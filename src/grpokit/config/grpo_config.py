@@ -577,6 +577,14 @@ class GRPOConfigBase(metaclass=RefusesMovedFields):
     on a 2-core Zen 5 EPYC W3's update took 22-24% less time and W4's 14-16% less, for a peak 122 and 253 MiB
     higher (``parallel/cpu_runtime.py``). False: the backward's blocks from ``cpu_memory_reuse_below`` are
     mapped fresh too (the lowest peak)."""
+    cpu_memory_reuse_transient: bool = True
+    """With ``cpu_memory_reuse`` and a ``cpu_memory_reuse_below``: the blocks grpokit's own layers free again
+    before they return (the gated MLP's silu(gate) * up and its down product's output, an RMSNorm's squares
+    and, in the update, its output, the LM head's chunks of logits) come from glibc's heap whatever their
+    size, each layer reusing the pages the one before freed instead of page-faulting fresh ones; they are
+    kept in the heap until the backward's trim (``models/transient.py``, ``parallel/cpu_runtime.py``). On a
+    2-core Zen 5 EPYC W3's step took 9-12% less time and W4's 4-5% less, for a peak 90-180 MiB (2-3%)
+    higher. False: they are mapped fresh from ``cpu_memory_reuse_below`` like every other block."""
     lean_activations: bool = True
     """The policy's gated MLPs and RMSNorms (llama, qwen2, qwen3, mistral) keep their inputs for the backward
     and run silu(gate) * up and x / rms again there, instead of keeping them (``models/lean_layers.py``).

@@ -43,6 +43,7 @@ from torch.nn.modules import module as nn_module
 from grpokit.models import recompute
 from grpokit.models.cpu_linear import linear, matmul, plain_linear
 from grpokit.models.parts import autocast_dtype, cast
+from grpokit.models.transient import transient_blocks
 
 __all__ = ["LEAN_MODEL_TYPES", "MLP_CLASSES", "NORM_CLASSES", "GatedMLP", "RMSNorm", "use_lean_layers"]
 
@@ -148,9 +149,10 @@ class GatedMLP(torch.autograd.Function):
             xc = cast(x, dtype)  # [*, H]
             gate = linear(xc, cast(gate_weight, dtype), cast(gate_bias, dtype))  # [*, I]
             up = linear(xc, cast(up_weight, dtype), cast(up_bias, dtype))  # [*, I]
-            hidden = F.silu(gate).mul_(up)  # [*, I] silu(gate) * up, in silu's block (no second one)
-            out = linear(hidden, cast(down_weight, dtype), cast(down_bias, dtype))  # [*, H]
-            del hidden
+            with transient_blocks():  # (freed soon: the residual sum takes out)
+                hidden = F.silu(gate).mul_(up)  # [*, I] silu(gate) * up, in silu's block (no second one)
+                out = linear(hidden, cast(down_weight, dtype), cast(down_bias, dtype))  # [*, H]
+                del hidden
         ctx.save_for_backward(xc, gate, up, gate_weight, up_weight, down_weight)
         ctx.dtype = dtype
         ctx.input_dtype = x.dtype
@@ -209,12 +211,16 @@ class RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx: FunctionCtx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         x32 = x.to(torch.float32)  # [*, H]
-        rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)  # [*, 1]
+        with transient_blocks():  # (the squares)
+            rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)  # [*, 1]
         ctx.save_for_backward(x, weight, rstd)
-        out = _normed(x, weight, rstd)
-        if recompute.active():  # the linears after the norm keep its recipe, not out (x, r are kept anyway)
-            kept = weight.detach().clone()  # as read now (ZeRO-3 releases the module's own after the forward)
-            recompute.offer(out, lambda: _normed(x, kept, rstd), x, rstd)
+        if not recompute.active():
+            return _normed(x, weight, rstd)
+        with transient_blocks():  # (freed once the linears after the norm have read it)
+            out = _normed(x, weight, rstd)
+        # the linears after the norm keep its recipe, not out (x, r are kept anyway)
+        kept = weight.detach().clone()  # as read now (ZeRO-3 releases the module's own after the forward)
+        recompute.offer(out, lambda: _normed(x, kept, rstd), x, rstd)
         return out
 
     @staticmethod

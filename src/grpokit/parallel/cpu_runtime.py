@@ -35,6 +35,13 @@ reuse, grouped-query attention without copied keys/values, and bounded oneDNN ke
   trimmed heap (``trim_heap``: the pages the sampler and the log-prob passes freed are not left resident
   beside the forward's fresh activations). Measured side by side:
   ``benchmarks/results/backward-heap-zen5-2026-12-07.txt``.
+- Within a layer the same holds for the blocks it frees before it returns: the gated MLP's silu(gate) * up
+  and its down product's output, an RMSNorm's squares (and in the update its output, which the linears after
+  it do not keep), the LM head's chunks of logits. grpokit's layers allocate them inside
+  ``grpokit.models.transient.transient_blocks``, where this runtime serves every size from the heap
+  (``transient_blocks``; ``GRPOConfig.cpu_memory_reuse_transient``, on by default) without trimming after,
+  so the next layer takes the same pages, and the backward after them. ``transformers``' own intermediates
+  (rotary positions, the projections' outputs) are still mapped fresh.
 - The price is resident memory: the process keeps the small blocks it freed, up to a step's high-water
   mark. The setting stays after training. Other C libraries (macOS, musl, Windows) are left as they are,
   and so is a process running another allocator in glibc's place (jemalloc or tcmalloc through
@@ -77,6 +84,8 @@ import platform
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from grpokit.models.transient import serve_transient_blocks
+
 if TYPE_CHECKING:
     from grpokit.config import GRPOConfig
 
@@ -91,6 +100,7 @@ __all__ = [
     "bound_onednn_caches",
     "keep_freed_memory",
     "preloaded_allocator",
+    "transient_blocks",
     "trim_heap",
 ]
 
@@ -116,6 +126,10 @@ _set_threshold: int | None = None
 """The mmap threshold ``keep_freed_memory`` set in this process, where ``blocks_from_heap`` and ``trim_heap``
 apply (one below ``KEEP_BYTES``, with ``cpu_memory_reuse_in_backward``); None: they do nothing (accelerators,
 other allocators, every block kept already, turned off)."""
+_transient_threshold: int | None = None
+"""The same, where ``transient_blocks`` applies (``cpu_memory_reuse_transient``); None: it does nothing."""
+_heap_depth = 0
+"""How many ``blocks_from_heap`` / ``transient_blocks`` are open (the outermost sets the threshold back)."""
 
 
 def apply_cpu_runtime(args: GRPOConfig, *, cpu: bool) -> None:
@@ -144,8 +158,10 @@ def keep_freed_memory(args: GRPOConfig) -> bool:
     applied = applied and bool(libc.mallopt(_M_TRIM_THRESHOLD, KEEP_BYTES))
     if applied:
         logger.info("grpokit: freed CPU blocks below %d KiB kept for reuse (cpu_memory_reuse)", below >> 10)
-        global _set_threshold
+        global _set_threshold, _transient_threshold
         _set_threshold = below if below < KEEP_BYTES and args.cpu_memory_reuse_in_backward else None
+        _transient_threshold = below if below < KEEP_BYTES and args.cpu_memory_reuse_transient else None
+        serve_transient_blocks(transient_blocks)
     return applied
 
 
@@ -159,13 +175,41 @@ def blocks_from_heap() -> Iterator[bool]:
     if below is None:
         yield False
         return
-    libc = _libc()
-    libc.mallopt(_M_MMAP_THRESHOLD, KEEP_BYTES)
     try:
-        yield True
+        with _every_size_from_heap(below):
+            yield True
     finally:
-        libc.mallopt(_M_MMAP_THRESHOLD, below)
-        libc.malloc_trim(0)
+        _libc().malloc_trim(0)
+
+
+@contextlib.contextmanager
+def transient_blocks() -> Iterator[bool]:
+    """Within the block, glibc serves blocks of every size up to ``KEEP_BYTES`` from its heap, for code that
+    frees them again soon (a layer's intermediates, ``grpokit.models.transient``); after it the threshold
+    ``keep_freed_memory`` set is set again, and the freed blocks stay in the heap for the next such block
+    (the next layer's), untrimmed. Yields whether it applies (``_transient_threshold``)."""
+    below = _transient_threshold
+    if below is None:
+        yield False
+        return
+    with _every_size_from_heap(below):
+        yield True
+
+
+@contextlib.contextmanager
+def _every_size_from_heap(below: int) -> Iterator[None]:
+    """Blocks of every size up to ``KEEP_BYTES`` from the heap within; the mmap threshold ``below`` again when
+    the outermost such block ends (a layer's window inside a backward's leaves the backward's as it is)."""
+    global _heap_depth
+    if _heap_depth == 0:
+        _libc().mallopt(_M_MMAP_THRESHOLD, KEEP_BYTES)
+    _heap_depth += 1
+    try:
+        yield
+    finally:
+        _heap_depth -= 1
+        if _heap_depth == 0:
+            _libc().mallopt(_M_MMAP_THRESHOLD, below)
 
 
 def trim_heap() -> bool:

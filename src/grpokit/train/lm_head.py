@@ -11,6 +11,7 @@ from torch.autograd.function import once_differentiable
 from grpokit.models.cpu_linear import linear, matmul, onednn_float32
 from grpokit.models.parts import autocast_dtype, cast
 from grpokit.models.policy import FP32_HEAD
+from grpokit.models.transient import transient_blocks
 
 __all__ = ["HEAD_CHUNK_BYTES", "HEAD_CHUNK_ROWS", "head_chunk_rows", "head_logprobs"]
 
@@ -92,7 +93,7 @@ class _FusedHeadLogprobs(torch.autograd.Function):
         lse = torch.empty(num, dtype=torch.float32, device=h.device)
         logp = torch.empty(num, dtype=torch.float32, device=h.device)
         ent = torch.empty(num if with_entropy else 0, dtype=torch.float32, device=h.device)
-        with torch.autocast(device, enabled=False):
+        with torch.autocast(device, enabled=False), transient_blocks():  # (the chunks: freed by the end)
             hp, wp, bp = (cast(t, ctx.product_dtype) for t in (h, weight, bias))  # once per pass
             logits, exps = _chunk_buffers(num, rows, hp, wp, bp)  # [rows, V] each (logits: or None)
             for s in range(0, num, rows):
@@ -172,7 +173,8 @@ def _chunk_buffers(
     ``h`` [M, H] with ``weight`` [V, H] (and ``bias``) in their dtype: the logits' (None where oneDNN computes
     the product, ``_writes_own_block``: its result is a block of its own, used as it is) and a second one.
     Allocated once per pass, not once per chunk (a block this large is mapped fresh from the kernel at every
-    allocation under ``cpu_memory_reuse_below``, and glibc's above 32 MiB)."""
+    allocation under ``cpu_memory_reuse_below`` where the pass's blocks do not come from the heap,
+    ``grpokit.models.transient``, and glibc's above 32 MiB)."""
     shape = (min(rows, num), weight.shape[0])
     second = torch.empty(shape, dtype=torch.float32, device=weight.device)
     if _writes_own_block(h, weight, bias):
