@@ -114,13 +114,15 @@ def run_trainer(
     micro_batch_tokens: int | None = None,
     gradient_checkpointing: bool = False,
     backward_heap: bool = True,
+    transient_heap: bool = True,
 ) -> dict:
     """The same workload through grpokit.GRPOTrainer (fast backend); phases from its time/* metrics.
     ``precision`` bf16: ``bf16=True``, autocast over the fp32 weights (generation, log-prob passes and
     update). ``micro_batch_tokens``: the optimizer step's rows in micro-batches filled up to that many real
     tokens (``GRPOConfig.micro_batch_tokens``) instead of whole groups within ``micro_batch_rows``' budget.
     ``gradient_checkpointing``: the update's layers recompute their activations in the backward (TRL's
-    default). ``backward_heap`` False: ``GRPOConfig.cpu_memory_reuse_in_backward=False``."""
+    default). ``backward_heap`` False: ``GRPOConfig.cpu_memory_reuse_in_backward=False``; ``transient_heap``
+    False: ``GRPOConfig.cpu_memory_reuse_transient=False``."""
     import torch
     from transformers import PreTrainedTokenizerFast
 
@@ -145,6 +147,7 @@ def run_trainer(
             micro_batch_tokens=micro_batch_tokens,
             gradient_checkpointing=gradient_checkpointing,
             cpu_memory_reuse_in_backward=backward_heap,
+            cpu_memory_reuse_transient=transient_heap,
             max_steps=steps,
             logging_steps=1,
             report_to=[],
@@ -190,6 +193,9 @@ def main() -> None:
     ap.add_argument(
         "--no-backward-heap", action="store_true", help="GRPOConfig.cpu_memory_reuse_in_backward=False"
     )
+    ap.add_argument(
+        "--no-transient-heap", action="store_true", help="GRPOConfig.cpu_memory_reuse_transient=False"
+    )
     a = ap.parse_args()
     wl = WORKLOADS[a.workload]
     timer = PhaseTimer()
@@ -201,7 +207,7 @@ def main() -> None:
     else:
         extra = run_trainer(
             a.model, wl, a.warmup + a.steps, a.seed, timer, a.precision, a.warmup, a.micro_batch_tokens,
-            a.gradient_checkpointing, not a.no_backward_heap,
+            a.gradient_checkpointing, not a.no_backward_heap, not a.no_transient_heap,
         )  # fmt: skip
         extra["micro_batch_tokens"] = a.micro_batch_tokens
         extra["gradient_checkpointing"] = a.gradient_checkpointing

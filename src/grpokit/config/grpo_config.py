@@ -583,7 +583,7 @@ class GRPOConfigBase(metaclass=RefusesMovedFields):
     and, in the update, its output, the LM head's chunks of logits) come from glibc's heap whatever their
     size, each layer reusing the pages the one before freed instead of page-faulting fresh ones; they are
     kept in the heap until the backward's trim (``models/transient.py``, ``parallel/cpu_runtime.py``). On a
-    2-core Zen 5 EPYC W3's step took 9-12% less time and W4's 4-5% less, for a peak 90-180 MiB (2-3%)
+    2-core Zen 5 EPYC W3's step took 9-12% less time and W4's 4-6% less, for a peak 80-180 MiB (2-3%)
     higher. False: they are mapped fresh from ``cpu_memory_reuse_below`` like every other block."""
     lean_activations: bool = True
     """The policy's gated MLPs and RMSNorms (llama, qwen2, qwen3, mistral) keep their inputs for the backward
