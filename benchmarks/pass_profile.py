@@ -31,9 +31,9 @@ the profiler's own cost per operator inflates short element-wise operators sever
 pass (the update: its forward and backward) its time and its floor; the products' and the attention's
 time, FLOPs and rate; the rest (norms, rotary, SiLU, residuals, the head's log-softmax, copies, dispatch)
 as the plain time less those two. What the pass would need to reach a share of its floor reads off the
-lines. ``--workload W3`` (with
-``--timed`` too) runs W3's update instead: 8 prompts of 41-48 tokens (its first timed step's) x 8
-completions of 16 tokens, one micro-batch as its trainer runs it (no reference pass: beta 0).
+lines. ``--workload W3`` (with ``--timed`` too) runs W3's update instead: 8 prompts of 41-48 tokens (its
+first timed step's) x 8 completions of 16 tokens, one micro-batch as its trainer runs it (``--breakdown``
+leaves out the reference pass, which W3 does not run: beta 0).
 
 Run it alone on the machine. The profiler adds its own overhead: compare the kinds' shares.
 """
