@@ -180,6 +180,8 @@ def trl_command(out: str, *extra: str) -> list[str]:
 def run(script: Path, command: list[str]) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK"))}
     env["OMP_NUM_THREADS"] = "1"
+    env["TMPDIR"] = str(script / "tmp")  # (accelerate launch's torchelastic_* log folders: not the system's)
+    (script / "tmp").mkdir(exist_ok=True)
     return subprocess.run(command, cwd=script, env=env, capture_output=True, text=True, timeout=1800)
 
 

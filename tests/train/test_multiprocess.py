@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -78,8 +79,9 @@ def run_two_processes(worker: Path, *args: str, extra: tuple[str, ...] = (), tim
     if sys.platform.startswith("linux"):  # loopback: no dependence on the host name resolving
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    command = [*launcher, *extra, str(worker), *args]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    with tempfile.TemporaryDirectory(prefix="grpokit-torchrun-") as logs:  # torchrun's log folders, removed
+        command = [*launcher, "--log-dir", logs, *extra, str(worker), *args]  # (else one per launch is left)
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stderr[-4000:]
 
 

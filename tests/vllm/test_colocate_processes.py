@@ -24,6 +24,7 @@ def test_two_training_processes_each_with_its_engine(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK"))}
     env |= {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "GLOO_SOCKET_IFNAME": "lo"}
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    launcher += ["--log-dir", str(tmp_path / "torchrun")]  # (not a torchelastic_* left in the system's temp)
     result = subprocess.run(
         [*launcher, str(WORKER), str(tmp_path)], env=env, capture_output=True, text=True, timeout=400
     )
