@@ -27,7 +27,7 @@ entropy's sum and the LM head's gradient norm, so that two commits can be compar
 matrix products over its real tokens at this machine's measured rates at their shapes, attention counted as
 products too). It times the passes N times as ``--timed`` does, then N times more with each product's and
 each attention's own time and FLOPs taken around the operator call (a ``TorchDispatchMode``, no profiler:
-the profiler's own cost per operator inflates short element-wise operators several times), and prints per
+recording shapes, the profiler made W3's short element-wise operators take 10x their time), and prints per
 pass (the update: its forward and backward) its time and its floor; the products' and the attention's
 time, FLOPs and rate; the rest (norms, rotary, SiLU, residuals, the head's log-softmax, copies, dispatch)
 as the plain time less those two. What the pass would need to reach a share of its floor reads off the
