@@ -179,7 +179,7 @@ class TrainerPasses:
         self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
         # the weights in memory of their own, as the trainer's are after its first optimizer step:
         # from_pretrained leaves them in a private mapping of the weights file, each page copied when first
-        # written (the update over the mapping ran 3-4% slower; the reference pass, whose weights stay
+        # written (the update over the mapping ran about 4% slower; the reference pass, whose weights stay
         # mapped in the trainer, did not)
         with torch.no_grad():
             for parameter in self.model.parameters():
