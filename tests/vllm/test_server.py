@@ -19,10 +19,12 @@ import functools
 import importlib.util
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -134,32 +136,40 @@ class Server:
     client: VLLMServerClient
     port: int
     log: Path
+    runtime: Path
+    """The server's temporary folder: vLLM's ZMQ sockets and file store (``VLLM_RPC_BASE_PATH``,
+    ``TMPDIR``), which a server stopped by signal leaves behind."""
 
     def stop(self) -> None:
-        """SIGTERM to the server's process group (API server, engine core, worker), SIGKILL after 30 s."""
+        """SIGTERM to the server's process group (API server, engine core, worker), SIGKILL after 30 s; then
+        its temporary folder removed."""
         try:
             os.killpg(self.process.pid, signal.SIGTERM)
         except ProcessLookupError:
-            return
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=30)
+            pass
+        else:
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=30)
+        shutil.rmtree(self.runtime, ignore_errors=True)
 
 
 def start_server(directory: Path, log: Path, flags: tuple[str, ...], *, dev_mode: bool = True) -> Server:
     """Start ``vllm serve`` in its own process group and wait for ``/health``; if it exits or does not come
     up within ``STARTUP_TIMEOUT``, stop it and raise with the end of its log."""
     port = free_port()
+    runtime = Path(tempfile.mkdtemp(prefix="vllm-serve-"))  # (short: a ZMQ socket path has ~107 characters)
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    env |= {"VLLM_RPC_BASE_PATH": str(runtime), "TMPDIR": str(runtime)}
     env["VLLM_SERVER_DEV_MODE"] = "1" if dev_mode else "0"
     with log.open("w") as out:
         process = subprocess.Popen(
             serve_command(directory, port, flags), env=env, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
-    server = Server(process, VLLMServerClient(f"http://127.0.0.1:{port}"), port, log)
+    server = Server(process, VLLMServerClient(f"http://127.0.0.1:{port}"), port, log, runtime)
     deadline = time.monotonic() + STARTUP_TIMEOUT
     while True:
         try:
