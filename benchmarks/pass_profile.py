@@ -1,7 +1,8 @@
 """Where the training passes' time goes: the update's forward and backward and the reference's no-grad pass
 over one W4-shaped micro-batch (``saved_activations.w4_batch``: 2 groups of 8, prompts of 165 and 90
 tokens, completions of 2-256, packed, shared prefix) of SmolLM2-135M-Instruct with the trainer's lean
-layers, timed on their own and then under ``torch.profiler``, operators' own CPU time summed by kind:
+layers, as the trainer runs them (``TrainerPasses``; below), timed on their own and then under
+``torch.profiler``, operators' own CPU time summed by kind:
 
 - products: ``aten::mm`` / ``addmm`` / ``addmm_`` / ``bmm`` and oneDNN's ``mkldnn::_linear_pointwise``
   (projections, MLP, LM head chunks, and their gradients; the float32 ones oneDNN's where
@@ -10,8 +11,8 @@ layers, timed on their own and then under ``torch.profiler``, operators' own CPU
 - casts: ``copy_`` / ``_to_copy`` (under autocast: every weight and activation cast to bf16, and back);
 - element-wise and the rest: norms, rotary, SiLU, residuals, the log-softmax of the head, indexing.
 
-    python benchmarks/pass_profile.py [--model DIR] [--bf16] [--top N]
-    python benchmarks/pass_profile.py [--bf16] --timed N [--every-block-kept]
+    python benchmarks/pass_profile.py [--model DIR] [--bf16] [--top N] [--workload W3]
+    python benchmarks/pass_profile.py [--bf16] --timed N [--every-block-kept] [--workload W3]
     python benchmarks/pass_profile.py [--bf16] --breakdown N [--workload W3]
 
 ``--timed N`` profiles nothing: it times each pass N times (after a warm-up) as the trainer runs them, under
@@ -31,7 +32,7 @@ recording shapes, the profiler made W3's short element-wise operators take 10x t
 pass (the update: its forward and backward) its time and its floor; the products' and the attention's
 time, FLOPs and rate; the rest (norms, rotary, SiLU, residuals, the head's log-softmax, copies, dispatch)
 as the plain time less those two. What the pass would need to reach a share of its floor reads off the
-lines. ``--workload W3`` (with ``--timed`` too) runs W3's update instead: 8 prompts of 41-48 tokens (its
+lines. ``--workload W3`` (in every mode) runs W3's update instead: 8 prompts of 41-48 tokens (its
 first timed step's) x 8 completions of 16 tokens, one micro-batch as its trainer runs it (``--breakdown``
 leaves out the reference pass, which W3 does not run: beta 0).
 
@@ -72,7 +73,7 @@ def main() -> None:
     ap.add_argument("--timed", type=int, default=0, help="time each pass N times as the trainer runs it")
     ap.add_argument("--every-block-kept", action="store_true", help="--timed, cpu_memory_reuse_below=None")
     ap.add_argument("--breakdown", type=int, default=0, help="time each pass N times against its floor")
-    ap.add_argument("--workload", choices=("W3", "W4"), default="W4", help="--timed, --breakdown: the batch")
+    ap.add_argument("--workload", choices=("W3", "W4"), default="W4", help="the micro-batch's shape")
     a = ap.parse_args()
     if a.timed:
         timed(a.model, a.bf16, a.timed, a.every_block_kept, a.workload)
@@ -81,45 +82,25 @@ def main() -> None:
         breakdown(a.model, a.bf16, a.breakdown, a.workload)
         return
     from common import print_operator_time
-    from saved_activations import G, w4_batch
-    from smollm2 import prepare
     from torch.profiler import ProfilerActivity, profile
-    from transformers import AutoModelForCausalLM
 
-    from grpokit.train.forward import completion_logprobs, no_grad_logprobs
-
-    model = AutoModelForCausalLM.from_pretrained(prepare(a.model), dtype=torch.float32)
-    as_the_trainer_loads_it(model)
-    batch = w4_batch(model.config.vocab_size)
-    rows = len(batch[0])
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if a.bf16 else contextlib.nullcontext()
-    print(
-        f"SmolLM2-135M-Instruct, {'bf16 autocast' if a.bf16 else 'fp32'}, {torch.get_num_threads()} threads"
-    )
-    print(f"{rows} rows, {int(batch[3].sum())} real completion tokens")
-
-    def update() -> None:
-        with autocast:
-            lp, ent = completion_logprobs(
-                model, *batch, num_generations=G, padding_free=True, with_entropy=True
-            )
-        (lp.sum() + ent.sum()).backward()
-        model.zero_grad(set_to_none=True)
-
-    def reference() -> None:
-        with autocast:
-            no_grad_logprobs(model, *batch, num_generations=G, micro_batch_size=rows, padding_free=True)
-
-    for name, run in (("forward + backward", update), ("no-grad pass", reference)):
-        run()  # warm-up
-        begin = time.perf_counter()
+    passes = TrainerPasses(a.model, a.bf16, workload=a.workload)
+    precision = "bf16 autocast" if a.bf16 else "fp32"
+    threads = torch.get_num_threads()
+    print(f"SmolLM2-135M-Instruct, {a.workload}'s micro-batch, {precision}, {threads} threads")
+    print(f"{len(passes.lengths)} rows, {sum(passes.lengths)} real completion tokens")
+    passes.warm_up()
+    timed_as = {
+        "forward + backward": (passes.update, ("  forward", "  backward")),
+        "no-grad pass": (passes.reference, ("reference",)),
+    }
+    for name, (run, parts) in timed_as.items():
         run()
-        seconds = time.perf_counter() - begin
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             run()
-        events = prof.key_averages()
+        seconds = sum(passes.seconds[part][0] for part in parts)  # (the unprofiled run's)
         print(f"{name}: {seconds:.2f} s unprofiled; profiled:")
-        print_operator_time(events, KINDS, "element-wise and the rest", a.top)
+        print_operator_time(prof.key_averages(), KINDS, "element-wise and the rest", a.top)
 
 
 def as_the_trainer_loads_it(model: torch.nn.Module) -> None:
