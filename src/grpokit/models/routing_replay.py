@@ -337,7 +337,7 @@ class ExpertRouting:
             if plan.tag:  # (a recomputation is not counted again)
                 self._count(plan.tag, layer, (differ & counted).sum(), counted.sum())
             if plan.replay:
-                weights = GATES[type(module).__name__](module, logits, given)
+                weights = GATES[router_class(module)](module, logits, given)
                 experts = given.to(experts.dtype)
                 output = (logits, weights, experts)
         if tape is not None:
@@ -407,7 +407,16 @@ _WITHOUT: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # looked at, no 
 
 def routers_of(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The model's MoE routers in layer order (modules whose class name says top-k router)."""
-    return [m for m in model.modules() if type(m).__name__.lower().endswith("topkrouter")]
+    return [m for m in model.modules() if router_class(m).lower().endswith("topkrouter")]
+
+
+def router_class(module: torch.nn.Module) -> str:
+    """The name of ``module``'s own class. A parametrized module (peft >= 0.22 puts LoRA on an MoE router's
+    weight through ``torch.nn.utils.parametrize``) is an instance of a ``Parametrized<Class>`` subclass."""
+    cls = type(module)
+    if torch.nn.utils.parametrize.is_parametrized(module):
+        cls = cls.__bases__[0]
+    return cls.__name__
 
 
 def install_routing(model: torch.nn.Module) -> ExpertRouting | None:
@@ -419,7 +428,7 @@ def install_routing(model: torch.nn.Module) -> ExpertRouting | None:
     routers = routers_of(model)
     if not routers:
         return None
-    unknown = sorted({type(r).__name__ for r in routers} - set(GATES))
+    unknown = sorted({router_class(r) for r in routers} - set(GATES))
     if unknown:
         raise ValueError(
             f"routing replay knows the routers of {', '.join(sorted(GATES))}; {', '.join(unknown)} is "
@@ -475,7 +484,7 @@ def routing_for_run(model: torch.nn.Module, mode: str, refusals: dict[str, bool]
                 "replay; leave it 'off'"
             )
         return None
-    unknown = sorted({type(r).__name__ for r in routers} - set(GATES))
+    unknown = sorted({router_class(r) for r in routers} - set(GATES))
     if unknown:
         if mode != "off":
             install_routing(model)  # raises, naming the router
