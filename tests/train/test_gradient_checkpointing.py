@@ -13,7 +13,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.models import build_char_tokenizer, build_tiny_model
-from grpokit.models.policy import enable_gradient_checkpointing
+from grpokit.models.policy import enable_gradient_checkpointing, is_checkpointing
 from grpokit.rollout import ScriptedBackend
 from grpokit.train.forward import completion_logprobs
 
@@ -63,6 +63,17 @@ def assert_same(a, b):
     for name in g_a:
         scale = g_b[name].abs().max().clamp(min=1e-6)
         torch.testing.assert_close(g_a[name] / scale, g_b[name] / scale, atol=1e-6, rtol=0, msg=name)
+
+
+def test_is_checkpointing_reads_the_model_without_its_deprecated_name(recwarn):
+    """transformers 5.x warns on ``is_gradient_checkpointing`` (gone in 6); a PEFT model answers for its
+    base."""
+    model = qwen2()
+    assert not is_checkpointing(model)
+    enable_gradient_checkpointing(model)
+    lora = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj"]))
+    assert is_checkpointing(model) and is_checkpointing(lora)
+    assert not [w for w in recwarn if "checkpointing" in str(w.message)]
 
 
 @pytest.mark.parametrize("path", list(PATHS))

@@ -25,6 +25,7 @@ __all__ = [
     "disable_dropout",
     "enable_gradient_checkpointing",
     "exclude_vision_modules",
+    "is_checkpointing",
     "load_policy",
     "model_init_kwargs",
     "processing_class_of",
@@ -189,6 +190,16 @@ def enable_gradient_checkpointing(model: torch.nn.Module, kwargs: dict[str, Any]
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     model.config.use_cache = False
+
+
+def is_checkpointing(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s layers are activation-checkpointed: ``is_activation_checkpointing`` where
+    transformers has it (5.x; its older name ``is_gradient_checkpointing`` warns there and goes in 6)."""
+    missing = object()
+    checkpointing = getattr(model, "is_activation_checkpointing", missing)
+    if checkpointing is missing:
+        checkpointing = getattr(model, "is_gradient_checkpointing", False)
+    return bool(checkpointing)
 
 
 def check_target_modules(model: torch.nn.Module, peft_config: Any) -> None:

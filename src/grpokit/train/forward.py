@@ -42,6 +42,7 @@ from grpokit.models.packing import (
     use_packed_attention,
 )
 from grpokit.models.parts import cache_argument, decoder_of
+from grpokit.models.policy import is_checkpointing
 from grpokit.models.prefix_cache import (
     PrefixCache,
     RecordingCache,
@@ -136,7 +137,7 @@ def completion_logprobs(
         raise ValueError(
             "routing replay with images (a mixture-of-experts vision-language model) is not built"
         )
-    if routes is not None and torch.is_grad_enabled() and getattr(model, "is_gradient_checkpointing", False):
+    if routes is not None and torch.is_grad_enabled() and is_checkpointing(model):
         shared_prefix = False  # a checkpointed layer replays within its call's routing context only
     padded_inputs = [
         name
