@@ -19,7 +19,14 @@ from grpokit import GRPOConfig
 from grpokit.cli.memory_plan import FAST_PREFILL_PROMPTS, GIB, layer_activation_bytes, plan_memory
 from grpokit.models import recompute
 from grpokit.models.lean_layers import use_lean_layers
-from grpokit.models.shape import ModelShape, count_lora_parameters, count_parameters
+from grpokit.models.shape import (
+    ModelShape,
+    adapted_expert_parameters,
+    count_lora_parameters,
+    count_parameters,
+    expert_lora_parameters,
+    largest_lora_tensor,
+)
 from grpokit.parallel.cpu_runtime import FORCE_GQA
 from grpokit.rollout import FastSampler, native_decode
 
@@ -850,16 +857,82 @@ def test_moe_layer_activation_bytes_within_two_percent_of_what_autograd_saves(
     assert estimate + copies == pytest.approx(measured, rel=0.02)
 
 
-def test_moe_lora_counts_equal_peft():
-    """LoRA on attention (and on qwen2_moe's shared expert, an MoE layer's MLP linears): peft's count."""
+@pytest.mark.parametrize(
+    "arch, extra, targets",
+    [("qwen3_moe", {}, ["q_proj", "v_proj", "o_proj"]), ("qwen2_moe", {}, ["k_proj", "up_proj", "gate_proj"]),
+     ("qwen3_moe", {"mlp_only_layers": [0]}, ["gate_proj", "up_proj", "down_proj"]),
+     ("qwen3_moe", {}, ["gate"]), ("qwen2_moe", {}, None), ("qwen3_moe", {}, None), ("mixtral", {}, None),
+     ("mixtral", {}, ["w1", "w3"])],
+)  # fmt: skip
+def test_moe_lora_counts_equal_peft(arch, extra, targets):
+    """LoRA on attention, on qwen2_moe's shared expert (an MoE layer's MLP linears), on a dense layer's MLP,
+    and on what peft 0.22 maps the v4 names onto: the experts' stacked parameters and the router's weight
+    (``all-linear`` takes them all): peft's count."""
     peft = pytest.importorskip("peft")
-    cases = (("qwen3_moe", ["q_proj", "v_proj", "o_proj"]), ("qwen2_moe", ["k_proj", "up_proj"]))
-    for arch, targets in cases:
-        config = moe_config(arch, layers=2)
-        model = AutoModelForCausalLM.from_config(config)
-        lora = peft.LoraConfig(r=4, target_modules=targets, task_type="CAUSAL_LM")
-        trainable = [p for p in peft.get_peft_model(model, lora).parameters() if p.requires_grad]
-        assert count_lora_parameters(config, 4, targets) == sum(p.numel() for p in trainable)
+    if tuple(int(x) for x in peft.__version__.split(".")[:2]) < (0, 22):
+        pytest.skip("peft < 0.22 maps the expert names otherwise")
+    config = moe_config(arch, layers=2, **extra)
+    model = AutoModelForCausalLM.from_config(config)
+    lora = peft.LoraConfig(r=4, target_modules=targets or "all-linear", task_type="CAUSAL_LM")
+    trainable = [p for p in peft.get_peft_model(model, lora).parameters() if p.requires_grad]
+    assert count_lora_parameters(config, 4, targets) == sum(p.numel() for p in trainable)
+
+
+def test_moe_expert_lora_counts_by_hand():
+    """H 64, E 8, I_e 40, r 4: gate_up [8, 80, 64] at rank 8: 8 * 8 * (64 + 80) = 9216; down [8, 64, 40]:
+    4 * 8 * (40 + 64) = 3328; the router [8, 64]: 4 * (64 + 8) = 288. Its largest tensor: gate_up's B
+    [80, 64] or A [64, 64] -> 80 * 64."""
+    shape = ModelShape.from_config(moe_config("qwen3_moe", layers=2))
+    assert expert_lora_parameters(shape, 4, ["gate_proj", "up_proj"]) == 9216
+    assert expert_lora_parameters(shape, 4, ["down_proj", "gate", "q_proj"]) == 3328 + 288
+    assert largest_lora_tensor(shape, 4, None) == 80 * 64
+    assert largest_lora_tensor(shape, 4, ["q_proj"]) == 4 * 64  # attention's: r * max(in, out)
+
+
+@pytest.mark.parametrize("arch, targets", [("qwen3_moe", ["up_proj"]), ("mixtral", ["q_proj", "w1"])])
+def test_half_of_the_fused_expert_projections_is_refused_as_peft_refuses_it(arch, targets):
+    with pytest.raises(
+        ValueError, match=r"lora_target_modules: \['(up_proj|w1)'\] without \['(gate_proj|w3)'\]"
+    ):
+        count_lora_parameters(moe_config(arch, layers=2), 4, targets)
+
+
+@pytest.mark.parametrize("arch", sorted(MOE))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lora_on_the_experts_keeps_their_merged_weights_for_the_backward(arch, dtype):
+    """peft (0.22) adapts the experts' stacked parameters and the router's weight through a parametrization:
+    each forward of an MoE layer computes W + BA, and autograd keeps it. The saved tensors of those shapes,
+    in a 2-layer model under ``all-linear``: 2 x ``adapted_expert_parameters`` elements in the weights' dtype,
+    the plan's ``lora_merged`` (one layer's under gradient checkpointing)."""
+    peft = pytest.importorskip("peft")
+    if tuple(int(x) for x in peft.__version__.split(".")[:2]) < (0, 22):
+        pytest.skip("peft < 0.22 does not adapt the experts under all-linear")
+    config = moe_config(arch, layers=2)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    lora = peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False)
+    model = peft.get_peft_model(model, lora).base_model.model
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    shape = ModelShape.from_config(config)
+    h, e, i = shape.hidden_size, shape.num_experts, shape.expert_intermediate_size
+    stacked = [sorted(s) for s in ((e, 2 * i, h), (e, h, i), (e, h))]
+    merged: dict[int, int] = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params and sorted(t.shape) in stacked:
+            merged[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.model(input_ids=torch.randint(0, config.vocab_size, (2, 24)))
+    w = torch.finfo(dtype).bits // 8
+    per_layer = adapted_expert_parameters(shape, None)
+    assert per_layer == e * (3 * h * i + h)  # gate/up, down, the router
+    assert sum(merged.values()) == 2 * w * per_layer
+    for checkpointing, layers in ((False, 2), (True, 1)):
+        args = small_args(gradient_checkpointing=checkpointing, model_init_kwargs={"dtype": str(dtype)[6:]})
+        plan = plan_memory(config, args, lora_r=4)
+        assert plan.lora_merged == layers * w * per_layer
+        assert plan_memory(config, args, lora_r=4, lora_target_modules=["q_proj"]).lora_merged == 0
 
 
 def test_the_plan_of_an_moe_states_its_experts():

@@ -66,7 +66,15 @@ import torch
 from grpokit.config import GRPOConfig
 from grpokit.models.cpu_linear import onednn_available
 from grpokit.models.lean_layers import LEAN_MODEL_TYPES
-from grpokit.models.shape import DTYPE_BYTES, ModelShape, count_lora_parameters, dtype_name, lora_targets
+from grpokit.models.shape import (
+    DTYPE_BYTES,
+    ModelShape,
+    adapted_expert_parameters,
+    count_lora_parameters,
+    dtype_name,
+    largest_lora_tensor,
+    lora_targets,
+)
 from grpokit.parallel.hardware import default_mixed_precision
 from grpokit.rollout.native_decode import call_packs
 from grpokit.train.lm_head import WEIGHT_GRADIENT_ROWS, head_chunk_rows
@@ -210,6 +218,7 @@ class MemoryPlan:
     reference: int = _part("reference model (offload: on the device only in its pass; FSDP: + its root)")
     activations: int = _part("kept for the backward of one micro-batch, as configured")
     activations_other: int = _part("the same with gradient_checkpointing switched (not in the phases)")
+    lora_merged: int = _part("LoRA on MoE experts or routers: the merged W + BA that the backward keeps")
     autocast_copies: int = _part("low-precision copies of float32 weights autocast keeps for the backward")
     head: int = _part("chunked LM head: float32 [chunk, V] logits, [M, H] hidden states and gradient")
     logprob_pass: int = _part("a no-grad reference / old-policy pass over one micro-batch")
@@ -380,7 +389,7 @@ def plan_memory(
     full_weights = total * w + (trainable_bytes if lora else 0)
     zero, zero3 = strategy == "zero", strategy == "zero3"
     # the largest trainable tensor (LoRA: an adapter's)
-    lora_largest = 4 * lora_r * max(max(s) for s in shape.linear_shapes().values()) if lora else 0
+    lora_largest = 4 * largest_lora_tensor(shape, lora_r, lora_target_modules) if lora else 0
     largest = lora_largest if lora else w * largest_tensor
     fused = args.optim == "adamw_torch_fused"  # one pass per tensor, no temporaries
     # plain AdamW: foreach on CUDA (one temporary per parameter), per tensor on the CPU (two of one tensor)
@@ -433,7 +442,7 @@ def plan_memory(
     # LoRA adapter wraps its linears
     lean_norms = args.lean_activations and shape.model_type in LEAN_MODEL_TYPES
     mlp_linears = {"gate_proj", "up_proj", "down_proj"}
-    mlp_adapted = lora and bool(mlp_linears & set(lora_targets(lora_target_modules)))
+    mlp_adapted = lora and bool(mlp_linears & set(lora_targets(lora_target_modules, shape.model_type)))
     lean_mlp = lean_norms and not mlp_adapted
     lean = {"lean_norms": lean_norms, "lean_mlp": lean_mlp}
     layer = layer_activation_bytes(  # the layer checkpointing recomputes in the backward keeps them
@@ -458,6 +467,10 @@ def plan_memory(
         kept[args.gradient_checkpointing],
         kept[not args.gradient_checkpointing],
     )
+    # LoRA on an MoE layer's experts or router (peft's target_parameters): each forward of the layer merges
+    # W + BA in the weights' dtype, and the backward keeps it (the no-grad passes one layer's at a time)
+    merged_layer = w * adapted_expert_parameters(shape, lora_target_modules) if lora else 0
+    p["lora_merged"] = merged_layer * (1 if args.gradient_checkpointing else shape.moe_layers)
     # autocast over float32 weights: the backward keeps each linear's low-precision weight (FSDP under mixed
     # precision gathers the weights in c for the forward and again for the backward: nothing to cast)
     if c != w and strategy != "fsdp":  # (the lean MLP casts its weights again in the backward instead)
@@ -486,6 +499,7 @@ def plan_memory(
         + pass_rows * seq * seq * w  # the padding mask
         + pass_rows * completion * hidden * w
         + 2 * min(head_chunk_rows(vocab), pass_rows * completion) * vocab * 4
+        + merged_layer
     )
     # FSDP under mixed precision gathers the weights in the compute dtype (no autocast casts needed then)
     g = c if strategy == "fsdp" else w  # bytes per gathered / generation weight
@@ -540,7 +554,7 @@ def plan_memory(
         call_rows, compute_dtype = call_prompts * group, getattr(torch, compute_name)
         if device_type == "cpu" and call_packs(torch.device("cpu"), compute_dtype, call_rows, completion):
             # and packs each of them once per call for oneDNN (a LoRA layer outside autocast runs itself)
-            adapted = set(lora_targets(lora_target_modules)) if lora and c == g else set()
+            adapted = set(lora_targets(lora_target_modules, shape.model_type)) if lora and c == g else set()
             own = applied - dense_layers * weights_of(tuple(adapted & {"o_proj", "down_proj"}), False)
             own -= shape.moe_layers * weights_of(tuple(adapted & {"o_proj"}), True)
             p["generation_weights"] += c * (fused_proj + own)
@@ -558,6 +572,7 @@ def plan_memory(
         prefill_rows * prompt * (_pass_bytes_per_token(shape, prompt, w, c, attention) + prompt * w)
         + 3 * call_prompts * group * vocab * 4  # logits, processed scores, CDF: float32 [rows, V]
         + extra_cache
+        + merged_layer
     )
     if vllm:  # the engine batches and caches in its reservation; the full weights are still read to push
         p["kv_cache"] = p["generation_activations"] = 0
@@ -594,7 +609,7 @@ def plan_memory(
     else:
         grads_there = p["gradients"] if accumulating else (0 if lora else shard(vocab * hidden * w))
         step_grads = p["gradients"]
-    backward = p["activations"] + p["head"] + p.get("autocast_copies", 0) + grads_there
+    backward = p["activations"] + p["lora_merged"] + p["head"] + p.get("autocast_copies", 0) + grads_there
     phases["update"] = (
         resident + p.get("gathered", 0) + max(backward, p["gradients"], step_grads + p["optimizer_step"])
     )

@@ -7,18 +7,22 @@ counts against real models.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
     "DTYPE_BYTES",
+    "EXPERT_TARGETS",
     "LINEARS",
     "SUPPORTED_MODEL_TYPES",
     "ModelShape",
+    "adapted_expert_parameters",
     "count_lora_parameters",
     "count_parameters",
     "dtype_name",
+    "expert_lora_parameters",
+    "largest_lora_tensor",
     "lora_targets",
 ]
 
@@ -196,20 +200,43 @@ def count_parameters(model_config: Any) -> int:
     return ModelShape.from_config(model_config).total_parameters()
 
 
-def lora_targets(target_modules: str | list[str] | None) -> list[str]:
-    """The module names LoRA adapts: ``target_modules`` as given, or every linear layer of the decoder but the
-    LM head (``LINEARS``) for None or ``"all-linear"`` (peft's ``all-linear``)."""
-    return list(LINEARS) if target_modules in (None, "all-linear", ["all-linear"]) else list(target_modules)
+_QWEN_EXPERTS = {
+    "gate": "router", "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj", "down_proj": "down_proj"
+}  # fmt: skip
+EXPERT_TARGETS: dict[str, dict[str, str]] = {
+    "mixtral": {"gate": "router", "w1": "gate_up_proj", "w3": "gate_up_proj", "w2": "down_proj"},
+    "qwen2_moe": _QWEN_EXPERTS,
+    "qwen3_moe": _QWEN_EXPERTS,
+}
+"""LoRA target names that peft (0.22) maps onto the parameters of an MoE layer, per model type: transformers 5
+stores each layer's experts as stacked 3-D parameters (``experts.gate_up_proj`` [E, 2 I_e, H],
+``experts.down_proj`` [E, H, I_e]) and its router as a module holding a [E, H] weight, where version 4 had a
+linear layer per expert (``gate_proj``/``up_proj``/``down_proj``, Mixtral's ``w1``/``w3``/``w2``) and a linear
+``gate``. A target with an old name adapts the parameter (peft's ``target_parameters``); the gate and up
+names only together, at rank 2r (one adapter over the fused weight). Qwen2-MoE's shared expert keeps its
+linear layers: a target naming them adapts both."""
+
+
+def lora_targets(target_modules: str | list[str] | None, model_type: str = "") -> list[str]:
+    """The names LoRA adapts: ``target_modules`` as given, or for None or ``"all-linear"`` (peft's
+    ``all-linear``) every linear layer of the decoder but the LM head (``LINEARS``, Qwen2-MoE's
+    ``shared_expert_gate``) and, in a mixture of experts, the experts and the router (``EXPERT_TARGETS``)."""
+    if target_modules not in (None, "all-linear", ["all-linear"]):
+        return list(target_modules)
+    shared_gate = ["shared_expert_gate"] if model_type == "qwen2_moe" else []
+    return [*LINEARS, *shared_gate, *EXPERT_TARGETS.get(model_type, {})]
 
 
 def count_lora_parameters(model_config: Any, r: int, target_modules: list[str] | None = None) -> int:
-    """Trainable LoRA parameters: r * (in + out) per targeted linear layer. ``target_modules`` None (or
-    ``"all-linear"``): every linear layer of the decoder but the LM head, as peft's ``all-linear``."""
+    """Trainable LoRA parameters, as peft (0.22) makes them: r * (in + out) per targeted linear layer, and in
+    an MoE layer the adapters of the parameters ``EXPERT_TARGETS`` names (``expert_lora_parameters``).
+    ``target_modules`` None (or ``"all-linear"``): ``lora_targets``'."""
     shape = model_config if isinstance(model_config, ModelShape) else ModelShape.from_config(model_config)
     if r < 1:
         raise ValueError(f"lora_r must be >= 1, got {r}")
-    targets = lora_targets(target_modules)
-    known = {*LINEARS, "lm_head", "embed_tokens"}
+    targets = lora_targets(target_modules, shape.model_type)
+    shared_gate = {"shared_expert_gate"} if shape.shared_expert_intermediate_size else set()
+    known = {*LINEARS, *shared_gate, *EXPERT_TARGETS.get(shape.model_type, {}), "lm_head", "embed_tokens"}
     unknown = sorted(set(targets) - known)
     if unknown:
         raise ValueError(
@@ -219,7 +246,10 @@ def count_lora_parameters(model_config: Any, r: int, target_modules: list[str] |
 
     def per_layer(moe: bool) -> int:
         shapes = shape.linear_shapes(moe)
-        return sum(r * sum(shapes[name]) for name in set(targets) & set(shapes))
+        if moe and shared_gate:
+            shapes["shared_expert_gate"] = (shape.hidden_size, 1)
+        linears = sum(r * sum(shapes[name]) for name in set(targets) & set(shapes))
+        return linears + (expert_lora_parameters(shape, r, targets) if moe else 0)
 
     dense = shape.num_layers - shape.moe_layers
     layers = dense * per_layer(False) + shape.moe_layers * per_layer(True)
@@ -227,3 +257,60 @@ def count_lora_parameters(model_config: Any, r: int, target_modules: list[str] |
         r * (shape.vocab_size + shape.hidden_size) for t in ("lm_head", "embed_tokens") if t in targets
     )
     return layers + edges
+
+
+def expert_lora_parameters(shape: ModelShape, r: int, targets: list[str]) -> int:
+    """One MoE layer's LoRA parameters on its experts and router (``EXPERT_TARGETS``). peft adapts a stacked
+    [E, out, in] parameter with A [r E, in] and B [out, r E]: r E (in + out); the router's [E, H] weight with
+    A [r, H], B [E, r]. Naming only one of the fused gate and up projections is refused, as peft refuses
+    it."""
+    names = EXPERT_TARGETS.get(shape.model_type, {})
+    adapted: dict[str, set[str]] = {}  # parameter -> the target names that adapt it
+    for target in targets:
+        if target in names:
+            adapted.setdefault(names[target], set()).add(target)
+    fused = {name for name, parameter in names.items() if parameter == "gate_up_proj"}
+    if adapted.get("gate_up_proj", fused) != fused:
+        given, missing = sorted(adapted["gate_up_proj"]), sorted(fused - adapted["gate_up_proj"])
+        raise ValueError(
+            f"lora_target_modules: {given} without {missing}: in a {shape.model_type} MoE layer they are one "
+            "fused parameter (experts.gate_up_proj), which peft adapts only when both are named"
+        )
+    return sum(sum(a * b for a, b in adapters) for adapters in _expert_adapters(shape, r, adapted).values())
+
+
+def adapted_expert_parameters(shape: ModelShape, target_modules: list[str] | None) -> int:
+    """Elements of the parameters LoRA adapts in one MoE layer (``EXPERT_TARGETS``): the experts' stacked
+    gate/up [E, 2 I_e, H] and down [E, H, I_e], the router's [E, H]. peft computes each merged W + B A in
+    every forward of the layer (a parametrization), and the backward keeps it."""
+    if not shape.is_moe:
+        return 0
+    names = EXPERT_TARGETS.get(shape.model_type, {})
+    adapted = {names[t] for t in lora_targets(target_modules, shape.model_type) if t in names}
+    h, e, i = shape.hidden_size, shape.num_experts, shape.expert_intermediate_size
+    sizes = {"gate_up_proj": e * 2 * i * h, "down_proj": e * h * i, "router": e * h}
+    return sum(sizes[parameter] for parameter in adapted)
+
+
+def _expert_adapters(shape: ModelShape, r: int, adapted: Iterable[str]) -> dict[str, list[tuple[int, int]]]:
+    """The shapes of A and B of each adapted MoE-layer parameter (gate_up_proj, down_proj, router)."""
+    h, e, i = shape.hidden_size, shape.num_experts, shape.expert_intermediate_size
+    shapes = {
+        "gate_up_proj": [(2 * r * e, h), (2 * i, 2 * r * e)],  # rank 2r: gate and up, one adapter
+        "down_proj": [(r * e, i), (h, r * e)],
+        "router": [(r, h), (e, r)],
+    }
+    return {parameter: shapes[parameter] for parameter in adapted}
+
+
+def largest_lora_tensor(shape: ModelShape, r: int, target_modules: list[str] | None) -> int:
+    """Elements of the largest adapter tensor peft makes: a linear layer's A [r, in] or B [out, r] (the
+    largest linear of a layer, whether targeted or not), or an adapted MoE parameter's
+    (``EXPERT_TARGETS``)."""
+    largest = r * max(max(s) for s in shape.linear_shapes().values())
+    if not shape.is_moe:
+        return largest
+    names = EXPERT_TARGETS.get(shape.model_type, {})
+    adapted = {names[t] for t in lora_targets(target_modules, shape.model_type) if t in names}
+    tensors = [a * b for adapters in _expert_adapters(shape, r, adapted).values() for a, b in adapters]
+    return max([largest, *tensors])
