@@ -66,26 +66,3 @@ def test_r2_replays_the_old_policys_experts_in_the_update(close_moe_dirs, tmp_pa
 def test_replay_on_a_dense_policy_is_refused_naming_the_field(tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match=r"routing_replay='R2', but LlamaForCausalLM has no mixture"):
         one_step(tiny_model_dir, tmp_path / "dense", routing_replay="R2")
-
-
-def test_r3_with_lora_on_the_router_and_the_experts(close_moe_dirs, tmp_path):
-    """peft >= 0.22 puts ``all-linear`` LoRA on the router's weight and the experts' stacked parameters,
-    through a parametrization that changes the router's class while it runs: R3 still replays the sampler's
-    experts (lr 0: ratio 1, KL 0, no mismatch left; the trainer's own router would have chosen otherwise)."""
-    peft = pytest.importorskip("peft")
-    if tuple(int(x) for x in peft.__version__.split(".")[:2]) < (0, 22):
-        pytest.skip("peft < 0.22 does not adapt the router")
-    args = GRPOConfig(
-        output_dir=str(tmp_path), max_steps=1, num_generations=4, per_device_train_batch_size=8,
-        max_completion_length=8, beta=0.04, disable_tqdm=True, report_to=[], seed=0, save_steps=0,
-        generation_dtype="bfloat16", routing_replay="R3", learning_rate=0.0, num_iterations=2,
-    )  # fmt: skip
-    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM")
-    policy = str(close_moe_dirs["qwen3_moe"])
-    trainer = GRPOTrainer(policy, [reward], args, train_dataset=ROWS, peft_config=lora)
-    trained = [name for name, p in trainer.model.named_parameters() if p.requires_grad]
-    adapted = {name.split(".lora_")[0].rsplit(".", 1)[-1] for name in trained}
-    assert {"gate", "experts", "base_layer"} <= adapted  # the router, and the experts' two parameters
-    (r3,) = trainer.train()
-    assert r3["routing/sampler_mismatch"] == 0.0 and r3["routing/sampler_overridden"] > 0.1
-    assert r3["ratio_mean"] == 1.0 and abs(r3["kl"]) < 1e-9

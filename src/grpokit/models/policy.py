@@ -28,6 +28,7 @@ __all__ = [
     "is_checkpointing",
     "load_policy",
     "model_init_kwargs",
+    "peft_parameter_targets",
     "processing_class_of",
     "tokenizer_of",
 ]
@@ -204,10 +205,12 @@ def is_checkpointing(model: torch.nn.Module) -> bool:
 
 def check_target_modules(model: torch.nn.Module, peft_config: Any) -> None:
     """Refuse LoRA target module names that match no module of ``model``, listing the linear ones it has.
-    (A regular expression or ``"all-linear"`` is left to peft.)"""
+    (A regular expression or ``"all-linear"`` is left to peft.) Names peft maps onto a mixture of experts'
+    parameters (``peft_parameter_targets``) are not modules; what peft refuses there is refused here."""
     targets = getattr(peft_config, "target_modules", None)
     if not targets or isinstance(targets, str):
         return
+    targets = sorted(set(targets) - peft_parameter_targets(model, peft_config))
     names = [name for name, _ in model.named_modules()]
     missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
     if missing:
@@ -218,6 +221,27 @@ def check_target_modules(model: torch.nn.Module, peft_config: Any) -> None:
             f"peft_config.target_modules: {', '.join(map(repr, sorted(missing)))} match no module of "
             f"{type(model).__name__}; its linear modules are: {', '.join(linear)}"
         )
+
+
+def peft_parameter_targets(model: torch.nn.Module, peft_config: Any) -> set[str]:
+    """The target names peft turns into parameter targets for ``model`` (peft >= 0.21 on a transformers-5
+    mixture of experts, whose experts are stacked parameters: ``gate_proj``/``up_proj``/``down_proj`` onto
+    ``experts.gate_up_proj``/``down_proj``, ``gate`` onto the router's weight), as peft's own conversion
+    finds them; empty where peft converts nothing. Its refusals (half of a fused gate/up pair) are raised
+    as an ``InputError`` naming the field."""
+    import copy
+
+    try:
+        from peft.utils.transformers_weight_conversion import convert_peft_config_for_transformers
+    except ImportError:  # an older peft: no conversion
+        return set()
+    converted = copy.deepcopy(peft_config)
+    converted.target_modules = set(peft_config.target_modules)
+    try:
+        convert_peft_config_for_transformers(converted, model, None)
+    except ValueError as err:
+        raise InputError(f"peft_config.target_modules: {err}") from err
+    return set(peft_config.target_modules) - set(converted.target_modules or ())
 
 
 def exclude_vision_modules(peft_config: Any) -> Any:
