@@ -134,6 +134,40 @@ def test_lora_weights_are_merged_by_hand_under_the_base_names_without_touching_t
     assert all(torch.equal(under_autocast[name], pushed[name]) for name in pushed)
 
 
+def test_lora_on_moe_experts_and_router_is_merged_into_the_plain_weights():
+    """peft (0.22) adapts an MoE layer's stacked experts and its router's weight (``all-linear``) through
+    nested ``ParamWrapper``s: pushed under the plain names, each W + its delta. A plain model loading them
+    computes what the adapted policy computes; they equal peft's own merge, and the policy is untouched."""
+    import copy
+
+    import peft
+
+    if tuple(int(x) for x in peft.__version__.split(".")[:2]) < (0, 22):
+        pytest.skip("peft < 0.22 does not adapt the experts under all-linear")
+    from grpokit.models.tiny import build_tiny_moe
+
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_moe(tokenizer, "qwen3_moe")
+    base = {name: p.detach().clone() for name, p in model.named_parameters()}
+    config = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+    peft_model = get_peft_model(model, config)
+    assert any(".experts." in n for n, p in peft_model.named_parameters() if p.requires_grad)
+    pushed = dict(policy_weights(peft_model))
+    assert list(pushed) == list(base)
+    for name in ("model.layers.0.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.down_proj",
+                 "model.layers.0.mlp.gate.weight"):  # fmt: skip
+        assert not torch.allclose(pushed[name], base[name])  # adapted
+    merged = copy.deepcopy(peft_model).merge_and_unload()
+    for name, param in merged.named_parameters():
+        torch.testing.assert_close(pushed[name], param, rtol=0, atol=1e-6, msg=name)
+    kept = {vllm_name(n): p for n, p in peft_model.named_parameters() if vllm_name(n)}
+    assert kept.keys() == base.keys() and all(torch.equal(p, base[n]) for n, p in kept.items())  # not merged
+    plain = build_tiny_moe(tokenizer, "qwen3_moe")
+    plain.load_state_dict(pushed)
+    ids = torch.tensor([[5, 9, 12, 7, 3, 11]])
+    torch.testing.assert_close(plain(ids).logits, peft_model(input_ids=ids).logits, rtol=0, atol=1e-5)
+
+
 def test_dtensor_shards_are_gathered_into_full_tensors():
     dist = torch.distributed
     if dist.is_initialized():

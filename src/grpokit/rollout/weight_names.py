@@ -109,6 +109,9 @@ def policy_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 def _walk(module: nn.Module, path: str, seen: set[int]) -> Iterator[tuple[str, torch.Tensor]]:
     """``(raw name, tensor)`` of the weights under ``module``: LoRA layers as their merged weight and base
     bias, ``modules_to_save`` wrappers as their active copy, every other parameter as is (once per tensor)."""
+    if _is_parameter_lora(module):
+        yield from _merged_parameters(module, path, seen)
+        return
     if _is_lora_layer(module):
         yield from _merged_lora(module, path)
         return
@@ -121,6 +124,33 @@ def _walk(module: nn.Module, path: str, seen: set[int]) -> Iterator[tuple[str, t
             seen.add(id(param))
             yield f"{path}{name}", param
     for name, child in module.named_children():
+        yield from _walk(child, f"{path}{name}.", seen)
+
+
+def _is_parameter_lora(module: nn.Module) -> bool:
+    """peft's ``ParamWrapper``: LoRA on one parameter of the layer it wraps (``parameter_name``; peft's
+    ``target_parameters``, or what peft >= 0.21 maps an MoE model's old linear names onto: the experts'
+    stacked weights, the router's). Wrappers nest, one per adapted parameter of the same layer."""
+    return _is_lora_layer(module) and isinstance(getattr(module, "parameter_name", None), str)
+
+
+def _merged_parameters(module: nn.Module, path: str, seen: set[int]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The parameters of the layer under a chain of ``ParamWrapper``s, each adapted one as W + its active
+    adapters' deltas (``get_delta_weight``, in W's dtype and layout), computed into a new tensor."""
+    deltas: dict[str, list[torch.Tensor]] = {}
+    layer = module
+    with autocast_off():
+        while _is_parameter_lora(layer):
+            if not (layer.disable_adapters or layer.merged):
+                active = [name for name in layer.active_adapters if name in layer.lora_A]
+                deltas.setdefault(layer.parameter_name, []).extend(layer.get_delta_weight(a) for a in active)
+            layer = layer.base_layer
+    if _is_lora_layer(layer):  # (a linear LoRA layer inside: not a combination peft makes)
+        raise ValueError(f"the LoRA layer {path.rstrip('.')!r} adapts both a parameter and the layer")
+    for name, param in layer.named_parameters(recurse=False):
+        seen.add(id(param))
+        yield f"{path}{name}", sum(deltas.get(name, []), param)
+    for name, child in layer.named_children():
         yield from _walk(child, f"{path}{name}.", seen)
 
 
