@@ -134,38 +134,72 @@ def test_lora_weights_are_merged_by_hand_under_the_base_names_without_touching_t
     assert all(torch.equal(under_autocast[name], pushed[name]) for name in pushed)
 
 
-def test_lora_on_moe_experts_and_router_is_merged_into_the_plain_weights():
+def saved_checkpoint(model: torch.nn.Module, folder: Path) -> dict[str, torch.Tensor]:
+    """What ``save_pretrained`` writes for ``model``: its checkpoint's names and tensors."""
+    from safetensors.torch import load_file
+
+    model.save_pretrained(folder)
+    return {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(f).items()}
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "qwen2_moe", "llama"])
+def test_the_push_is_in_the_layout_save_pretrained_writes(arch, tmp_path):
+    """transformers 5 stacks an MoE checkpoint's per-expert linears into [E, ...] parameters (and renames
+    Mixtral's block_sparse_moe); engines load checkpoints, so the push turns each layer back: the names and
+    tensors ``save_pretrained`` writes (a dense model's as they are, in order)."""
+    from grpokit.models.tiny import build_tiny_moe
+
+    tokenizer = build_char_tokenizer()
+    model = tiny(tie=False) if arch == "llama" else build_tiny_moe(tokenizer, arch)
+    pushed = dict(policy_weights(model))
+    saved = saved_checkpoint(model, tmp_path)
+    assert sorted(pushed) == sorted(saved)
+    assert all(torch.equal(pushed[name], saved[name]) for name in saved)
+    if arch == "llama":
+        assert list(pushed) == [name for name, _ in model.named_parameters()]
+    else:  # one linear layer per expert, under the checkpoint's names
+        block = "block_sparse_moe" if arch == "mixtral" else "mlp"
+        down = "w2" if arch == "mixtral" else "down_proj"
+        assert f"model.layers.1.{block}.experts.7.{down}.weight" in pushed
+
+
+def test_lora_on_moe_experts_and_router_is_merged_into_the_checkpoints_weights(tmp_path):
     """peft (0.22) adapts an MoE layer's stacked experts and its router's weight (``all-linear``) through
-    nested ``ParamWrapper``s: pushed under the plain names, each W + its delta. A plain model loading them
-    computes what the adapted policy computes; they equal peft's own merge, and the policy is untouched."""
+    nested ``ParamWrapper``s: each W + its delta, pushed as peft's own merge saves it. A model loaded from the
+    pushed checkpoint computes what the adapted policy computes, and the policy is left as it was."""
     import copy
 
     import peft
 
     if tuple(int(x) for x in peft.__version__.split(".")[:2]) < (0, 22):
         pytest.skip("peft < 0.22 does not adapt the experts under all-linear")
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
     from grpokit.models.tiny import build_tiny_moe
 
-    tokenizer = build_char_tokenizer()
-    model = build_tiny_moe(tokenizer, "qwen3_moe")
+    model = build_tiny_moe(build_char_tokenizer(), "qwen3_moe")
     base = {name: p.detach().clone() for name, p in model.named_parameters()}
     config = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
     peft_model = get_peft_model(model, config)
     assert any(".experts." in n for n, p in peft_model.named_parameters() if p.requires_grad)
     pushed = dict(policy_weights(peft_model))
-    assert list(pushed) == list(base)
-    for name in ("model.layers.0.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.down_proj",
-                 "model.layers.0.mlp.gate.weight"):  # fmt: skip
-        assert not torch.allclose(pushed[name], base[name])  # adapted
-    merged = copy.deepcopy(peft_model).merge_and_unload()
-    for name, param in merged.named_parameters():
-        torch.testing.assert_close(pushed[name], param, rtol=0, atol=1e-6, msg=name)
+    merged = saved_checkpoint(copy.deepcopy(peft_model).merge_and_unload(), tmp_path / "merged")
+    assert sorted(pushed) == sorted(merged)
+    for name, tensor in merged.items():
+        torch.testing.assert_close(pushed[name], tensor, rtol=0, atol=1e-6, msg=name)
+    original = saved_checkpoint(build_tiny_moe(build_char_tokenizer(), "qwen3_moe"), tmp_path / "base")
+    experts = ("model.layers.0.mlp.experts.3.gate_proj", "model.layers.1.mlp.experts.0.down_proj")
+    for name in (*(f"{e}.weight" for e in experts), "model.layers.0.mlp.gate.weight"):
+        assert not torch.allclose(pushed[name], original[name])  # adapted
     kept = {vllm_name(n): p for n, p in peft_model.named_parameters() if vllm_name(n)}
     assert kept.keys() == base.keys() and all(torch.equal(p, base[n]) for n, p in kept.items())  # not merged
-    plain = build_tiny_moe(tokenizer, "qwen3_moe")
-    plain.load_state_dict(pushed)
+    folder = tmp_path / "pushed"
+    model.config.save_pretrained(folder)
+    save_file({name: t.contiguous() for name, t in pushed.items()}, str(folder / "model.safetensors"))
+    loaded = AutoModelForCausalLM.from_pretrained(folder)
     ids = torch.tensor([[5, 9, 12, 7, 3, 11]])
-    torch.testing.assert_close(plain(ids).logits, peft_model(input_ids=ids).logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(loaded(ids).logits, peft_model(input_ids=ids).logits, rtol=0, atol=1e-5)
 
 
 def test_dtensor_shards_are_gathered_into_full_tensors():

@@ -24,6 +24,7 @@ tiny Llama and a real PEFT LoRA model (tests/rollout/test_vllm_cpu.py).
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -31,7 +32,7 @@ from torch import nn
 
 from grpokit.models.parts import linear_weight
 
-__all__ = ["autocast_off", "full_tensors", "policy_weights", "vllm_name"]
+__all__ = ["autocast_off", "checkpoint_layout", "full_tensors", "policy_weights", "vllm_name"]
 
 ADAPTER_PARTS = frozenset(
     {"lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "lora_magnitude_vector", "lora_dropout"}
@@ -92,18 +93,66 @@ def policy_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
     Raises ValueError for adapters one merged weight cannot express (DoRA and other LoRA variants, adapter
     biases, LoRA on a non-linear layer), and for two parameters that would load under the same name."""
-    seen_names: set[str] = set()
     with torch.no_grad():
-        for raw_name, tensor in full_tensors(_walk(model, "", set())):
-            name = vllm_name(raw_name)
-            if name is None:
-                continue
-            if name in seen_names:
-                raise ValueError(
-                    f"two policy parameters map to the engine weight {name!r} (from {raw_name!r})"
-                )
-            seen_names.add(name)
-            yield name, tensor
+        yield from checkpoint_layout(_transformers_model(model), _plain_weights(model))
+
+
+def _plain_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """``policy_weights`` in the model's own layout: its parameters' names without the wrappers'."""
+    seen_names: set[str] = set()
+    for raw_name, tensor in full_tensors(_walk(model, "", set())):
+        name = vllm_name(raw_name)
+        if name is None:
+            continue
+        if name in seen_names:
+            raise ValueError(f"two policy parameters map to the engine weight {name!r} (from {raw_name!r})")
+        seen_names.add(name)
+        yield name, tensor
+
+
+def checkpoint_layout(
+    model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``weights`` (plain names of ``model``'s parameters) in the layout of the model's checkpoints.
+    transformers 5 loads some checkpoints into another layout: a mixture of experts' per-expert linear layers
+    (``mlp.experts.3.gate_proj.weight``) stacked into [E, ...] parameters (``mlp.experts.gate_up_proj``),
+    Mixtral's ``block_sparse_moe`` renamed ``mlp``. An engine loads the checkpoint's layout, so each decoder
+    layer's weights are turned back as ``save_pretrained`` turns them (``revert_weight_conversion``), one
+    layer at a time; a model without a conversion keeps its weights as they are."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers 4: no conversions
+        yield from weights
+        return
+    group: dict[str, torch.Tensor] = {}
+    layer: str | None = None
+    for name, tensor in weights:
+        match = _LAYER.match(name)
+        here = match.group(0) if match else None
+        if group and here != layer:
+            yield from revert_weight_conversion(model, group).items()
+            group = {}
+        layer = here
+        group[name] = tensor
+    if group:
+        yield from revert_weight_conversion(model, group).items()
+
+
+_LAYER = re.compile(r"^(.*\.)?layers\.\d+\.")
+"""The prefix of a decoder layer's weight names (``model.layers.3.``)."""
+
+
+def _transformers_model(model: nn.Module) -> nn.Module:
+    """The ``transformers`` model inside DDP / DeepSpeed (``module``), ``torch.compile`` (``_orig_mod``) and
+    PEFT wrappers (FSDP2 shards it in place)."""
+    while True:
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if isinstance(inner, nn.Module):
+            model = inner
+        elif callable(getattr(model, "get_base_model", None)):
+            return model.get_base_model()
+        else:
+            return model
 
 
 def _walk(module: nn.Module, path: str, seen: set[int]) -> Iterator[tuple[str, torch.Tensor]]:
