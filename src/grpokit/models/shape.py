@@ -230,7 +230,7 @@ def lora_targets(target_modules: str | list[str] | None, model_type: str = "") -
 def count_lora_parameters(model_config: Any, r: int, target_modules: list[str] | None = None) -> int:
     """Trainable LoRA parameters, as peft (0.22) makes them: r * (in + out) per targeted linear layer, and in
     an MoE layer the adapters of the parameters ``EXPERT_TARGETS`` names (``expert_lora_parameters``).
-    ``target_modules`` None (or ``"all-linear"``): ``lora_targets``'."""
+    ``target_modules`` None (or ``"all-linear"``): the names ``lora_targets`` lists."""
     shape = model_config if isinstance(model_config, ModelShape) else ModelShape.from_config(model_config)
     if r < 1:
         raise ValueError(f"lora_r must be >= 1, got {r}")
@@ -283,13 +283,16 @@ def adapted_expert_parameters(shape: ModelShape, target_modules: list[str] | Non
     """Elements of the parameters LoRA adapts in one MoE layer (``EXPERT_TARGETS``): the experts' stacked
     gate/up [E, 2 I_e, H] and down [E, H, I_e], the router's [E, H]. peft computes each merged W + B A in
     every forward of the layer (a parametrization), and the backward keeps it."""
-    if not shape.is_moe:
-        return 0
-    names = EXPERT_TARGETS.get(shape.model_type, {})
-    adapted = {names[t] for t in lora_targets(target_modules, shape.model_type) if t in names}
     h, e, i = shape.hidden_size, shape.num_experts, shape.expert_intermediate_size
     sizes = {"gate_up_proj": e * 2 * i * h, "down_proj": e * h * i, "router": e * h}
-    return sum(sizes[parameter] for parameter in adapted)
+    return sum(sizes[parameter] for parameter in _adapted_in_moe_layer(shape, target_modules))
+
+
+def _adapted_in_moe_layer(shape: ModelShape, target_modules: list[str] | None) -> set[str]:
+    """The MoE-layer parameters (gate_up_proj, down_proj, router) ``target_modules`` adapts; none in a dense
+    model."""
+    names = EXPERT_TARGETS.get(shape.model_type, {}) if shape.is_moe else {}
+    return {names[t] for t in lora_targets(target_modules, shape.model_type) if t in names}
 
 
 def _expert_adapters(shape: ModelShape, r: int, adapted: Iterable[str]) -> dict[str, list[tuple[int, int]]]:
@@ -308,9 +311,6 @@ def largest_lora_tensor(shape: ModelShape, r: int, target_modules: list[str] | N
     largest linear of a layer, whether targeted or not), or an adapted MoE parameter's
     (``EXPERT_TARGETS``)."""
     largest = r * max(max(s) for s in shape.linear_shapes().values())
-    if not shape.is_moe:
-        return largest
-    names = EXPERT_TARGETS.get(shape.model_type, {})
-    adapted = {names[t] for t in lora_targets(target_modules, shape.model_type) if t in names}
+    adapted = _adapted_in_moe_layer(shape, target_modules)
     tensors = [a * b for adapters in _expert_adapters(shape, r, adapted).values() for a, b in adapters]
     return max([largest, *tensors])

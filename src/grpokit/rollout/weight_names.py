@@ -146,8 +146,9 @@ def _transformers_model(model: nn.Module) -> nn.Module:
     """The ``transformers`` model inside DDP / DeepSpeed (``module``), ``torch.compile`` (``_orig_mod``) and
     PEFT wrappers (FSDP2 shards it in place)."""
     while True:
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
-        if isinstance(inner, nn.Module):
+        wrapped = [getattr(model, name, None) for name in ("module", "_orig_mod")]
+        inner = next((m for m in wrapped if isinstance(m, nn.Module)), None)
+        if inner is not None:
             model = inner
         elif callable(getattr(model, "get_base_model", None)):
             return model.get_base_model()
