@@ -9,12 +9,16 @@ tokens, sampled at temperature 1 by
 - ``fast``: grpokit's fast sampler (each prompt prefilled once, native decode, the experts as the model's own
   grouped-matmul module),
 - ``fast+routing``: the same with the routers' choices recorded (``install_routing``: what every MoE run
-  does, for ``routing/*`` and R3).
+  does, for ``routing/*`` and R3);
+- ``fast, LoRA attention`` / ``fast, LoRA all-linear``: the fast sampler over a PEFT LoRA policy (rank 16,
+  nonzero adapters) on q/k/v/o, or on ``all-linear``, which peft 0.22 extends to the experts' stacked
+  parameters and the router: peft computes their merged W + BA in every forward of the layer, so at every
+  decode step.
 
 Each is timed over ``--repeats`` calls after one warm-up call, one torch thread, alone on the machine; the
 result is completion tokens per second and the ratio to ``generate``, written as JSON.
 
-Usage (about a minute):
+Usage (about two minutes):
 
     python benchmarks/moe_sampler.py --out benchmarks/results/moe-sampler.json
 """
@@ -28,6 +32,7 @@ import time
 from pathlib import Path
 
 import torch
+from peft import LoraConfig, get_peft_model
 
 from grpokit.models.routing_replay import install_routing
 from grpokit.models.tiny import build_char_tokenizer, build_tiny_moe
@@ -36,6 +41,10 @@ from grpokit.rollout.fast import FastSampler
 from grpokit.rollout.hf import TransformersBackend
 
 SIZE = {"hidden_size": 256, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2, "expert_size": 256}
+LORA = {
+    "fast, LoRA attention": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "fast, LoRA all-linear": "all-linear",
+}
 
 
 def tokens_per_second(backend, prompts, group: int, params: SamplingParams, repeats: int) -> float:
@@ -65,10 +74,17 @@ def main() -> None:
         }
         install_routing(model)
         rates["fast+routing"] = tokens_per_second(FastSampler(model), prompts, 8, params, args.repeats)
+        for name, targets in LORA.items():
+            config = LoraConfig(r=16, lora_alpha=32, target_modules=targets, init_lora_weights=False)
+            lora = get_peft_model(build_tiny_moe(tokenizer, arch, **SIZE), config).eval()
+            rates[name] = tokens_per_second(FastSampler(lora), prompts, 8, params, args.repeats)
         results[arch] = {
             "tokens_per_s": {k: round(v, 1) for k, v in rates.items()},
             "fast_over_generate": round(rates["fast"] / rates["generate"], 2),
             "routing_cost": round(1 - rates["fast+routing"] / rates["fast"], 3),
+            "lora_all_linear_over_attention": round(
+                rates["fast, LoRA all-linear"] / rates["fast, LoRA attention"], 2
+            ),
             "parameters": sum(p.numel() for p in model.parameters()),
         }
         print(arch, json.dumps(results[arch]))
