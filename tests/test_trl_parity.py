@@ -163,6 +163,27 @@ def test_the_migration_guide_lists_every_refused_and_no_effect_field_with_its_re
         assert f"`{name}`" in guide and why in guide, name
 
 
+def test_transformers_newer_checkpointing_names_set_gradient_checkpointing():
+    """TRL's config inherits transformers 5.x's ``TrainingArguments``, where ``activation_checkpointing`` is
+    the name and ``gradient_checkpointing`` its deprecated alias: either works here, from the command line
+    too."""
+    from transformers import HfArgumentParser
+
+    config = GRPOConfig(
+        activation_checkpointing=True, activation_checkpointing_kwargs={"use_reentrant": False}
+    )
+    assert config.gradient_checkpointing and config.gradient_checkpointing_kwargs == {"use_reentrant": False}
+    assert not GRPOConfig(activation_checkpointing=False).gradient_checkpointing
+    assert GRPOConfig(activation_checkpointing=True, gradient_checkpointing=True).gradient_checkpointing
+    (parsed,) = HfArgumentParser(GRPOConfig).parse_args_into_dataclasses(
+        ["--output_dir", "out", "--activation_checkpointing", "true"]
+    )
+    assert parsed.gradient_checkpointing is True
+    disagree = r"activation_checkpointing=False and gradient_checkpointing=True disagree"
+    with pytest.raises(ValueError, match=disagree):
+        GRPOConfig(activation_checkpointing=False, gradient_checkpointing=True)
+
+
 def test_scale_rewards_takes_trls_legacy_booleans():
     """TRL still reads scale_rewards=True as "group" and False as "none" (its __post_init__)."""
     assert GRPOConfig(scale_rewards=True).scale_rewards == "group"

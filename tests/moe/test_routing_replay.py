@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from grpokit.core import pad_left, pad_right
+from grpokit.models.policy import enable_gradient_checkpointing
 from grpokit.models.routing_replay import (
     GATES,
     RoutedExperts,
@@ -220,14 +221,13 @@ def test_a_checkpointed_backward_recomputes_with_the_replayed_experts():
     grads = []
     for checkpointing in (False, True):
         if checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_gradient_checkpointing(model)  # non-reentrant
         model.zero_grad()
         logps, _ = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask,
                                        routing=RoutingUse(shifted, replay=True, tag="gc"))  # fmt: skip
         with routing.in_backward():
             logps.sum().backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
-    model.gradient_checkpointing_disable()
     routing.take_counts()
     assert grads[0].keys() == grads[1].keys()
     for name, grad in grads[1].items():

@@ -599,6 +599,12 @@ class GRPOConfigBase(metaclass=RefusesMovedFields):
     """Keyword arguments of ``torch.utils.checkpoint.checkpoint`` (TRL's name). ``use_reentrant`` must stay
     False (the default): reentrant checkpointing gives no gradient to the prompt keys/values that the
     shared-prefix forward passes from the prompt to the completions."""
+    activation_checkpointing: bool | None = None
+    """transformers' newer name for ``gradient_checkpointing`` (its ``TrainingArguments``, which TRL's config
+    inherits, deprecates the older name from 5.x on): when set, ``gradient_checkpointing`` takes its value.
+    Given both, they must agree."""
+    activation_checkpointing_kwargs: ScalarMapping | str | None = None
+    """transformers' newer name for ``gradient_checkpointing_kwargs``, as ``activation_checkpointing``."""
     padding_free: bool | None = None
     """Run the reference, old-policy and update passes over each row's real tokens packed into one sequence
     (TRL's name in its SFT trainer; ``grpokit.models.packing``): no padding through the backbone, attention
@@ -760,6 +766,7 @@ class GRPOConfigBase(metaclass=RefusesMovedFields):
     # ---- construction --------------------------------------------------------------------------------------
     def __post_init__(self) -> None:
         self._type_values()
+        self._take_checkpointing_names()
         validate(self)
         if self.importance_sampling_level == "sequence" and self.loss_type in (
             "bnpo",
@@ -779,6 +786,22 @@ class GRPOConfigBase(metaclass=RefusesMovedFields):
                 "vllm_importance_sampling_clip_max=%r; use vllm_importance_sampling_clip_max instead",
                 self.vllm_importance_sampling_cap,
             )
+
+    def _take_checkpointing_names(self) -> None:
+        """``activation_checkpointing`` / ``_kwargs`` (transformers' newer names), where set, set
+        ``gradient_checkpointing`` / ``_kwargs``; one set to another value than the other is refused."""
+        pairs = (("activation_checkpointing", "gradient_checkpointing"),
+                 ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"))  # fmt: skip
+        for newer, name in pairs:
+            given, own = getattr(self, newer), getattr(self, name)
+            if given is None:
+                continue
+            if own not in (None, False) and own != given:
+                raise InputError(
+                    f"GRPOConfig.{newer}={given!r} and {name}={own!r} disagree: {newer} is transformers' "
+                    f"newer name for {name}; set one of them"
+                )
+            setattr(self, name, given)
 
     def _type_values(self) -> None:
         """Each value as its field's declared type (``config.values.typed``); None where the type does not

@@ -88,8 +88,6 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
         "set torch.backends.cuda.matmul.allow_tf32 in your script; grpokit does not change global torch "
         "settings",
     ),
-    "activation_checkpointing": ((None, False), "use gradient_checkpointing"),
-    "activation_checkpointing_kwargs": ((None,), "use gradient_checkpointing_kwargs"),
     "torch_compile": ((False,), "torch.compile is not supported yet"),
     "torch_compile_backend": ((None,), "torch.compile is not supported yet"),
     "torch_compile_mode": ((None,), "torch.compile is not supported yet"),
@@ -156,8 +154,6 @@ TYPES: dict[str, tuple[Any, Any]] = {
     "bf16_full_eval": (bool, False),
     "fp16_full_eval": (bool, False),
     "tf32": (bool | None, None),
-    "activation_checkpointing": (bool | None, None),
-    "activation_checkpointing_kwargs": (_MAPPING, None),
     "torch_compile": (bool, False),
     "torch_compile_backend": (str | None, None),
     "torch_compile_mode": (str | None, None),

@@ -187,7 +187,8 @@ EVERY_STEP_FIELDS: dict[str, str] = {
     "precision, devices, memory": (
         "mixed_precision bf16 fp16 use_cpu torch_num_threads cpu_memory_reuse cpu_memory_reuse_below "
         "cpu_memory_reuse_in_backward cpu_memory_reuse_transient "
-        "lean_activations gradient_checkpointing gradient_checkpointing_kwargs padding_free "
+        "lean_activations gradient_checkpointing gradient_checkpointing_kwargs activation_checkpointing "
+        "activation_checkpointing_kwargs padding_free "
         "micro_batch_tokens balance_micro_batches disable_dropout cast_lm_head_to_fp32 freeze_vision_tower "
         "trust_remote_code"
     ),
