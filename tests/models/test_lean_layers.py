@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from grpokit import GRPOConfig
 from grpokit.models.cpu_linear import use_onednn_linears
 from grpokit.models.lean_layers import GatedMLP, use_lean_layers
-from grpokit.models.policy import load_policy
+from grpokit.models.policy import enable_gradient_checkpointing, load_policy
 
 ARCHS = ["llama", "qwen2", "qwen3", "mistral"]
 PRECISIONS = {  # weights' dtype, autocast
@@ -121,7 +121,7 @@ def test_a_whole_model_with_lean_layers_has_the_same_logits_and_gradients(arch, 
 
 def test_with_gradient_checkpointing_the_gradients_are_the_same():
     original = tiny("qwen2")
-    original.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_gradient_checkpointing(original)
     lean = copy.deepcopy(original)
     use_lean_layers(lean)
     ids = torch.randint(0, 100, (2, 9), generator=torch.Generator().manual_seed(4))

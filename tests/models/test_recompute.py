@@ -11,6 +11,7 @@ import torch
 
 from grpokit.models import recompute
 from grpokit.models.lean_layers import use_lean_layers
+from grpokit.models.policy import enable_gradient_checkpointing
 from grpokit.train.forward import completion_logprobs
 from tests.models.test_lean_layers import tiny
 
@@ -103,7 +104,7 @@ def test_with_gradient_checkpointing_inside_the_block_the_gradients_are_the_same
     backward outside the block): the gradients equal those of a plain forward without checkpointing."""
     model = use_lean_model("llama", torch.float32)
     _, want, _, _ = forward_backward(model, block=False)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_gradient_checkpointing(model)
     _, got, _, _ = forward_backward(model, block=True)
     for name, grad in want.items():
         assert torch.equal(got[name], grad), name

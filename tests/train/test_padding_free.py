@@ -16,6 +16,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from grpokit.models.packing import PackedLayout, packing_supported, refuse_unrunnable
+from grpokit.models.policy import enable_gradient_checkpointing
 from grpokit.models.tiny import build_char_tokenizer, build_tiny_moe
 from grpokit.train.forward import _choose_packed, completion_logprobs, no_grad_logprobs
 
@@ -122,7 +123,7 @@ def test_packed_forward_equals_plain_and_padded(arch, shared_prefix, checkpointi
     weights = torch.randn(c_ids.shape, generator=torch.Generator().manual_seed(3))
     ref_lp, ref_ent, ref_g = _grads(model, lambda: _plain(model, p_ids, p_mask, c_ids, c_mask, 0.8), weights)
     if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_gradient_checkpointing(model)
     model.train()
     options = dict(temperature=0.8, with_entropy=True, num_generations=G, shared_prefix=shared_prefix)
 
