@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from grpokit.models.parts import cache_argument, returned_cache
 from grpokit.models.vision import PromptImages
 from grpokit.rollout import FastSampler
 from grpokit.rollout.base import SamplingParams
@@ -25,8 +26,8 @@ def _own_forward(model, prompt: list[int]):
     """Keys/values per layer [kv, n, d] and the last position's logits [V] of ``prompt`` run alone."""
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        out = model(input_ids=torch.tensor([prompt]), past_key_values=cache, use_cache=True)
-    layers = out.past_key_values.layers
+        out = model(input_ids=torch.tensor([prompt]), use_cache=True, **cache_argument(model, cache))
+    layers = returned_cache(out, cache).layers
     return [layer.keys[0] for layer in layers], [layer.values[0] for layer in layers], out.logits[0, -1]
 
 

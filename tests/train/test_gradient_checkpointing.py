@@ -130,7 +130,7 @@ def test_trainer_step_at_learning_rate_zero_has_ratio_one_and_kl_zero(tmp_path):
             processing_class=tokenizer,
             rollout_backend=ScriptedBackend(tokenizer, lambda prompt, i: ["3", "31", "310", "42+"][i % 4]),
         )
-        assert trainer.unwrapped_model.is_gradient_checkpointing == checkpointing
+        assert is_checkpointing(trainer.unwrapped_model) == checkpointing
         history[checkpointing] = trainer.train()[-1]
     for run in history.values():
         assert run["ratio_mean"] == pytest.approx(1.0, abs=1e-7)

@@ -52,8 +52,10 @@ def returned_cache(out: Any, fallback: Any) -> Any:
 def cache_argument(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
     """``{name: cache}`` for ``model``'s forward: ``cache`` (``transformers`` >= 5.2x, which deprecates the
     old name) or ``past_key_values`` (earlier releases, e.g. the 5.17-5.19 that vLLM 0.31-0.32 pin, where an
-    unknown ``cache=`` would be silently ignored and the forward would run without the cache)."""
-    return {_cache_name(type(model)): cache}
+    unknown ``cache=`` would be silently ignored and the forward would run without the cache). A PEFT model
+    passes it on to its base model, whose signature decides."""
+    inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    return {_cache_name(type(inner)): cache}
 
 
 @functools.cache
