@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from grpokit.models.parts import hf_model
+
 __all__ = ["RouterLoss", "is_mixture_of_experts", "router_loss_for"]
 
 logger = logging.getLogger("grpokit")
@@ -54,7 +56,7 @@ def router_loss_for(model: torch.nn.Module, coefficient: float | None) -> Router
     none), 0 turns it off. A non-zero value for a model that returns no router logits is refused (TRL's
     rule); an MoE model whose ``transformers`` module has no load-balancing function trains without it,
     with a warning."""
-    causal = model.get_base_model() if hasattr(model, "get_base_model") else model
+    causal = hf_model(model)
     config = causal.config.get_text_config() if hasattr(causal.config, "get_text_config") else causal.config
     coef = getattr(config, "router_aux_loss_coef", 0.0) if coefficient is None else coefficient
     name = type(causal).__name__

@@ -15,6 +15,7 @@ __all__ = [
     "cache_argument",
     "cast",
     "decoder_of",
+    "hf_model",
     "linear_weight",
     "model_device",
     "returned_cache",
@@ -32,6 +33,12 @@ def cast(tensor: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tensor
     """``tensor`` in ``dtype``, as autocast casts a product's operands; ``None`` (no tensor, or no dtype to
     cast to) leaves it as it is."""
     return tensor if tensor is None or dtype is None else tensor.to(dtype)
+
+
+def hf_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The ``transformers`` model under a PEFT wrapper (itself otherwise)."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
 
 
 def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
@@ -54,8 +61,7 @@ def cache_argument(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
     old name) or ``past_key_values`` (earlier releases, e.g. the 5.17-5.19 that vLLM 0.31-0.32 pin, where an
     unknown ``cache=`` would be silently ignored and the forward would run without the cache). A PEFT model
     passes it on to its base model, whose signature decides."""
-    inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
-    return {_cache_name(type(inner)): cache}
+    return {_cache_name(type(hf_model(model))): cache}
 
 
 @functools.cache

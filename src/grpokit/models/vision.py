@@ -34,6 +34,7 @@ import torch
 from grpokit.data.chat import encode_prompt, is_conversational
 from grpokit.data.images import has_images, row_images, with_image_parts
 from grpokit.data.integrity import InputError
+from grpokit.models.parts import hf_model
 
 __all__ = [
     "TOKEN_TYPE_KEYS",
@@ -292,7 +293,7 @@ def encode_rows(
 def multimodal_backbone(model: torch.nn.Module) -> torch.nn.Module:
     """The module that turns ids and image inputs into hidden states (``model.model`` of an
     ``XxxForConditionalGeneration``; a PEFT model's base model's)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = hf_model(model)
     backbone = getattr(base, "model", None)
     if backbone is None or not hasattr(backbone, "get_image_features"):
         raise TypeError(f"{type(base).__name__} has no multimodal backbone with get_image_features")

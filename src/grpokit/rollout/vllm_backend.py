@@ -42,6 +42,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from grpokit.models.parts import hf_model
 from grpokit.rollout.base import GenerationOutput, SamplingParams
 from grpokit.rollout.vllm_common import (
     VLLMSettings,
@@ -94,12 +95,6 @@ def outputs_to_generation(outputs: Sequence[Any], eos_ids: Sequence[int]) -> Gen
             truncated.append(is_truncated(tokens, completion.finish_reason, eos_ids))
     reported = None if any(row is None for row in logps) else [row for row in logps if row is not None]
     return GenerationOutput(ids, reported, truncated)
-
-
-def hf_model(model: nn.Module) -> nn.Module:
-    """The ``transformers`` model under a PEFT wrapper (itself otherwise)."""
-    get_base = getattr(model, "get_base_model", None)
-    return get_base() if callable(get_base) else model
 
 
 def engine_config_dir(model: nn.Module) -> str:

@@ -66,6 +66,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from grpokit.models.parts import hf_model
 from grpokit.rollout.base import GenerationOutput, SamplingParams
 from grpokit.rollout.vllm_common import (
     ALTERNATIVE,
@@ -518,7 +519,7 @@ def refuse_tied_head_on_cpu_server(model: nn.Module, url: str) -> None:
     engine its packed copy (oneDNN's) keeps the weights the server started with; no endpoint can redo that
     processing (colocate mode does it in process: ``vllm_backend.refresh_tied_heads``). Measured: after a
     push the server's greedy completions were neither the old nor the new weights'."""
-    inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    inner = hf_model(model)
     config = getattr(inner, "config", None)
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     if getattr(text, "tie_word_embeddings", False):

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
-from grpokit.models.parts import linear_weight
+from grpokit.models.parts import hf_model, linear_weight
 
 __all__ = ["autocast_off", "checkpoint_layout", "full_tensors", "policy_weights", "vllm_name"]
 
@@ -148,12 +148,9 @@ def _transformers_model(model: nn.Module) -> nn.Module:
     while True:
         wrapped = [getattr(model, name, None) for name in ("module", "_orig_mod")]
         inner = next((m for m in wrapped if isinstance(m, nn.Module)), None)
-        if inner is not None:
-            model = inner
-        elif callable(getattr(model, "get_base_model", None)):
-            return model.get_base_model()
-        else:
-            return model
+        if inner is None:
+            return hf_model(model)
+        model = inner
 
 
 def _walk(module: nn.Module, path: str, seen: set[int]) -> Iterator[tuple[str, torch.Tensor]]:
