@@ -6,9 +6,10 @@ AMD's Zen 5 MKL's float32 kernels run at less than half of what oneDNN's do on t
 MKL and 389-502 with oneDNN (forward 473-479, input gradient 470-502, weight gradient 389-432), the LM head's
 [170 x 576] x [576 x 49,152] at 158 and 411 (``python benchmarks/cpu_products.py``;
 ``benchmarks/results/cpu-products-zen5-2026-12-06.txt``). On a 2-core Zen 4 EPYC the gain is smaller: the
-forward and input gradients 1.13-1.30x MKL's rate, the head's forward 1.76x, the weight gradients 0.85-1.15x
-(``benchmarks/results/cpu-products-zen4-2026-12-07.txt``). oneDNN's product is an ordinary float32 product
-(accumulated in float32, in its own order): it differs from MKL's by rounding only, as two BLAS libraries do.
+projections' forward and input gradients 1.13-1.30x MKL's rate, the head's 1.76x and 1.10x, the weight
+gradients 0.85-1.15x (``benchmarks/results/cpu-products-zen4-2026-12-07.txt``). oneDNN's product is an
+ordinary float32 product (accumulated in float32, in its own order): it differs from MKL's by rounding only,
+as two BLAS libraries do.
 
 ``linear`` and ``matmul`` compute through ``torch.ops.mkldnn._linear_pointwise`` (the kernel ``torch.compile``
 uses for CPU linears) where ``onednn_float32`` holds, else through torch's own operators. Where a gradient
