@@ -401,6 +401,7 @@ def run_training(args: TrainArgs, command: list[str] | None = None) -> dict[str,
                 summary = _train_and_evaluate(args, trainer, checked, summary, stage, signals)
             except RunInterrupted as stop:  # outside a step, a checkpoint or the final save: at once
                 summary["stopped_by"] = stop.signal
+                stage.trained = trainer is not None and trainer.finished  # (it may come just after train())
             with signals.deferred():  # what the run ends with is written whole
                 summary["wall_time_s"] = round(time.perf_counter() - started, 1)
                 _close(args, trainer, claim, summary, stage, command, main)
@@ -529,9 +530,10 @@ def closing_line(signal_name: str, stage: Stage, output_dir: Path, command: list
 
     again = _command(command)
     if stage.trained:
-        skipped = "" if stage.now == "done" else (
-            f"; its evaluation after training was skipped (grpokit eval model={output_dir} ... measures it)"
-        )
+        skipped = ""
+        if stage.now != "done":
+            measure = f"grpokit eval model={output_dir} ... measures it"
+            skipped = f"; its evaluation after training was skipped ({measure})"
         return (
             f"grpokit: stopped by {signal_name} during {stage.now}; the run finished first: "
             f"{_holds(output_dir)} in {output_dir}{skipped}"

@@ -535,18 +535,19 @@ class GRPOTrainer:
                 history = self._train_steps(resume, signals, announce)
                 if self.stopped_by is None:  # the final save, not cut by a signal (noted for the caller)
                     self._save_final()
-            self.finished = self.stopped_by is None
+                # `finished` and the manifest agree with what was saved, whenever a signal comes
+                self.finished = self.stopped_by is None
+                outcome = "finished" if self.finished else "interrupted"
+                # the run's state is the outermost claim's to say (grpokit train's evaluates after training)
+                claim.update(
+                    training=outcome, step=self.step, max_steps=self.max_steps, model_saved=self.finished,
+                    stopped_by=self.stopped_by, **({"state": outcome} if claim.depth == 1 else {}),
+                )  # fmt: skip
             if self.finished and signals.received and announce:
                 print(
                     f"grpokit: {signals.received} came during the last step or the final save, which "
                     f"completed: the run is finished (model in {self.args.output_dir})", flush=True,
                 )  # fmt: skip
-            # the run's state is the outermost claim's to say (grpokit train's evaluates after training)
-            outcome = "finished" if self.finished else "interrupted"
-            claim.update(
-                training=outcome, step=self.step, max_steps=self.max_steps, model_saved=self.finished,
-                stopped_by=self.stopped_by, **({"state": outcome} if claim.depth == 1 else {}),
-            )  # fmt: skip
         return history
 
     def _claim_output_dir(self, resume: bool) -> Any:
