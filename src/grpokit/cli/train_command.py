@@ -362,7 +362,6 @@ class Stage:
 
     def __init__(self) -> None:
         self.now = "checking its inputs"
-        self.trained = False  # training ran to max_steps and saved the model
 
     def __call__(self, now: str) -> None:
         self.now = now
@@ -401,14 +400,13 @@ def run_training(args: TrainArgs, command: list[str] | None = None) -> dict[str,
                 summary = _train_and_evaluate(args, trainer, checked, summary, stage, signals)
             except RunInterrupted as stop:  # outside a step, a checkpoint or the final save: at once
                 summary["stopped_by"] = stop.signal
-                stage.trained = trainer is not None and trainer.finished  # (it may come just after train())
             with signals.deferred():  # what the run ends with is written whole
                 summary["wall_time_s"] = round(time.perf_counter() - started, 1)
                 _close(args, trainer, claim, summary, stage, command, main)
     except RunInterrupted as stop:  # while the folder was being taken: nothing was written
         summary["stopped_by"] = stop.signal
         if main:
-            print(closing_line(stop.signal, stage, output_dir, command), flush=True)
+            print(closing_line(stop.signal, stage, _trained(trainer), output_dir, command), flush=True)
     _end(trainer)
     return summary
 
@@ -419,15 +417,16 @@ def _close(
     """The run's end: eval_summary.json and the card (when training finished, or nothing stopped it), the
     manifest's state, and the closing line naming what exists."""
     output_dir = Path(claim.path)
-    if main and trainer is not None and (stage.trained or "stopped_by" not in summary):
+    trained = _trained(trainer)  # (a signal may have come just after train(), before anything read it)
+    if main and trainer is not None and (trained or "stopped_by" not in summary):
         _write_summary(output_dir, summary, trainer.args)
         publish_model_card(args, trainer.args, trainer, summary)
-    state = "finished" if stage.trained else "interrupted"
+    state = "finished" if trained else "interrupted"
     claim.update(state=state, stopped_by=summary.get("stopped_by"), stage=stage.now)
     if not main:
         return
     if "stopped_by" in summary:
-        print(closing_line(summary["stopped_by"], stage, output_dir, command), flush=True)
+        print(closing_line(summary["stopped_by"], stage, trained, output_dir, command), flush=True)
     else:
         print(f"grpokit: done in {summary['wall_time_s']} s; {_holds(output_dir)} in {output_dir}")
 
@@ -488,7 +487,6 @@ def _train_and_evaluate(
         print(f"grpokit: held-out accuracy before GRPO: {before['accuracy']:.3f}{_env(before)}")
     stage("training")
     history = trainer.train()
-    stage.trained = trainer.finished
     if trainer.stopped_by is not None:  # a checkpoint was saved; the run continues with resume
         summary["stopped_by"] = trainer.stopped_by
         stage(f"training (after step {trainer.step} of {trainer.max_steps})")
@@ -524,12 +522,20 @@ def _holds(output_dir: Path) -> str:
     return ", ".join(shown) or "nothing"
 
 
-def closing_line(signal_name: str, stage: Stage, output_dir: Path, command: list[str] | None) -> str:
-    """The last line of a run a signal stopped: when, what ``output_dir`` holds now, what to run next."""
+def _trained(trainer: Any) -> bool:
+    """Whether training ran to max_steps and saved the model (the trainer's own record)."""
+    return trainer is not None and trainer.finished
+
+
+def closing_line(
+    signal_name: str, stage: Stage, trained: bool, output_dir: Path, command: list[str] | None
+) -> str:
+    """The last line of a run a signal stopped: when (``stage``), whether training had finished
+    (``trained``), what ``output_dir`` holds now, what to run next."""
     from grpokit.parallel.checkpoint import latest_checkpoint
 
     again = _command(command)
-    if stage.trained:
+    if trained:
         skipped = ""
         if stage.now != "done":
             measure = f"grpokit eval model={output_dir} ... measures it"
