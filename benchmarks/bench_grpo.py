@@ -110,6 +110,14 @@ def main() -> None:
         help="grpokit trainer sides: gradient_checkpointing=True, TRL GRPOConfig's default (grpokit's is "
         "False)",
     )
+    ap.add_argument(
+        "--fixed-samples",
+        action="store_true",
+        help="every side trains on the same completions: recorded once per workload and round from the "
+        "initial model (fixed_samples.py) and replayed instead of sampling (grpokit: a rollout_backend; TRL: "
+        "a rollout_func), the dataset read in order; the step ratio then compares the same work (generation "
+        "excluded)",
+    )
     ap.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "grpokit-bench"))
     ap.add_argument("--json", default=None, help="also write the summary here")
     a = ap.parse_args()
@@ -117,6 +125,8 @@ def main() -> None:
         raise SystemExit("--micro-batch-tokens runs with --impl trainer")
     if a.gradient_checkpointing and a.impl != "trainer":
         raise SystemExit("--gradient-checkpointing runs with --impl trainer")
+    if a.fixed_samples and a.impl != "trainer":
+        raise SystemExit("--fixed-samples runs with --impl trainer")
 
     os.makedirs(a.work_dir, exist_ok=True)
     model_dirs = {}  # per model kind: tiny_model.py's random Qwen2, smollm2.py's SmolLM2-135M-Instruct
@@ -149,6 +159,13 @@ def main() -> None:
     started = time.time()
     for rnd in range(a.rounds):
         for w in workloads:
+            samples = []
+            if a.fixed_samples:  # this round's completions, the same for every side
+                path = os.path.join(a.work_dir, f"fixed-samples-{w}-{rnd}.json")
+                record = ["--model", model_dirs[WORKLOADS[w].model], "--workload", w, "--steps", str(a.steps)]
+                record += ["--warmup", str(a.warmup), "--seed", str(rnd), "--out", path]
+                run_side(a.grpokit_python, "fixed_samples.py", record, env, path + ".log")
+                samples = ["--fixed-samples", path]
             order = sides if rnd % 2 == 0 else list(reversed(sides))
             for side in order:
                 out = os.path.join(a.work_dir, f"{side}-{w}-{rnd}.json")
@@ -167,7 +184,7 @@ def main() -> None:
                     str(rnd),
                 ]
                 impl, precision = kinds[side]
-                args += ["--precision", precision]
+                args += ["--precision", precision, *samples]
                 if impl == "grpokit":
                     args += ["--impl", a.impl]
                     if a.micro_batch_tokens is not None:
@@ -201,6 +218,7 @@ def main() -> None:
             "impl": a.impl,
             "micro_batch_tokens": a.micro_batch_tokens,
             "gradient_checkpointing": a.gradient_checkpointing,
+            "fixed_samples": a.fixed_samples,
             "ld_preload": os.environ.get("LD_PRELOAD"),  # an allocator every side ran under (jemalloc)
         },
         "versions": {s: raw[(s, workloads[0])][0].get("versions") for s in sides},
@@ -211,6 +229,13 @@ def main() -> None:
         if "trl" in entry and "grpokit" in entry:
             entry["step_ratio"] = entry["grpokit"]["step_median"] / entry["trl"]["step_median"]
             entry["rss_ratio"] = entry["grpokit"]["peak_rss_mib"] / entry["trl"]["peak_rss_mib"]
+        if a.fixed_samples:  # whether every side trained on the recorded completions, step by step
+            digests = {
+                s: [step.get("digest") for r in raw[(s, w)] for step in r.get("lengths") or []] for s in sides
+            }
+            entry["same_completions"] = (
+                len({tuple(d) for d in digests.values()}) == 1 and None not in digests[sides[0]]
+            )
         pairs = [(g, t) for g in sides for t in sides if kinds[g][0] == "grpokit" and kinds[t][0] == "trl"]
         entry["ratios"] = {
             f"{g}/{t}": {
@@ -260,6 +285,9 @@ def main() -> None:
                     f"  {s}: {entry[s]['real_tokens_per_s']:.1f} real completion tokens/s; completion "
                     f"lengths per step (min/median/p90/max): {spread}"
                 )
+        if "same_completions" in entry:
+            same = "yes" if entry["same_completions"] else "NO: the step ratios compare different work"
+            print(f"  every side trained on the same recorded completions at every timed step: {same}")
         for pair, ratio in entry["ratios"].items():
             if pair != "grpokit/trl":
                 print(f"  => {pair}: step time ratio {ratio['step']:.3f}, peak RSS ratio {ratio['rss']:.3f}")

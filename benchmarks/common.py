@@ -6,6 +6,7 @@ Standard library only, so it imports in the TRL environment and in grpokit's ali
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import resource
@@ -174,39 +175,104 @@ def side_arguments() -> argparse.ArgumentParser:
         "--precision", choices=PRECISIONS, default="fp32",
         help="fp32, or bf16: bf16=True (autocast over fp32 weights) on either side",
     )  # fmt: skip
+    ap.add_argument(
+        "--fixed-samples", default=None,
+        help="replay the completions recorded in this file (fixed_samples.py) instead of sampling; the "
+        "dataset is then read in order (shuffle_dataset=False), so each step trains on the recorded prompts",
+    )  # fmt: skip
     return ap
 
 
 LENGTHS: list[dict] = []
 """Per reward call (one per GRPO step on both sides): each completion's length in tokens and each distinct
-prompt, as ``reward_fn`` saw them (``prompt_lengths`` turns the prompts into token counts)."""
+prompt, as ``reward_fn`` saw them (``prompt_lengths`` turns the prompts into token counts), and a digest
+of the step's completion ids (``completions_digest``)."""
+
+
+def completions_digest(completion_ids) -> str:
+    """A short hash of a step's completion token ids, in order: equal on two sides exactly when they trained
+    on the same completions."""
+    rows = [[int(t) for t in ids] for ids in completion_ids]
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
 
 
 def reward_fn(prompts, completions, completion_ids, **kwargs) -> list[float]:
     """Cheap and deterministic: a function of the completion's token ids only (same on both sides). Records
-    the step's lengths in ``LENGTHS``."""
+    the step's lengths and its completions' digest in ``LENGTHS``."""
     distinct = []
     for prompt in prompts:
         if not distinct or distinct[-1] != prompt:
             distinct.append(prompt)
-    LENGTHS.append({"prompts": distinct, "completions": [len(ids) for ids in completion_ids]})
+    LENGTHS.append(
+        {
+            "prompts": distinct,
+            "completions": [len(ids) for ids in completion_ids],
+            "digest": completions_digest(completion_ids),
+        }
+    )
     return [float(sum(ids) % 101) / 100.0 for ids in completion_ids]
 
 
+def prompt_token_ids(tokenizer, prompt) -> list[int]:
+    """A prompt's token ids as both sides encode it: a chat prompt through the tokenizer's chat template with
+    the generation prompt, a text prompt through the tokenizer."""
+    if isinstance(prompt, list):
+        ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids  # (an encoding in transformers 5)
+    else:
+        ids = tokenizer(prompt)["input_ids"]
+    return [int(t) for t in ids]
+
+
 def step_lengths(tokenizer, warmup: int) -> list[dict]:
-    """``LENGTHS`` of the timed steps with each distinct prompt as its number of tokens (chat prompts through
-    the tokenizer's chat template with the generation prompt, as both sides encode them)."""
-
-    def tokens(prompt) -> int:
-        if isinstance(prompt, list):
-            ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-            return len(ids["input_ids"] if hasattr(ids, "keys") else ids)  # (an encoding in transformers 5)
-        return len(tokenizer(prompt)["input_ids"])
-
+    """``LENGTHS`` of the timed steps with each distinct prompt as its number of tokens."""
     return [
-        {"prompts": [tokens(p) for p in step["prompts"]], "completions": step["completions"]}
+        {
+            "prompts": [len(prompt_token_ids(tokenizer, p)) for p in step["prompts"]],
+            "completions": step["completions"],
+            "digest": step["digest"],
+        }
         for step in LENGTHS[warmup:]
     ]
+
+
+class FixedSamples:
+    """Completions recorded once (``fixed_samples.py``) and replayed on every side instead of sampling, so
+    that both sides' training passes run on the same tokens: the step ratio then compares the same work.
+
+    The file holds, per dataset row in order, its prompt's token ids and the ``num_generations`` completions
+    recorded for it. A side asks with one row per completion, each group's rows contiguous (as both trainers
+    order a batch); the n-th group of a prompt it asks for gets the n-th group recorded for that prompt (a
+    prompt may occur in several rows of the dataset), so sides reading the dataset in order get the same
+    completions at every step."""
+
+    def __init__(self, path: str) -> None:
+        with open(path) as f:
+            recorded = json.load(f)
+        self.path = path
+        self.num_generations = recorded["num_generations"]
+        self.groups: dict[tuple[int, ...], list[list[list[int]]]] = defaultdict(list)
+        for row in recorded["rows"]:
+            self.groups[tuple(row["prompt_ids"])].append(row["completion_ids"])
+        self.used: dict[tuple[int, ...], int] = defaultdict(int)
+
+    def completions(self, prompt_ids) -> list[list[int]]:
+        """The completions for ``prompt_ids``, one row per completion."""
+        keys = [tuple(int(t) for t in ids) for ids in prompt_ids]
+        out, position = [], 0
+        for k, key in enumerate(keys):
+            if k and key == keys[k - 1] and position + 1 < self.num_generations:
+                position += 1
+            else:  # a new group: its prompt's next recorded group
+                position, group = 0, self.used[key]
+                if group >= len(self.groups.get(key, [])):
+                    raise KeyError(
+                        f"{self.path}: no recorded group left for row {k}'s prompt ({len(key)} tokens; "
+                        f"{len(self.groups.get(key, []))} recorded): record as many steps as the run takes"
+                    )
+                self.used[key] += 1
+            out.append(self.groups[key][self.used[key] - 1][position])
+        return out
 
 
 def length_summary(values: list[int]) -> dict:

@@ -11,6 +11,7 @@ Two implementations of the same step, chosen with ``--impl``:
 
 Usage: python side_grpokit.py --model DIR --workload W1 --steps 3 --warmup 1 --out result.json
     [--impl trainer] [--precision bf16] [--micro-batch-tokens N] [--gradient-checkpointing]
+    [--fixed-samples FILE]
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (
     NUM_DATASET_PROMPTS,
     WORKLOADS,
+    FixedSamples,
     PhaseTimer,
     Workload,
     benchmark_rows,
@@ -103,6 +105,22 @@ def _load_minimal():
     return module
 
 
+class ReplayBackend:
+    """A generation backend (grpokit's ``RolloutBackend`` protocol) that replays recorded completions
+    (``common.FixedSamples``) instead of sampling."""
+
+    def __init__(self, samples: FixedSamples) -> None:
+        self.samples = samples
+
+    def generate(self, prompt_ids, num_generations: int, params):
+        from grpokit.rollout import GenerationOutput
+
+        rows = [ids for ids in prompt_ids for _ in range(num_generations)]  # one row per completion
+        completions = self.samples.completions(rows)
+        ended = [bool(ids) and ids[-1] in params.eos_token_ids for ids in completions]
+        return GenerationOutput(completions, truncated=[not e for e in ended])
+
+
 def run_trainer(
     model_dir: str,
     wl: Workload,
@@ -115,6 +133,7 @@ def run_trainer(
     gradient_checkpointing: bool = False,
     backward_heap: bool = True,
     transient_heap: bool = True,
+    fixed_samples: str | None = None,
 ) -> dict:
     """The same workload through grpokit.GRPOTrainer (fast backend); phases from its time/* metrics.
     ``precision`` bf16: ``bf16=True``, autocast over the fp32 weights (generation, log-prob passes and
@@ -122,7 +141,9 @@ def run_trainer(
     tokens (``GRPOConfig.micro_batch_tokens``) instead of whole groups within ``micro_batch_rows``' budget.
     ``gradient_checkpointing``: the update's layers recompute their activations in the backward (TRL's
     default). ``backward_heap`` False: ``GRPOConfig.cpu_memory_reuse_in_backward=False``; ``transient_heap``
-    False: ``GRPOConfig.cpu_memory_reuse_transient=False``."""
+    False: ``GRPOConfig.cpu_memory_reuse_transient=False``. ``fixed_samples``: replay the completions recorded
+    in that file (``ReplayBackend``) with the dataset read in order; no off-policy correction (the replay
+    reports no log-probs; TRL applies none without vLLM either)."""
     import torch
     from transformers import PreTrainedTokenizerFast
 
@@ -154,6 +175,8 @@ def run_trainer(
             seed=seed,
             disable_tqdm=True,
             bf16=precision == "bf16",
+            shuffle_dataset=fixed_samples is None,
+            vllm_importance_sampling_correction=fixed_samples is None,
         )
         if tokenizer.pad_token is None:  # SmolLM2: pad with its EOS token (before EOS may be switched off)
             tokenizer.pad_token = tokenizer.eos_token
@@ -165,6 +188,7 @@ def run_trainer(
             args=args,
             train_dataset=rows,
             processing_class=tokenizer,
+            rollout_backend=None if fixed_samples is None else ReplayBackend(FixedSamples(fixed_samples)),
         )
         history = trainer.train()
     for m in history:
@@ -201,13 +225,13 @@ def main() -> None:
     timer = PhaseTimer()
     start = time.perf_counter()
     if a.impl == "loop":
-        if a.precision != "fp32":
-            raise SystemExit("--precision bf16 runs with --impl trainer (the loop is fp32)")
+        if a.precision != "fp32" or a.fixed_samples:
+            raise SystemExit("--precision bf16 and --fixed-samples run with --impl trainer")
         extra = run_loop(a.model, wl, a.warmup + a.steps, a.seed, timer)
     else:
         extra = run_trainer(
             a.model, wl, a.warmup + a.steps, a.seed, timer, a.precision, a.warmup, a.micro_batch_tokens,
-            a.gradient_checkpointing, not a.no_backward_heap, not a.no_transient_heap,
+            a.gradient_checkpointing, not a.no_backward_heap, not a.no_transient_heap, a.fixed_samples,
         )  # fmt: skip
         extra["micro_batch_tokens"] = a.micro_batch_tokens
         extra["gradient_checkpointing"] = a.gradient_checkpointing

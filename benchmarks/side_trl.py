@@ -1,6 +1,7 @@
 """TRL side of the benchmark: one workload through ``trl.GRPOTrainer``. Runs in benchmarks/.venv-trl only.
 
 Usage: python side_trl.py --model DIR --workload W1 --steps 3 --warmup 1 --out result.json [--precision bf16]
+    [--fixed-samples FILE]
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (
     NUM_DATASET_PROMPTS,
     WORKLOADS,
+    FixedSamples,
     PhaseTimer,
     benchmark_rows,
+    prompt_token_ids,
     reward_fn,
     side_arguments,
     step_lengths,
@@ -65,10 +68,24 @@ def main() -> None:
         dataloader_num_workers=0,
         # Without wl.eos every completion runs to full length on both sides: EOS can never be sampled.
         generation_kwargs=None if wl.eos else {"suppress_tokens": [tokenizer.eos_token_id]},
+        shuffle_dataset=a.fixed_samples is None,  # replaying: the recorded rows, in order
     )
+    rollout_func = None
+    if a.fixed_samples is not None:
+        samples = FixedSamples(a.fixed_samples)
+        os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
+
+        def rollout_func(prompts, trainer):
+            """The recorded completions instead of sampling; ``prompts``: one per completion, each group's
+            contiguous (TRL's repeat sampler)."""
+            prompt_ids = [prompt_token_ids(tokenizer, prompt) for prompt in prompts]
+            completion_ids = samples.completions(prompt_ids)
+            return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
+
     trainer = trl.GRPOTrainer(
-        model=a.model, reward_funcs=[reward_fn], args=args, train_dataset=dataset, processing_class=tokenizer
-    )
+        model=a.model, reward_funcs=[reward_fn], args=args, train_dataset=dataset, processing_class=tokenizer,
+        rollout_func=rollout_func,
+    )  # fmt: skip
 
     timer = PhaseTimer()
 
