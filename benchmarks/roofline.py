@@ -308,10 +308,12 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="also write the tables' numbers as JSON here")
     ap.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "grpokit-bench"))
     args = ap.parse_args()
-    results = {}
+    results, replayed = {}, False
     if args.results != "none":
         with open(args.results) as f:
-            results = json.load(f)["workloads"]
+            summary = json.load(f)
+        results = summary["workloads"]
+        replayed = summary["settings"].get("fixed_samples", False)  # bench_grpo.py --fixed-samples
     names = args.workloads.split(",") if args.workloads else list(results)
     support = bf16_support(args.device)
     precisions = measured_precisions(args.device, support)
@@ -364,6 +366,11 @@ def main() -> None:
                 del phases["old_logps"]
             print(f"| old_logps | - (the sampler's) | - | {grpokit.get('old_logps', 0.0):.2f} | - | "
                   f"{trl.get('old_logps', 0.0):.2f} |")  # fmt: skip
+        if replayed:  # the sides replayed recorded completions: no generation to count
+            for phases in by_step:
+                del phases["generate"]
+            print(f"| generate | - (replayed: --fixed-samples) | - | {grpokit.get('generate', 0.0):.2f} "
+                  f"| - | {trl.get('generate', 0.0):.2f} |")  # fmt: skip
         for phase in by_step[0]:
             # the median over the timed steps of each step's floor, as the times are medians over those steps
             floors[phase] = {p: median_floor(by_step, phase, rates, p)[1] for p in precisions}
