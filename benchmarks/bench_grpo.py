@@ -244,6 +244,10 @@ def main() -> None:
             }
             for g, t in pairs
         }
+        if entry.get("same_completions"):  # step k of both sides trained on the same completions
+            for g, t in pairs:
+                steps = zip(entry[g]["step_times"], entry[t]["step_times"], strict=True)
+                entry["ratios"][f"{g}/{t}"]["per_step"] = [round(gs / ts, 3) for gs, ts in steps]
         summary["workloads"][w] = entry
 
     print(
@@ -289,6 +293,12 @@ def main() -> None:
             same = "yes" if entry["same_completions"] else "NO: the step ratios compare different work"
             print(f"  every side trained on the same recorded completions at every timed step: {same}")
         for pair, ratio in entry["ratios"].items():
+            if "per_step" in ratio:
+                tokens = [sum(n["completions"]) for n in entry[sides[0]]["lengths"]]
+                each = ", ".join(
+                    f"{r:.3f} ({n} tokens)" for r, n in zip(ratio["per_step"], tokens, strict=True)
+                )
+                print(f"  {pair} step by step, on the same completions: {each}")
             if pair != "grpokit/trl":
                 print(f"  => {pair}: step time ratio {ratio['step']:.3f}, peak RSS ratio {ratio['rss']:.3f}")
         if "step_ratio" in entry:
