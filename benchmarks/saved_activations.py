@@ -9,7 +9,9 @@ are left out: they exist anyway. The model's MLPs and norms are the lean ones th
 keeps the norms' and the packed attention's outputs as recipes (counted apart); or ``transformers``' own
 layers outside the block with ``--transformers-layers``, or the lean ones outside it with ``--kept``.
 
-    python benchmarks/saved_activations.py [--model DIR] [--transformers-layers | --kept]
+    python benchmarks/saved_activations.py [--model DIR] [--transformers-layers | --kept] [--bf16]
+
+``--bf16``: the forward under bf16 autocast, as the update runs it with ``bf16=True``.
 
 prints the saved bytes by shape, the total, and the part the packed attention saves
 (``grpokit.models.packing``: the queries, keys, values and outputs it hands to
@@ -57,6 +59,7 @@ def main() -> None:
     ap.add_argument("--model", default=os.path.join(tempfile.gettempdir(), "grpokit-bench", "smollm2"))
     ap.add_argument("--transformers-layers", action="store_true", help="without the lean MLPs and norms")
     ap.add_argument("--kept", action="store_true", help="lean layers, outside the update's recompute block")
+    ap.add_argument("--bf16", action="store_true", help="under bf16 autocast, as the update with bf16=True")
     a = ap.parse_args()
     from smollm2 import prepare
     from transformers import AutoModelForCausalLM
@@ -105,7 +108,8 @@ def main() -> None:
     batch = w4_batch(config.vocab_size)
     block = not (a.transformers_layers or a.kept)
     hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
-    with recompute.recomputed_in_backward(observe) if block else hooks:
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16)
+    with recompute.recomputed_in_backward(observe) if block else hooks, autocast:
         completion_logprobs(model, *batch, num_generations=G, padding_free=True, with_entropy=True)
 
     mib = 2**20
