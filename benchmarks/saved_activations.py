@@ -65,10 +65,12 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from grpokit.models import packing, recompute
+    from grpokit.models.cpu_linear import use_onednn_linears
     from grpokit.models.lean_layers import use_lean_layers
     from grpokit.train.forward import completion_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(prepare(a.model), dtype=torch.float32)
+    use_onednn_linears(model)  # the policy's linears as the trainer gives them (grpokit.models.policy)
     if not a.transformers_layers:
         use_lean_layers(model)
     config = model.config

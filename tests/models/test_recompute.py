@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from grpokit.models import recompute
+from grpokit.models.cpu_linear import use_onednn_linears
 from grpokit.models.lean_layers import use_lean_layers
 from grpokit.models.policy import enable_gradient_checkpointing
 from grpokit.train.forward import completion_logprobs
@@ -91,6 +92,30 @@ def test_the_block_keeps_recipes_of_norm_outputs_and_joined_attention_and_change
     # (the prompts' and the completions' passes: each layer's tensors of each pass are separate storages)
     assert sum(recipes.values()) == config.num_hidden_layers * tokens * per_token * size
     assert sum(kept.values()) + sum(recipes.values()) == sum(kept_plain.values())
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_under_autocast_a_norms_cast_is_made_once_and_kept_as_its_recipe(arch):
+    """bf16 autocast over float32 weights, the policy's linears as the trainer gives them: autocast would
+    cast the attention's input once for each of q, k and v and the MLP its input once, each copy kept by its
+    product. Inside the block each norm output's cast is made once and kept as its recipe. Log-probs and
+    every gradient equal bit for bit; per layer and backbone token the block keeps the two casts [H] and the
+    joined attention [heads x d] as recipes, and no longer makes two of the three q, k, v copies."""
+    model = use_lean_model(arch, torch.float32)
+    use_onednn_linears(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want, want_grads, kept_plain, _ = forward_backward(model, block=False)
+        got, got_grads, kept, recipes = forward_backward(model, block=True)
+    assert torch.equal(got, want)
+    for name, grad in want_grads.items():
+        assert torch.equal(got_grads[name], grad), name
+    tokens = sum(PROMPTS) + sum(LENGTHS) - len(LENGTHS)
+    config = model.config
+    per_token = 2 * config.hidden_size + config.num_attention_heads * config.head_dim
+    bf16 = 2
+    assert sum(recipes.values()) == config.num_hidden_layers * tokens * per_token * bf16
+    copies_not_made = config.num_hidden_layers * tokens * 2 * config.hidden_size * bf16
+    assert sum(kept.values()) + sum(recipes.values()) == sum(kept_plain.values()) - copies_not_made
 
 
 def use_lean_model(arch: str, dtype: torch.dtype) -> torch.nn.Module:

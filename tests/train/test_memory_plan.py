@@ -18,6 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from grpokit import GRPOConfig
 from grpokit.cli.memory_plan import FAST_PREFILL_PROMPTS, GIB, layer_activation_bytes, plan_memory
 from grpokit.models import recompute
+from grpokit.models.cpu_linear import use_onednn_linears
 from grpokit.models.lean_layers import use_lean_layers
 from grpokit.models.shape import (
     ModelShape,
@@ -94,6 +95,7 @@ def saved_bytes(
     ``lean``: with the lean norms and MLP the trainer installs (``lean_activations``), the forward inside
     the update's ``recomputed_in_backward`` block (what its hooks keep as tensors is counted)."""
     model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention).train()
+    use_onednn_linears(model)  # the policy's linears, as the trainer gives them (grpokit.models.policy)
     if lean:
         assert use_lean_layers(model) > 0
     ids = torch.randint(0, config.vocab_size, (batch, seq))

@@ -124,13 +124,14 @@ def layer_activation_bytes(
     RMSNorm keeps its input as it comes and 1/rms; the MLP keeps gate and up (2 x [I] c) and, under
     autocast, one cast of its input for both linears. ``norm_outputs_kept=False``: the update's forward
     without checkpointing, where the lean norms' outputs are made again in the backward
-    (``grpokit.models.recompute``): the linears after them keep nothing of their own where c = r.
+    (``grpokit.models.recompute``): the linears after them keep nothing of their own (under autocast each
+    norm output's cast is made once for all of them and made again too).
     """
     hidden, heads, kv, d = shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim
     r, c = residual_bytes, compute_bytes
     norms = 2 * (r * hidden + 4) if lean_norms else 2 * (4 * hidden + r * hidden + 4)
     linear_inputs = 2 * r * hidden if c == r else (4 if lean_mlp else 5) * c * hidden
-    if c == r and lean_norms and not norm_outputs_kept:
+    if lean_norms and not norm_outputs_kept:
         linear_inputs = 0
     attn = (4 * heads if kv_copies or attention == "eager" else 2 * heads + 2 * kv) * d * c
     if attention == "eager":

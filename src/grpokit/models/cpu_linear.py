@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import FunctionCtx, once_differentiable
 
+from grpokit.models import recompute
+
 __all__ = [
     "Linear",
     "cpu_family",
@@ -127,7 +129,7 @@ class _LinearForward:
         module = self.module
         if not plain_linear(module):
             return F.linear(x, module.weight, module.bias)
-        return linear(x, module.weight, module.bias)
+        return linear(recompute.autocast_input(x), module.weight, module.bias)
 
     def __reduce__(self) -> tuple:
         return _LinearForward, (self.module,)

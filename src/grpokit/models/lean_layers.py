@@ -145,8 +145,10 @@ class GatedMLP(torch.autograd.Function):
         down_bias: torch.Tensor | None,
         dtype: torch.dtype | None,
     ) -> torch.Tensor:
+        # [*, H]; under autocast within the update's block, the norm output's one cast (kept as its recipe)
+        xc = None if dtype is None else recompute.cast_of(x, dtype)
+        xc = cast(x, dtype) if xc is None else xc
         with torch.autocast(x.device.type, enabled=False):
-            xc = cast(x, dtype)  # [*, H]
             gate = linear(xc, cast(gate_weight, dtype), cast(gate_bias, dtype))  # [*, I]
             up = linear(xc, cast(up_weight, dtype), cast(up_bias, dtype))  # [*, I]
             with transient_blocks():  # (freed soon: the residual sum takes out)

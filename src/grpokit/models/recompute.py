@@ -8,6 +8,12 @@ projections and the MLP save it) and the packed attention's joined output (from 
 outputs that ``scaled_dot_product_attention`` keeps; the output projection saves it). The recipe runs the
 same element-wise operations on the same inputs, so the tensor is the same bit for bit.
 
+Under autocast the linears after a norm read its output cast to autocast's dtype, and autocast casts it
+again for each of them (q, k and v: three copies, each kept by its product). ``autocast_input`` makes that
+cast once per offered tensor and offers it too (its recipe: the tensor's recipe, cast), so the linears keep
+one recipe instead of three copies; each linear still gets its own cast node, whose backward casts the
+gradient back as autocast's does, so the gradients are the same bit for bit.
+
 The update enters the block around the policy's forward. Another ``saved_tensors_hooks`` entered inside it
 (gradient checkpointing's, ``save_on_cpu``) takes over for what is saved within its own block, as torch
 nests them.
@@ -22,7 +28,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["active", "offer", "recomputed_in_backward"]
+__all__ = ["active", "autocast_input", "cast_of", "offer", "recomputed_in_backward"]
 
 
 class _Recipe:
@@ -69,6 +75,7 @@ class _Offered:
 
     def __init__(self, observe: Callable[[torch.Tensor, Any], None] | None = None) -> None:
         self.entries: dict[int, tuple[weakref.ref, _Recipe]] = {}
+        self.casts: dict[int, dict[torch.dtype, torch.Tensor]] = {}  # offered tensors' casts, while they live
         self.observe = observe
 
     def add(self, tensor: torch.Tensor, recipe: _Recipe) -> None:
@@ -82,8 +89,26 @@ class _Offered:
         def forget(ref: weakref.ref) -> None:  # (not a later tensor made at the same address)
             if self.entries.get(address, (None,))[0] is ref:
                 del self.entries[address]
+                self.casts.pop(address, None)
 
         self.entries[address] = (weakref.ref(tensor, forget), recipe)
+
+    def cast(self, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+        """``tensor.to(dtype)`` made once and offered, for an offered tensor (not a view of part of it)."""
+        ref, recipe = self.entries.get(tensor.untyped_storage().data_ptr(), (None, None))
+        offered = None if ref is None else ref()
+        if offered is None or tensor.data_ptr() != offered.data_ptr() or tensor.shape != recipe.shape:
+            return None  # (not offered, or a view of part of it)
+        if tensor.dtype == dtype or tensor.dtype != offered.dtype:
+            return None
+        casts = self.casts.setdefault(tensor.untyped_storage().data_ptr(), {})
+        if dtype not in casts:
+            with torch.no_grad():
+                copy = tensor.detach().to(dtype)  # [*, H], contiguous as the offered tensor is
+            make = recipe.make
+            self.add(copy, _Recipe(lambda: make().to(dtype), recipe.inputs))
+            casts[dtype] = copy  # (until the offered tensor is freed: its linears are called by then)
+        return casts[dtype]
 
     def pack(self, tensor: torch.Tensor) -> Any:
         saved = self.saved(tensor)
@@ -120,6 +145,41 @@ def offer(tensor: torch.Tensor, make: Callable[[], torch.Tensor], *inputs: torch
     outside a block, nor for a tensor that is not contiguous over its whole storage."""
     if _OFFERED is not None:
         _OFFERED.add(tensor, _Recipe(make, inputs))
+
+
+def cast_of(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """Within an open block, an offered tensor's cast to ``dtype``, made once and offered itself (a product
+    that keeps it keeps its recipe); None for any other tensor, or outside a block. No gradient flows through
+    it: for a differentiable input use ``autocast_input``."""
+    return None if _OFFERED is None else _OFFERED.cast(tensor, dtype)
+
+
+class _SharedCast(torch.autograd.Function):
+    """``x.to(copy.dtype)`` for one consumer, over the cast ``copy`` made once for all of them: forward a view
+    of ``copy``; backward the gradient cast back to x's dtype, as autocast's cast node does for each of its
+    consumers (autograd then sums the consumers' gradients in x's dtype, as before)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, copy: torch.Tensor) -> torch.Tensor:
+        ctx.dtype = x.dtype
+        return copy.view_as(copy)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad.to(ctx.dtype), None
+
+
+def autocast_input(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as an autocast-enabled linear reads it: within an open block with autocast on, an offered
+    tensor's cast to autocast's dtype, made once for all the linears after it (``cast_of``), each getting its
+    own gradient path back to ``x``; otherwise ``x`` itself (autocast then casts it as usual)."""
+    device = x.device.type
+    if _OFFERED is None or not torch.is_autocast_enabled(device):
+        return x
+    copy = _OFFERED.cast(x, torch.get_autocast_dtype(device))
+    if copy is None:
+        return x
+    return _SharedCast.apply(x, copy) if torch.is_grad_enabled() and x.requires_grad else copy
 
 
 @contextlib.contextmanager
