@@ -324,3 +324,18 @@ def test_the_layers_and_the_lm_head_allocate_their_intermediates_as_transient(mo
     mask = torch.ones(2, 3)
     head_logprobs(model, hidden, ids[:, :3], mask, temperature=1.0, with_entropy=True, chunk_size=2)
     assert len(entered) == 1
+
+
+def test_the_lean_layers_survive_train_and_eval_of_a_model_loaded_with_hub_kernels(tiny_model_dir):
+    """``transformers`` loads a model with its hub kernels on where the ``kernels`` package is installed,
+    and every ``train()`` / ``eval()`` then replaces the forward of each layer it maps (the RMSNorms),
+    which would drop the lean one: ``use_lean_layers`` switches that off, so the update's norms stay
+    lean."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert use_lean_layers(model) > 0
+    model.train()
+    model.eval()
+    model.train()
+    norms = [m for m in model.modules() if type(m).__name__ in ("LlamaRMSNorm", "Qwen2RMSNorm")]
+    assert norms and all(type(m.__dict__.get("forward")).__name__ == "_LeanForward" for m in norms)
+    assert not getattr(model, "use_kernels", False)

@@ -42,7 +42,7 @@ from torch.nn.modules import module as nn_module
 
 from grpokit.models import recompute
 from grpokit.models.cpu_linear import linear, matmul, plain_linear
-from grpokit.models.parts import autocast_dtype, cast
+from grpokit.models.parts import autocast_dtype, cast, hf_model
 from grpokit.models.transient import transient_blocks
 
 __all__ = ["LEAN_MODEL_TYPES", "MLP_CLASSES", "NORM_CLASSES", "GatedMLP", "RMSNorm", "use_lean_layers"]
@@ -61,7 +61,13 @@ _LEAN = "_grpokit_lean"
 def use_lean_layers(model: torch.nn.Module) -> int:
     """Give the gated SiLU MLPs and RMSNorms of ``model`` (classes ``MLP_CLASSES``, ``NORM_CLASSES``) the lean
     forward; returns how many modules have it. Idempotent. Modules driven by accelerate's hooks (an
-    offloaded ``device_map``) are left as they are."""
+    offloaded ``device_map``) are left as they are. A model loaded with ``transformers``' hub kernels (on by
+    default where the ``kernels`` package is installed) has them switched off first: each ``train()`` and
+    ``eval()`` would otherwise give its kernel layers (the RMSNorms) their forward again, dropping the lean
+    one."""
+    base = hf_model(model)
+    if getattr(base, "use_kernels", False) and callable(getattr(base, "reset_kernels", None)):
+        base.reset_kernels()  # the layers' own forward, and no kernelization at a later train() / eval()
     count = 0
     for module in model.modules():
         name = type(module).__name__
