@@ -162,15 +162,23 @@ NUM_DATASET_PROMPTS = 64
 """Distinct synthetic prompts per workload; steps cycle through them."""
 
 
-def side_arguments() -> argparse.ArgumentParser:
-    """The command-line options every side (grpokit, TRL) takes; a side may add its own."""
-    ap = argparse.ArgumentParser()
+def run_arguments(description: str | None = None) -> argparse.ArgumentParser:
+    """The options that name one run of a workload: model, workload, steps, warm-up steps, seed, output."""
+    ap = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--model", required=True)
     ap.add_argument("--workload", required=True, choices=sorted(WORKLOADS))
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)
+    return ap
+
+
+def side_arguments() -> argparse.ArgumentParser:
+    """The command-line options every side (grpokit, TRL) takes; a side may add its own."""
+    ap = run_arguments()
     ap.add_argument(
         "--precision", choices=PRECISIONS, default="fp32",
         help="fp32, or bf16: bf16=True (autocast over fp32 weights) on either side",

@@ -10,7 +10,6 @@ Usage: python fixed_samples.py --model DIR --workload W4 --steps 2 --warmup 1 --
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -18,18 +17,18 @@ from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import NUM_DATASET_PROMPTS, WORKLOADS, benchmark_rows, length_summary, prompt_token_ids
+from common import (
+    NUM_DATASET_PROMPTS,
+    WORKLOADS,
+    benchmark_rows,
+    length_summary,
+    prompt_token_ids,
+    run_arguments,
+)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--workload", required=True, choices=sorted(WORKLOADS))
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", required=True)
-    a = ap.parse_args()
+    a = run_arguments(__doc__).parse_args()
 
     import torch
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
