@@ -591,7 +591,9 @@ class GRPOConfigBase(metaclass=RefusesMovedFields):
     The update's forward also keeps no copy of the norms' outputs and of the packed attention's joined
     output: its backward makes them again from what it keeps anyway (``models/recompute.py``). The same
     outputs and gradients, no matrix product run twice, about half the activation memory per layer
-    (SmolLM2-135M in float32). A LoRA-adapted or quantized MLP keeps ``transformers``' forward."""
+    (SmolLM2-135M in float32). A LoRA-adapted or quantized MLP keeps ``transformers``' forward. The policy's
+    ``transformers`` hub kernels are switched off (they would give the norms their own forward back at every
+    ``train()``)."""
     gradient_checkpointing: bool = False
     """Trade compute for memory in the policy's backward: each decoder layer keeps only its input and is run
     again in the backward. Exact on every forward path (the shared-prefix one included)."""
