@@ -109,9 +109,10 @@ def main() -> None:
     metrics.PhaseTimer.phase = phase
     defaults = ["--impl", "trainer", "--steps", "1", "--warmup", "1"]
     defaults += ["--model", os.path.join(tempfile.gettempdir(), "grpokit-bench", "smollm2")]
-    defaults += ["--out", os.path.join(tempfile.mkdtemp(prefix="phase-memory-"), "result.json")]
-    sys.argv = [sys.argv[0], *defaults, *sys.argv[1:]]  # later options win
-    side_grpokit.main()
+    with tempfile.TemporaryDirectory(prefix="phase-memory-") as scratch:  # the side's result: not kept
+        defaults += ["--out", os.path.join(scratch, "result.json")]
+        sys.argv = [sys.argv[0], *defaults, *sys.argv[1:]]  # later options win
+        side_grpokit.main()
 
 
 if __name__ == "__main__":
