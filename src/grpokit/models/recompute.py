@@ -93,13 +93,20 @@ class _Offered:
 
         self.entries[address] = (weakref.ref(tensor, forget), recipe)
 
-    def cast(self, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
-        """``tensor.to(dtype)`` made once and offered, for an offered tensor (not a view of part of it)."""
+    def find(self, tensor: torch.Tensor) -> tuple[torch.Tensor | None, _Recipe | None]:
+        """The offered tensor whose storage ``tensor`` views in its dtype, and its recipe (or two Nones)."""
         ref, recipe = self.entries.get(tensor.untyped_storage().data_ptr(), (None, None))
         offered = None if ref is None else ref()
+        if offered is None or tensor.dtype != offered.dtype:
+            return None, None
+        return offered, recipe
+
+    def cast(self, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+        """``tensor.to(dtype)`` made once and offered, for an offered tensor (not a view of part of it)."""
+        offered, recipe = self.find(tensor)
         if offered is None or tensor.data_ptr() != offered.data_ptr() or tensor.shape != recipe.shape:
             return None  # (not offered, or a view of part of it)
-        if tensor.dtype == dtype or tensor.dtype != offered.dtype:
+        if tensor.dtype == dtype:
             return None
         casts = self.casts.setdefault(tensor.untyped_storage().data_ptr(), {})
         if dtype not in casts:
@@ -117,9 +124,8 @@ class _Offered:
         return saved
 
     def saved(self, tensor: torch.Tensor) -> Any:
-        ref, recipe = self.entries.get(tensor.untyped_storage().data_ptr(), (None, None))
-        offered = None if ref is None else ref()
-        if offered is None or tensor.dtype != offered.dtype:
+        offered, recipe = self.find(tensor)
+        if offered is None:
             return tensor
         recipe.uses += 1  # (a view of the base: its place is the same in the base made again)
         return _Saved(recipe, tensor.shape, tensor.stride(), tensor.storage_offset())
